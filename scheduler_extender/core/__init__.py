@@ -1,0 +1,1 @@
+"""Pure scheduling: snapshots in, decisions and reasons out. No Kubernetes, HTTP, clock or threads."""

@@ -1,0 +1,135 @@
+"""Pod allocation and its hand-off: which GPUs the extender granted a pod, and the node's receipt.
+
+The extender writes :class:`PodAllocation` on the pod at bind (annotation ``allocation``), before it
+posts the Binding. The device plugin reads it at Allocate, checks it belongs to this pod and node,
+and, once every container got its devices, writes :class:`Handoff` (annotation ``handoff``) with
+the device IDs the kubelet chose, which releases the extender's per-node hand-off gate.
+Only the extender may write the allocation; only the device plugin the hand-off (deploy/ policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from vgpu.contract.strict import Reader, dump, load
+from vgpu.names import Qos, SystemAnnotation
+from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
+
+VERSION: Final = "v1"
+KEY: Final = SystemAnnotation.ALLOCATION.value
+HANDOFF_KEY: Final = SystemAnnotation.HANDOFF.value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuGrant:
+    """What one GPU gives this pod. TFLOPS in milli, VRAM in bytes; ``gpu_tflops`` is its capacity."""
+
+    uuid: str
+    index: int
+    tflops_request: int
+    tflops_limit: int
+    vram_request: int
+    vram_limit: int
+    gpu_tflops: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodAllocation:
+    pod_uid: str
+    node: str
+    pool: str
+    qos: Qos
+    containers: tuple[str, ...]
+    gpus: tuple[GpuGrant, ...]
+    bound_at: str  # RFC 3339, the extender's clock
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Handoff:
+    """The device plugin's receipt: which device IDs each container got from the kubelet."""
+
+    pod_uid: str
+    node: str
+    devices: tuple[tuple[str, tuple[str, ...]], ...]  # (container, device IDs) in allocation order
+    at: str
+
+
+def encode(alloc: PodAllocation) -> str:
+    return dump(
+        {
+            "version": VERSION,
+            "podUID": alloc.pod_uid,
+            "node": alloc.node,
+            "pool": alloc.pool,
+            "qos": alloc.qos.value,
+            "containers": list(alloc.containers),
+            "boundAt": alloc.bound_at,
+            "gpus": [
+                {
+                    "uuid": g.uuid,
+                    "index": g.index,
+                    "tflopsRequest": format_milli(g.tflops_request),
+                    "tflopsLimit": format_milli(g.tflops_limit),
+                    "vramRequest": format_bytes(g.vram_request),
+                    "vramLimit": format_bytes(g.vram_limit),
+                    "gpuTflops": format_milli(g.gpu_tflops),
+                }
+                for g in alloc.gpus
+            ],
+        }
+    )
+
+
+def decode(text: str) -> PodAllocation:
+    r = load(text, KEY, (VERSION,))
+    alloc = PodAllocation(
+        pod_uid=r.text("podUID"),
+        node=r.text("node"),
+        pool=r.text("pool"),
+        qos=Qos(r.choice("qos", tuple(Qos))),
+        containers=r.strings("containers"),
+        gpus=r.items("gpus", _grant),
+        bound_at=r.text("boundAt"),
+    )
+    r.done()
+    return alloc
+
+
+def _grant(r: Reader) -> GpuGrant:
+    grant = GpuGrant(
+        uuid=r.text("uuid"),
+        index=r.integer("index"),
+        tflops_request=r.quantity("tflopsRequest", parse_milli),
+        tflops_limit=r.quantity("tflopsLimit", parse_milli),
+        vram_request=r.quantity("vramRequest", parse_bytes),
+        vram_limit=r.quantity("vramLimit", parse_bytes),
+        gpu_tflops=r.quantity("gpuTflops", parse_milli),
+    )
+    r.done()
+    return grant
+
+
+def encode_handoff(h: Handoff) -> str:
+    return dump(
+        {
+            "version": VERSION,
+            "podUID": h.pod_uid,
+            "node": h.node,
+            "at": h.at,
+            "devices": [{"container": c, "ids": list(ids)} for c, ids in h.devices],
+        }
+    )
+
+
+def decode_handoff(text: str) -> Handoff:
+    r = load(text, HANDOFF_KEY, (VERSION,))
+    h = Handoff(pod_uid=r.text("podUID"), node=r.text("node"), at=r.text("at"), devices=r.items("devices", _devices))
+    r.done()
+    return h
+
+
+def _devices(r: Reader) -> tuple[str, tuple[str, ...]]:
+    entry = (r.text("container"), r.strings("ids"))
+    r.done()
+    return entry

@@ -1,0 +1,69 @@
+"""The resolved request: the webhook's normalised GpuRequest, written on the pod at admission.
+
+Everything downstream (extender, device plugin, CLI) reads this one annotation instead of
+re-resolving annotations, profiles and pool defaults, which may have changed since admission.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from vgpu.contract.strict import dump, load
+from vgpu.names import PlacementPolicy, Qos, SystemAnnotation
+from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
+from vgpu.request import GpuRequest
+
+VERSION: Final = "v1"
+KEY: Final = SystemAnnotation.RESOLVED_REQUEST.value
+
+
+def encode(req: GpuRequest) -> str:
+    doc: dict[str, Any] = {
+        "version": VERSION,
+        "pool": req.pool,
+        "containers": list(req.containers),
+        "gpuCount": req.gpu_count,
+        "tflopsRequest": format_milli(req.tflops_request),
+        "tflopsLimit": format_milli(req.tflops_limit),
+        "vramRequest": format_bytes(req.vram_request),
+        "vramLimit": format_bytes(req.vram_limit),
+        "qos": req.qos.value,
+        "isLocalGPU": req.is_local_gpu,
+        "noStandaloneWorkerMode": req.no_standalone_worker_mode,
+        "gpuModel": req.gpu_model,
+        "workload": req.workload,
+        "generateWorkload": req.generate_workload,
+        "workloadProfile": req.workload_profile,
+        "replicas": req.replicas,
+        "placementPolicy": req.placement_policy and req.placement_policy.value,
+        "nodeAffinity": req.node_affinity,
+        "autoScalingConfig": req.auto_scaling,
+    }
+    return dump(doc)
+
+
+def decode(text: str) -> GpuRequest:
+    r = load(text, KEY, (VERSION,))
+    policy = r.opt_choice("placementPolicy", tuple(PlacementPolicy))
+    req = GpuRequest(
+        pool=r.text("pool"),
+        containers=r.strings("containers"),
+        gpu_count=r.integer("gpuCount", 1),
+        tflops_request=r.quantity("tflopsRequest", parse_milli),
+        tflops_limit=r.quantity("tflopsLimit", parse_milli),
+        vram_request=r.quantity("vramRequest", parse_bytes),
+        vram_limit=r.quantity("vramLimit", parse_bytes),
+        qos=Qos(r.choice("qos", tuple(Qos))),
+        is_local_gpu=r.flag("isLocalGPU"),
+        no_standalone_worker_mode=r.flag("noStandaloneWorkerMode"),
+        gpu_model=r.opt_text("gpuModel"),
+        workload=r.opt_text("workload"),
+        generate_workload=r.opt_flag("generateWorkload"),
+        workload_profile=r.opt_text("workloadProfile"),
+        replicas=r.opt_integer("replicas"),
+        placement_policy=None if policy is None else PlacementPolicy(policy),
+        node_affinity=r.obj("nodeAffinity", optional=True),
+        auto_scaling=r.obj("autoScalingConfig") or {},
+    )
+    r.done()
+    return req

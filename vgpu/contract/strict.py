@@ -1,0 +1,113 @@
+"""A strict reader over decoded JSON: every field required unless said otherwise, no unknown fields.
+
+Errors name the document and the JSON path (``gpu-inventory: gpus[2].uuid: missing``), so that a
+corrupt annotation is reported precisely and never crashes the reader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from vgpu.errors import DomainError
+from vgpu.fields import shown
+
+T = TypeVar("T")
+
+
+class Reader:
+    """Reads one JSON object; call :meth:`done` after the last field to reject unknown keys."""
+
+    def __init__(self, raw: object, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise DomainError.one(path, shown(raw), "must be a JSON object")
+        self.raw: Mapping[str, Any] = raw
+        self.path = path
+        self.seen: set[str] = set()
+
+    def _get(self, key: str, kind: type | tuple[type, ...], what: str, optional: bool) -> Any:
+        self.seen.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            if optional:
+                return None
+            raise DomainError.one(f"{self.path}.{key}", None, "missing")
+        value = self.raw[key]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise DomainError.one(f"{self.path}.{key}", shown(value), f"must be {what}")
+        return value
+
+    def text(self, key: str) -> str:
+        value: str = self._get(key, str, "a string", False)
+        return value
+
+    def opt_text(self, key: str) -> str | None:
+        value: str | None = self._get(key, str, "a string", True)
+        return value
+
+    def integer(self, key: str, low: int = 0) -> int:
+        value: int = self._get(key, int, "a whole number", False)
+        if value < low:
+            raise DomainError.one(f"{self.path}.{key}", str(value), f"must be ≥ {low}")
+        return value
+
+    def opt_integer(self, key: str) -> int | None:
+        value: int | None = self._get(key, int, "a whole number or null", True)
+        return value
+
+    def flag(self, key: str) -> bool:
+        value: bool = self._get(key, bool, "true or false", False)
+        return value
+
+    def opt_flag(self, key: str) -> bool | None:
+        value: bool | None = self._get(key, bool, "true, false or null", True)
+        return value
+
+    def opt_choice(self, key: str, accepted: tuple[str, ...]) -> str | None:
+        return None if self.raw.get(key) is None else self.choice(key, accepted)
+
+    def obj(self, key: str, optional: bool = False) -> Mapping[str, Any] | None:
+        value: Mapping[str, Any] | None = self._get(key, Mapping, "an object", optional)
+        return value
+
+    def items(self, key: str, parse: Callable[[Reader], T]) -> tuple[T, ...]:
+        values: list[Any] = self._get(key, list, "a list", False)
+        return tuple(parse(Reader(v, f"{self.path}.{key}[{i}]")) for i, v in enumerate(values))
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        values: list[Any] = self._get(key, list, "a list of strings", False)
+        if not all(isinstance(v, str) for v in values):
+            raise DomainError.one(f"{self.path}.{key}", shown(values), "must be a list of strings")
+        return tuple(values)
+
+    def choice(self, key: str, accepted: tuple[str, ...]) -> str:
+        value = self.text(key)
+        if value not in accepted:
+            raise DomainError.one(f"{self.path}.{key}", value, f"must be one of {', '.join(accepted)}")
+        return value
+
+    def quantity(self, key: str, parse: Callable[..., int]) -> int:
+        return parse(self.text(key), key=f"{self.path}.{key}")
+
+    def done(self) -> None:
+        unknown = sorted(set(self.raw) - self.seen)
+        if unknown:
+            raise DomainError.one(f"{self.path}.{unknown[0]}", None, "unknown field")
+
+
+def load(text: str, name: str, versions: tuple[str, ...]) -> Reader:
+    """Parse the JSON text of a contract document and check its version first."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise DomainError.one(name, shown(text), f"not valid JSON ({exc.__class__.__name__})") from None
+    reader = Reader(raw, name)
+    version = reader.text("version")
+    if version not in versions:
+        raise DomainError.one(f"{name}.version", version, f"unsupported; this build reads {', '.join(versions)}")
+    return reader
+
+
+def dump(document: Mapping[str, Any]) -> str:
+    """Compact, key-sorted JSON: the same value always encodes to the same bytes (patch only on change)."""
+    return json.dumps(document, separators=(",", ":"), sort_keys=True, ensure_ascii=False)

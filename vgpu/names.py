@@ -1,0 +1,142 @@
+"""Every string that more than one component reads: label and annotation keys, resource and env names.
+
+Defined once here so the extender, the device plugin, the webhook, the deploy manifests' tests and
+the CLI can never drift apart (gpushare's extender and device plugin each had their own copy).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+DOMAIN: Final = "tensor-fusion.ai"
+PREFIX: Final = f"{DOMAIN}/"
+
+# --- the label that opts a pod in ---------------------------------------------------------------
+LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
+
+
+class Annotation(StrEnum):
+    """User-facing pod annotations (TensorFusion v1 interface)."""
+
+    GPUPOOL = f"{DOMAIN}/gpupool"
+    INJECT_CONTAINER = f"{DOMAIN}/inject-container"
+    REPLICAS = f"{DOMAIN}/replicas"
+    TFLOPS_REQUEST = f"{DOMAIN}/tflops-request"
+    TFLOPS_LIMIT = f"{DOMAIN}/tflops-limit"
+    VRAM_REQUEST = f"{DOMAIN}/vram-request"
+    VRAM_LIMIT = f"{DOMAIN}/vram-limit"
+    QOS = f"{DOMAIN}/qos"
+    WORKLOAD = f"{DOMAIN}/workload"
+    GENERATE_WORKLOAD = f"{DOMAIN}/generate-workload"
+    WORKLOAD_PROFILE = f"{DOMAIN}/workload-profile"
+    IS_LOCAL_GPU = f"{DOMAIN}/is-local-gpu"
+    GPU_COUNT = f"{DOMAIN}/gpu-count"
+    GPU_MODEL = f"{DOMAIN}/gpu-model"
+    AUTO_REQUESTS = f"{DOMAIN}/auto-requests"
+    AUTO_LIMITS = f"{DOMAIN}/auto-limits"
+    AUTO_REPLICAS = f"{DOMAIN}/auto-replicas"
+    NO_STANDALONE_WORKER_MODE = f"{DOMAIN}/no-standalone-worker-mode"
+    # Not in TF v1; ours: per-pod override of the scheduler's placement policy.
+    PLACEMENT_POLICY = f"{DOMAIN}/placement-policy"
+
+
+class SystemAnnotation(StrEnum):
+    """Annotations only our components write; tenants may not set them (admission policy + webhook)."""
+
+    # Written by the webhook: the normalised request every downstream component reads.
+    RESOLVED_REQUEST = f"{DOMAIN}/resolved-request"
+    # Written by the extender at bind: the pod allocation contract.
+    ALLOCATION = f"{DOMAIN}/allocation"
+    # Written by the device plugin on the pod after Allocate: the hand-off receipt (device IDs).
+    HANDOFF = f"{DOMAIN}/handoff"
+    # Written by the device plugin on its Node: the node inventory contract.
+    NODE_INVENTORY = f"{DOMAIN}/gpu-inventory"
+
+
+# --- node labels the device plugin publishes so users can use plain nodeAffinity ----------------
+LABEL_NODE_POOL: Final = f"{DOMAIN}/gpupool"
+LABEL_NODE_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
+LABEL_NODE_GPU_COUNT: Final = f"{DOMAIN}/gpu-count"
+LABEL_DEFAULT_POOL: Final = f"{DOMAIN}/is-default-pool"
+
+# --- the extended resource the webhook injects and the device plugin advertises -----------------
+RESOURCE_VGPU: Final = f"{DOMAIN}/vgpu"
+
+# --- scheduling ---------------------------------------------------------------------------------
+SCHEDULER_NAME: Final = "tensor-fusion-scheduler"
+DEFAULT_POOL: Final = "default-pool"
+
+
+class Qos(StrEnum):
+    """Quality of service; the order of the members is the preemption order (low goes first)."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Qos).index(self)
+
+    @property
+    def priority_class(self) -> str:
+        return f"tensor-fusion-{self.value}"
+
+
+# PriorityClass values per QoS (TensorFusion's values; low sits below the cluster default of 0).
+QOS_PRIORITY_VALUE: Final[dict[Qos, int]] = {
+    Qos.LOW: -100,
+    Qos.MEDIUM: 0,
+    Qos.HIGH: 10000,
+    Qos.CRITICAL: 100000,
+}
+
+# --- CRDs ----------------------------------------------------------------------------------------
+CRD_GROUP: Final = DOMAIN
+CRD_VERSION: Final = "v1"
+KIND_WORKLOAD_PROFILE: Final = "WorkloadProfile"
+PLURAL_WORKLOAD_PROFILE: Final = "workloadprofiles"
+KIND_WORKLOAD: Final = "TensorFusionWorkload"
+PLURAL_WORKLOAD: Final = "tensorfusionworkloads"
+KIND_GPU_POOL: Final = "GPUPool"
+PLURAL_GPU_POOL: Final = "gpupools"
+
+
+class Env(StrEnum):
+    """Environment variables the device plugin hands to containers at Allocate."""
+
+    NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+    # TensorFusion-style per-UUID JSON maps, readable by any limiter.
+    TF_MEM_LIMIT = "TENSOR_FUSION_CUDA_MEM_LIMIT"
+    TF_UP_LIMIT = "TENSOR_FUSION_CUDA_UP_LIMIT"
+    TF_UP_LIMIT_TFLOPS = "TENSOR_FUSION_CUDA_UP_LIMIT_TFLOPS"
+    TF_POD_NAME = "TENSOR_FUSION_POD_NAME"
+    TF_POD_NAMESPACE = "TENSOR_FUSION_POD_NAMESPACE"
+    TF_CONTAINER_NAME = "TENSOR_FUSION_CONTAINER_NAME"
+    TF_POOL_NAME = "TENSOR_FUSION_POOL_NAME"
+    TF_WORKLOAD_NAME = "TENSOR_FUSION_WORKLOAD_NAME"
+    # HAMi-core.
+    HAMI_MEMORY_LIMIT_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT_"
+    HAMI_SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+    HAMI_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+    # NVIDIA MPS.
+    MPS_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    MPS_ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+
+
+class EnforcementBackend(StrEnum):
+    """How a node enforces per-container CUDA limits (a device-plugin flag)."""
+
+    HAMI_CORE = "hami-core"
+    MPS = "mps"
+    NONE = "none"
+
+
+class PlacementPolicy(StrEnum):
+    """How the extender ranks nodes and GPUs."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"

@@ -1,0 +1,287 @@
+"""The WorkloadProfile spec (``tensor-fusion.ai/v1``), parsed from its CRD JSON into plain values.
+
+The same shape serves a GPU pool's ``spec.defaults`` and a TensorFusionWorkload's ``spec``, so the
+request model can layer them (annotation > workload > profile > pool > built-in). Every field of
+the seed CRD is kept, including the whole ``autoScalingConfig`` tree, because the auto-scaling work
+reads it and because a profile's values must never be silently dropped (a TensorFusion bug).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from vgpu import fields
+from vgpu.errors import DomainError, FieldError
+from vgpu.names import Qos
+from vgpu.quantity import format_bytes, format_milli
+
+TARGET_RESOURCES: Final = ("all", "tflops", "vram")
+
+# For each auto-scaling block: camelCase key -> kind. Kinds: bool, ratio, duration, target, text,
+# prediction. Values keep their CRD string form (they are strings in the CRD); we only validate them.
+_PREDICTION: Final = {
+    "enable": "bool",
+    "model": "text",
+    "historyDataPeriod": "duration",
+    "predictionPeriod": "duration",
+}
+AUTO_BLOCKS: Final[dict[str, dict[str, str]]] = {
+    "autoSetLimits": {
+        "enable": "bool",
+        "targetResource": "target",
+        "evaluationPeriod": "duration",
+        "extraTFlopsBufferRatio": "ratio",
+        "ignoredDeltaRange": "ratio",
+        "scaleUpStep": "ratio",
+        "maxRatioToRequests": "ratio",
+        "prediction": "prediction",
+    },
+    "autoSetReplicas": {
+        "enable": "bool",
+        "targetTFlopsOfLimits": "ratio",
+        "evaluationPeriod": "duration",
+        "scaleUpStep": "ratio",
+        "scaleDownStep": "ratio",
+        "scaleUpCoolDownTime": "duration",
+        "scaleDownCoolDownTime": "duration",
+    },
+    "autoSetRequests": {
+        "enable": "bool",
+        "targetResource": "target",
+        "percentileForAutoRequests": "ratio",
+        "extraBufferRatio": "ratio",
+        "evaluationPeriod": "duration",
+        "aggregationPeriod": "duration",
+        "prediction": "prediction",
+    },
+}
+
+AutoScaling = Mapping[str, Mapping[str, Any]]
+
+
+def _target(key: str, raw: str, errors: list[FieldError]) -> str | None:
+    return fields.choice(key, raw, TARGET_RESOURCES, errors)
+
+
+_STRING_CHECKS: Final[dict[str, Callable[[str, str, list[FieldError]], str | None]]] = {
+    "ratio": fields.ratio,
+    "duration": fields.duration,
+    "target": _target,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resources:
+    """Per-GPU TFLOPS (milli) and VRAM (bytes); None means "not set at this layer"."""
+
+    tflops_request: int | None = None
+    tflops_limit: int | None = None
+    vram_request: int | None = None
+    vram_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileSpec:
+    """One layer of GPU settings; None everywhere means "not set here, ask the next layer"."""
+
+    resources: Resources = Resources()
+    replicas: int | None = None
+    pool_name: str | None = None
+    qos: Qos | None = None
+    is_local_gpu: bool | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    node_affinity: Mapping[str, Any] | None = None
+    auto_scaling: AutoScaling = field(default_factory=dict)
+
+
+_TOP_KEYS: Final = frozenset(
+    {
+        "resources",
+        "replicas",
+        "poolName",
+        "qos",
+        "isLocalGPU",
+        "gpuModel",
+        "gpuCount",
+        "nodeAffinity",
+        "autoScalingConfig",
+        "standaloneWorkerMode",
+    }
+)
+
+
+def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
+    """Parse a CRD ``spec``; ``where`` prefixes every error key (``WorkloadProfile default/x spec``)."""
+    errors: list[FieldError] = []
+    if not isinstance(spec, Mapping):
+        raise DomainError.one(where, fields.shown(spec), "must be an object")
+    for key in spec:
+        if key not in _TOP_KEYS:
+            errors.append(
+                FieldError(f"{where}.{key}", None, f"unknown field; accepted: {', '.join(sorted(_TOP_KEYS))}")
+            )
+    resources = _resources(spec.get("resources"), f"{where}.resources", errors)
+    replicas = _int(spec, "replicas", where, 0, 1_000_000, errors)
+    gpu_count = _int(spec, "gpuCount", where, 1, fields.MAX_GPU_COUNT, errors)
+    qos_raw = spec.get("qos")
+    qos = None
+    if qos_raw is not None:
+        chosen = fields.choice(f"{where}.qos", str(qos_raw), tuple(Qos), errors)
+        qos = Qos(chosen) if chosen else None
+    pool = _text(spec, "poolName", where, errors)
+    if pool is not None:
+        pool = fields.dns_name(f"{where}.poolName", pool, errors)
+    local = spec.get("isLocalGPU")
+    if local is not None and not isinstance(local, bool):
+        errors.append(FieldError(f"{where}.isLocalGPU", fields.shown(local), "must be true or false"))
+        local = None
+    affinity = spec.get("nodeAffinity")
+    if affinity is not None and not isinstance(affinity, Mapping):
+        errors.append(
+            FieldError(f"{where}.nodeAffinity", fields.shown(affinity), "must be a core/v1 NodeAffinity object")
+        )
+        affinity = None
+    auto = _auto_scaling(spec.get("autoScalingConfig"), f"{where}.autoScalingConfig", errors)
+    if errors:
+        raise DomainError(errors)
+    return ProfileSpec(
+        resources=resources,
+        replicas=replicas,
+        pool_name=pool,
+        qos=qos,
+        is_local_gpu=local,
+        gpu_model=_text(spec, "gpuModel", where, errors),
+        gpu_count=gpu_count,
+        node_affinity=affinity,
+        auto_scaling=auto,
+    )
+
+
+def to_crd(spec: ProfileSpec) -> dict[str, Any]:
+    """The CRD JSON form of a spec (the inverse of :func:`parse_spec` for the fields that are set)."""
+    out: dict[str, Any] = {}
+    res = spec.resources
+    requests = {k: v for k, v in (("tflops", _m(res.tflops_request)), ("vram", _b(res.vram_request))) if v}
+    limits = {k: v for k, v in (("tflops", _m(res.tflops_limit)), ("vram", _b(res.vram_limit))) if v}
+    if requests or limits:
+        out["resources"] = {"requests": requests, "limits": limits}
+    for key, value in (
+        ("replicas", spec.replicas),
+        ("poolName", spec.pool_name),
+        ("qos", spec.qos and spec.qos.value),
+        ("isLocalGPU", spec.is_local_gpu),
+        ("gpuModel", spec.gpu_model),
+        ("gpuCount", spec.gpu_count),
+        ("nodeAffinity", spec.node_affinity),
+    ):
+        if value is not None:
+            out[key] = value
+    if spec.auto_scaling:
+        out["autoScalingConfig"] = {k: dict(v) for k, v in spec.auto_scaling.items()}
+    return out
+
+
+def _m(value: int | None) -> str | None:
+    return None if value is None else format_milli(value)
+
+
+def _b(value: int | None) -> str | None:
+    return None if value is None else format_bytes(value)
+
+
+def _resources(raw: object, where: str, errors: list[FieldError]) -> Resources:
+    if raw is None:
+        return Resources()
+    if not isinstance(raw, Mapping):
+        errors.append(FieldError(where, fields.shown(raw), "must be an object with requests and limits"))
+        return Resources()
+    values: dict[str, int | None] = {}
+    for side in ("requests", "limits"):
+        block = raw.get(side) or {}
+        if not isinstance(block, Mapping):
+            errors.append(FieldError(f"{where}.{side}", fields.shown(block), "must be an object with tflops and vram"))
+            continue
+        for name, parse in (("tflops", fields.milli), ("vram", fields.byte_count)):
+            if block.get(name) is not None:
+                values[f"{name}_{side[:-1] if side == 'requests' else 'limit'}"] = parse(
+                    f"{where}.{side}.{name}", str(block[name]), errors
+                )
+    return Resources(
+        tflops_request=values.get("tflops_request"),
+        tflops_limit=values.get("tflops_limit"),
+        vram_request=values.get("vram_request"),
+        vram_limit=values.get("vram_limit"),
+    )
+
+
+def _int(spec: Mapping[str, Any], key: str, where: str, low: int, high: int, errors: list[FieldError]) -> int | None:
+    raw = spec.get(key)
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        errors.append(FieldError(f"{where}.{key}", fields.shown(raw), f"must be a whole number from {low} to {high}"))
+        return None
+    return raw
+
+
+def _text(spec: Mapping[str, Any], key: str, where: str, errors: list[FieldError]) -> str | None:
+    raw = spec.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        errors.append(FieldError(f"{where}.{key}", fields.shown(raw), "must be a non-empty string"))
+        return None
+    return raw
+
+
+def _auto_scaling(raw: object, where: str, errors: list[FieldError]) -> dict[str, dict[str, Any]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        errors.append(FieldError(where, fields.shown(raw), "must be an object"))
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for block_name, block in raw.items():
+        schema = AUTO_BLOCKS.get(block_name)
+        if schema is None:
+            errors.append(
+                FieldError(f"{where}.{block_name}", None, f"unknown field; accepted: {', '.join(AUTO_BLOCKS)}")
+            )
+            continue
+        parsed = _block(block, schema, f"{where}.{block_name}", errors)
+        if parsed is not None:
+            out[block_name] = parsed
+    return out
+
+
+def _block(raw: object, schema: Mapping[str, str], where: str, errors: list[FieldError]) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping):
+        errors.append(FieldError(where, fields.shown(raw), "must be an object"))
+        return None
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        kind = schema.get(key)
+        path = f"{where}.{key}"
+        if kind is None:
+            errors.append(FieldError(path, None, f"unknown field; accepted: {', '.join(schema)}"))
+        elif kind == "bool":
+            if isinstance(value, bool):
+                out[key] = value
+            else:
+                errors.append(FieldError(path, fields.shown(value), "must be true or false"))
+        elif kind == "prediction":
+            nested = _block(value, _PREDICTION, path, errors)
+            if nested is not None:
+                out[key] = nested
+        elif not isinstance(value, str):
+            errors.append(FieldError(path, fields.shown(value), "must be a string"))
+        elif kind == "text":
+            out[key] = value
+        else:
+            checked = _STRING_CHECKS[kind](path, value, errors)
+            if checked is not None:
+                out[key] = checked
+    return out

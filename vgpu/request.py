@@ -1,0 +1,315 @@
+"""The request model: a pod's label and annotations, plus the layers it refers to, to one GpuRequest.
+
+Precedence, field by field: annotation > TensorFusionWorkload spec (``generate-workload: false``) >
+WorkloadProfile > pool defaults > built-in defaults. A field set by a lower layer is honoured when a
+higher layer leaves it unset (TensorFusion overwrote the profile's pool and isLocalGPU; we don't).
+After layering, request defaults to limit and the other way round, and request ≤ limit.
+
+Every problem is collected, not just the first, and each message names the key, quotes the value
+and says what is accepted; the webhook shows them to the user verbatim.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu import fields
+from vgpu.errors import DomainError, FieldError
+from vgpu.names import DEFAULT_POOL, LABEL_ENABLED, PREFIX, Annotation, PlacementPolicy, Qos, SystemAnnotation
+from vgpu.profile import AutoScaling, ProfileSpec, Resources
+from vgpu.quantity import humanize_bytes, humanize_tflops
+
+A = Annotation
+_KNOWN_KEYS = frozenset(a.value for a in Annotation) | frozenset(a.value for a in SystemAnnotation)
+_AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits", A.AUTO_REPLICAS: "autoSetReplicas"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodView:
+    """What the request model needs of a pod."""
+
+    name: str = ""
+    namespace: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    containers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        """From raw Pod JSON (as the API server or an AdmissionReview carries it); tolerant of gaps."""
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        containers = tuple(str(c.get("name", "")) for c in spec.get("containers") or () if isinstance(c, Mapping))
+        return cls(
+            name=str(meta.get("name") or meta.get("generateName") or ""),
+            namespace=str(meta.get("namespace") or "default"),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+            annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+            containers=containers,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRequest:
+    """One normalised GPU request. TFLOPS in milli, VRAM in bytes; all values are per GPU."""
+
+    pool: str
+    containers: tuple[str, ...]
+    gpu_count: int
+    tflops_request: int
+    tflops_limit: int
+    vram_request: int
+    vram_limit: int
+    qos: Qos
+    gpu_model: str | None = None
+    is_local_gpu: bool = False
+    no_standalone_worker_mode: bool = False
+    workload: str | None = None
+    generate_workload: bool | None = None
+    workload_profile: str | None = None
+    replicas: int | None = None
+    placement_policy: PlacementPolicy | None = None
+    node_affinity: Mapping[str, Any] | None = None
+    auto_scaling: AutoScaling = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``."""
+        count = f"{self.gpu_count}× " if self.gpu_count > 1 else ""
+        model = f", {self.gpu_model}" if self.gpu_model else ""
+        return (
+            f"{count}{humanize_tflops(self.tflops_request)} TFLOPS / {humanize_bytes(self.vram_request)} per GPU "
+            f"(limit {humanize_tflops(self.tflops_limit)} / {humanize_bytes(self.vram_limit)}){model}"
+        )
+
+
+def is_enabled(labels: Mapping[str, str]) -> bool:
+    """Whether the pod opted in. A malformed label value is an error, not a silent opt-out."""
+    raw = labels.get(LABEL_ENABLED)
+    if raw is None:
+        return False
+    errors: list[FieldError] = []
+    value = fields.boolean(f"label {LABEL_ENABLED}", raw, errors)
+    if errors:
+        raise DomainError(errors)
+    return bool(value)
+
+
+def resolve(
+    pod: PodView,
+    *,
+    profile: ProfileSpec | None = None,
+    workload: ProfileSpec | None = None,
+    pools: Mapping[str, ProfileSpec] | None = None,
+    default_pool: str = DEFAULT_POOL,
+) -> GpuRequest:
+    """Resolve the pod's GPU request, or raise DomainError listing every problem.
+
+    ``pools`` maps pool name to its defaults; when given, an unknown pool is an error. The caller
+    fetches the profile/workload the annotations name (``referenced_profile``/``referenced_workload``).
+    """
+    errors: list[FieldError] = []
+    ann = pod.annotations
+    _unknown_keys(ann, errors)
+    top = _annotation_layer(ann, errors)
+    pool_name = top.pool_name or (workload and workload.pool_name) or (profile and profile.pool_name) or default_pool
+    pool = None
+    if pools is not None:
+        pool = pools.get(pool_name)
+        if pool is None:
+            errors.append(
+                FieldError(A.GPUPOOL, pool_name, f"no such GPU pool; known: {', '.join(sorted(pools)) or 'none'}")
+            )
+    layers = [(f"annotation {PREFIX}…", top)]
+    layers += [
+        (n, s) for n, s in (("workload", workload), ("WorkloadProfile", profile), (f"pool {pool_name}", pool)) if s
+    ]
+
+    def pick(attr: str) -> Any:
+        return next((getattr(s, attr) for _, s in layers if getattr(s, attr) is not None), None)
+
+    def pick_res(attr: str) -> tuple[int | None, str]:
+        return next(
+            ((getattr(s.resources, attr), n) for n, s in layers if getattr(s.resources, attr) is not None), (None, "")
+        )
+
+    tflops = _pair("tflops", pick_res("tflops_request"), pick_res("tflops_limit"), humanize_tflops, errors)
+    vram = _pair("vram", pick_res("vram_request"), pick_res("vram_limit"), humanize_bytes, errors)
+    if tflops == (0, 0) and vram == (0, 0) and not errors:
+        errors.append(
+            FieldError(
+                A.TFLOPS_REQUEST,
+                None,
+                "the pod asks for no GPU compute and no VRAM; set tflops-request/vram-request (or a workload-profile)",
+            )
+        )
+    is_local = pick("is_local_gpu") or False
+    no_standalone = _flag(ann, A.NO_STANDALONE_WORKER_MODE, errors)
+    if no_standalone and not is_local:
+        errors.append(FieldError(A.NO_STANDALONE_WORKER_MODE, "true", f'only allowed with {A.IS_LOCAL_GPU}: "true"'))
+    generate = _flag(ann, A.GENERATE_WORKLOAD, errors)
+    workload_name = _name(ann, A.WORKLOAD, errors)
+    if generate is False and workload_name is None:
+        errors.append(
+            FieldError(A.GENERATE_WORKLOAD, "false", f"needs {A.WORKLOAD} naming the existing workload to use")
+        )
+    containers = _containers(ann.get(A.INJECT_CONTAINER), pod.containers, errors)
+    policy = None
+    if A.PLACEMENT_POLICY in ann:
+        chosen = fields.choice(A.PLACEMENT_POLICY, ann[A.PLACEMENT_POLICY], tuple(PlacementPolicy), errors)
+        policy = PlacementPolicy(chosen) if chosen else None
+    auto = _auto(ann, pick_auto(layers), errors)
+    if errors:
+        raise DomainError(errors)
+    return GpuRequest(
+        pool=pool_name,
+        containers=containers,
+        gpu_count=pick("gpu_count") or 1,
+        tflops_request=tflops[0],
+        tflops_limit=tflops[1],
+        vram_request=vram[0],
+        vram_limit=vram[1],
+        qos=pick("qos") or Qos.MEDIUM,
+        gpu_model=pick("gpu_model"),
+        is_local_gpu=is_local,
+        no_standalone_worker_mode=bool(no_standalone),
+        workload=workload_name,
+        generate_workload=generate,
+        workload_profile=ann.get(A.WORKLOAD_PROFILE),
+        replicas=pick("replicas"),
+        placement_policy=policy,
+        node_affinity=pick("node_affinity"),
+        auto_scaling=auto,
+    )
+
+
+def referenced_profile(pod: PodView) -> str | None:
+    """The WorkloadProfile name the pod refers to (same namespace), for the caller to fetch."""
+    return pod.annotations.get(A.WORKLOAD_PROFILE) or None
+
+
+def referenced_workload(pod: PodView) -> str | None:
+    """The workload whose spec the pod must use (``generate-workload: "false"``), for the caller to fetch."""
+    if pod.annotations.get(A.GENERATE_WORKLOAD) == "false":
+        return pod.annotations.get(A.WORKLOAD) or None
+    return None
+
+
+def pick_auto(layers: Sequence[tuple[str, ProfileSpec]]) -> AutoScaling:
+    """The highest layer's auto-scaling config, block by block."""
+    merged: dict[str, Mapping[str, Any]] = {}
+    for _, spec in reversed(layers):
+        merged.update(spec.auto_scaling)
+    return merged
+
+
+def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> ProfileSpec:
+    def get(key: A) -> str | None:
+        return ann.get(key)
+
+    resources = Resources(
+        tflops_request=_opt(get(A.TFLOPS_REQUEST), lambda v: fields.milli(A.TFLOPS_REQUEST, v, errors)),
+        tflops_limit=_opt(get(A.TFLOPS_LIMIT), lambda v: fields.milli(A.TFLOPS_LIMIT, v, errors)),
+        vram_request=_opt(get(A.VRAM_REQUEST), lambda v: fields.byte_count(A.VRAM_REQUEST, v, errors)),
+        vram_limit=_opt(get(A.VRAM_LIMIT), lambda v: fields.byte_count(A.VRAM_LIMIT, v, errors)),
+    )
+    qos = _opt(get(A.QOS), lambda v: fields.choice(A.QOS, v, tuple(Qos), errors))
+    model = get(A.GPU_MODEL)
+    if model is not None and not model.strip():
+        errors.append(
+            FieldError(A.GPU_MODEL, model, "must name a GPU model such as A100, H100, L4 or NVIDIA A100-SXM4-80GB")
+        )
+        model = None
+    _name(ann, A.WORKLOAD_PROFILE, errors)
+    return ProfileSpec(
+        resources=resources,
+        replicas=_opt(get(A.REPLICAS), lambda v: fields.integer(A.REPLICAS, v, 0, 1_000_000, errors)),
+        pool_name=_name(ann, A.GPUPOOL, errors),
+        qos=Qos(qos) if qos else None,
+        is_local_gpu=_flag(ann, A.IS_LOCAL_GPU, errors),
+        gpu_model=model,
+        gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
+    )
+
+
+def _opt(raw: str | None, parse: Any) -> Any:
+    return None if raw is None else parse(raw)
+
+
+def _flag(ann: Mapping[str, str], key: A, errors: list[FieldError]) -> bool | None:
+    raw = ann.get(key)
+    return None if raw is None else fields.boolean(key, raw, errors)
+
+
+def _name(ann: Mapping[str, str], key: A, errors: list[FieldError]) -> str | None:
+    raw = ann.get(key)
+    return None if raw is None else fields.dns_name(key, raw, errors)
+
+
+def _pair(
+    what: str, request: tuple[int | None, str], limit: tuple[int | None, str], show: Any, errors: list[FieldError]
+) -> tuple[int, int]:
+    (req, req_from), (lim, lim_from) = request, limit
+    req = lim if req is None else req
+    lim = req if lim is None else lim
+    if req is None or lim is None:
+        return (0, 0)
+    if req > lim:
+        errors.append(
+            FieldError(
+                f"{PREFIX}{what}-request",
+                show(req),
+                f"must not exceed the {what} limit {show(lim)} "
+                f"(request from {req_from or 'the limit'}, limit from {lim_from or 'the request'})",
+            )
+        )
+    return (req, lim)
+
+
+def _containers(raw: str | None, names: tuple[str, ...], errors: list[FieldError]) -> tuple[str, ...]:
+    if raw is None:
+        if len(names) == 1:
+            return names
+        if names:
+            errors.append(
+                FieldError(
+                    A.INJECT_CONTAINER,
+                    None,
+                    f"required when the pod has several containers; choose from {', '.join(names)}",
+                )
+            )
+        return ()
+    chosen = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+    if not chosen:
+        errors.append(FieldError(A.INJECT_CONTAINER, raw, "must name at least one container (comma-separated)"))
+    missing = [c for c in chosen if names and c not in names]
+    if missing:
+        errors.append(
+            FieldError(
+                A.INJECT_CONTAINER, raw, f"no container named {', '.join(missing)}; the pod has {', '.join(names)}"
+            )
+        )
+    return chosen
+
+
+def _auto(ann: Mapping[str, str], inherited: AutoScaling, errors: list[FieldError]) -> AutoScaling:
+    merged = {k: dict(v) for k, v in inherited.items()}
+    for key, block in _AUTO_FLAGS.items():
+        flag = _flag(ann, key, errors)
+        if flag is not None:
+            merged.setdefault(block, {})["enable"] = flag
+    return merged
+
+
+def _unknown_keys(ann: Mapping[str, str], errors: list[FieldError]) -> None:
+    for key in ann:
+        if key.startswith(PREFIX) and key not in _KNOWN_KEYS:
+            close = difflib.get_close_matches(key, sorted(a.value for a in Annotation), n=1)
+            hint = (
+                f"did you mean {close[0]}?"
+                if close
+                else f"accepted keys: {', '.join(sorted(a.value for a in Annotation))}"
+            )
+            errors.append(FieldError(key, None, f"unknown {PREFIX} annotation; {hint}"))
