@@ -1,0 +1,41 @@
+"""From the request model's :class:`vgpu.request.GpuRequest` to the core's :class:`Demand`.
+
+The webhook resolves a pod's annotations, profile and pool defaults into one GpuRequest; the core
+decides over the smaller, flatter Demand (the trace replay builds Demands directly from trace rows).
+Keeping the mapping in one function means the extender and the benchmark cannot read a request
+differently — e.g. both treat every value as per GPU, multiplied by ``gpu_count`` only at placement.
+"""
+
+from __future__ import annotations
+
+from scheduler_extender.core.model import Demand
+from vgpu.request import GpuRequest
+
+
+def demand_from_request(
+    req: GpuRequest, *, pod_key: str, whole_gpu: bool = False, cpu: int = 0, memory: int = 0
+) -> Demand:
+    """The Demand of one pod (``pod_key`` is ``<namespace>/<name>``).
+
+    ``whole_gpu`` asks for entire GPUs (idle ones, never shared); the request model has no
+    annotation for it, so callers that know (a trace row with a full-GPU share) say so. ``cpu`` and
+    ``memory`` are only checked against nodes that publish ``cpu_free``/``memory_free`` (the replay).
+    """
+    return Demand(
+        pod_key=pod_key,
+        gpu_count=req.gpu_count,
+        tflops=req.tflops_request,
+        vram=req.vram_request,
+        tflops_limit=req.tflops_limit,
+        vram_limit=req.vram_limit,
+        qos=req.qos,
+        pool=req.pool,
+        gpu_model=req.gpu_model,
+        workload=req.workload,
+        is_local_gpu=req.is_local_gpu,
+        policy=req.placement_policy,
+        node_affinity=req.node_affinity,
+        whole_gpu=whole_gpu,
+        cpu=cpu,
+        memory=memory,
+    )

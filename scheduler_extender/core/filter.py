@@ -1,0 +1,73 @@
+"""The extender's filter verb as a pure function: which of the offered nodes can hold this pod, and why not.
+
+kube-scheduler distinguishes two kinds of "no": ``FailedNodes`` (Unschedulable — preemption may
+still try the node) and ``FailedAndUnresolvableNodes`` (nothing on that node would help, so
+preemption skips it). :class:`FilterResult` keeps them apart using the reason's code, keeps the
+passing nodes in the order they were offered, and renders the wire maps. The per-node work is in
+:func:`scheduler_extender.core.fit.check_node`; this module only walks the names once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from scheduler_extender.core.fit import ModelMatcher, check_node
+from scheduler_extender.core.model import Demand, Snapshot
+from scheduler_extender.core.reasons import Reason, ReasonCode
+from vgpu.catalog import Catalog
+
+_UNKNOWN = Reason(
+    code=ReasonCode.UNKNOWN_NODE, message="node unknown to the GPU extender (no GPU inventory seen for it)"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilterResult:
+    """The outcome of one filter call over the offered node names."""
+
+    passed: tuple[str, ...]
+    failed: Mapping[str, Reason] = field(default_factory=dict)
+    unresolvable: Mapping[str, Reason] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return len(self.passed) + len(self.failed) + len(self.unresolvable)
+
+    def reasons(self) -> dict[str, Reason]:
+        """Every rejected node with its reason, resolvable or not."""
+        return {**self.failed, **self.unresolvable}
+
+    def failed_messages(self) -> dict[str, str]:
+        """``FailedNodes`` as kube-scheduler wants it: node → message."""
+        return {name: r.message for name, r in self.failed.items()}
+
+    def unresolvable_messages(self) -> dict[str, str]:
+        """``FailedAndUnresolvableNodes``: node → message."""
+        return {name: r.message for name, r in self.unresolvable.items()}
+
+
+def filter_nodes(demand: Demand, snapshot: Snapshot, node_names: Iterable[str], catalog: Catalog) -> FilterResult:
+    """Split the offered nodes into those that can take the demand now and those that cannot, with reasons.
+
+    A name offered twice is judged once. Work is O(offered nodes × GPUs per node).
+    """
+    match = ModelMatcher(catalog, demand.gpu_model)
+    nodes = snapshot.nodes
+    passed: list[str] = []
+    failed: dict[str, Reason] = {}
+    unresolvable: dict[str, Reason] = {}
+    seen: set[str] = set()
+    for name in node_names:
+        if name in seen:
+            continue
+        seen.add(name)
+        node = nodes.get(name)
+        reason = _UNKNOWN if node is None else check_node(demand, node, match)
+        if reason is None:
+            passed.append(name)
+        elif reason.unresolvable:
+            unresolvable[name] = reason
+        else:
+            failed[name] = reason
+    return FilterResult(passed=tuple(passed), failed=failed, unresolvable=unresolvable)

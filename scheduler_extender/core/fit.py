@@ -1,0 +1,239 @@
+"""Whether one node can hold one pod's GPU demand now, and if not, the single most useful reason.
+
+This is the inner loop of every filter call (1,000 nodes × 8 GPUs inside a 5 ms budget), so the
+happy path is one flat pass over the node's GPUs with inlined arithmetic; only a rejected node
+pays for the slower explanation. Model matching goes through :class:`ModelMatcher`, which asks the
+catalog once per distinct product name instead of once per GPU.
+
+The rules (DESIGN §4): per GPU, free TFLOPS ≥ request and free VRAM ≥ request (requests are
+reserved, limits are not); ``gpu_count`` such GPUs on one node; unhealthy GPUs never count; a
+whole-GPU demand needs idle GPUs; a fractional demand never shares a GPU held whole.
+Unresolvable reasons (model, too few or too small GPUs) are reported before capacity ones, so a
+node in ``FailedNodes`` is one where freeing room really could help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler_extender.core.affinity import node_affinity_matches
+from scheduler_extender.core.model import Demand, GpuState, NodeState
+from scheduler_extender.core.reasons import Reason, ReasonCode
+from vgpu.catalog import Catalog
+from vgpu.quantity import humanize_bytes, humanize_tflops
+
+R = ReasonCode
+
+
+class ModelMatcher:
+    """``Catalog.matches`` for one requested model, memoised per product name (None: every GPU matches)."""
+
+    __slots__ = ("_catalog", "_memo", "_short", "requested")
+
+    def __init__(self, catalog: Catalog, requested: str | None) -> None:
+        self._catalog = catalog
+        self.requested = requested
+        self._memo: dict[str, bool] = {}
+        self._short: dict[str, str] = {}
+
+    def __call__(self, product: str) -> bool:
+        hit = self._memo.get(product)
+        if hit is None:
+            hit = self.requested is None or self._catalog.matches(self.requested, product)
+            self._memo[product] = hit
+        return hit
+
+    def short(self, product: str) -> str:
+        """The catalog key for a product name (``A100-80GB``), or the name itself when unknown."""
+        name = self._short.get(product)
+        if name is None:
+            model = self._catalog.lookup(product)
+            name = self._short[product] = model.key if model is not None else product
+        return name
+
+
+def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatcher) -> NodeState:
+    """The node narrowed to its healthy GPUs of the demanded model (the same object if none is dropped)."""
+    match = catalog if isinstance(catalog, ModelMatcher) else ModelMatcher(catalog, demand.gpu_model)
+    keep = tuple(g for g in node.gpus if g.healthy and match(g.model))
+    return node if len(keep) == len(node.gpus) else replace(node, gpus=keep)
+
+
+def gpu_fits(demand: Demand, gpu: GpuState) -> bool:
+    """Whether this GPU can take one share of the demand now."""
+    if not gpu.healthy or gpu.whole:
+        return False
+    if demand.whole_gpu:
+        return gpu.pods == 0 and gpu.tflops_used == 0 and gpu.vram_used == 0
+    return gpu.tflops - gpu.tflops_used >= demand.tflops and gpu.vram - gpu.vram_used >= demand.vram
+
+
+def fitting_gpus(demand: Demand, node: NodeState) -> tuple[GpuState, ...]:
+    """The node's GPUs that can take one share of the demand now (model matching is the caller's: use
+    an :func:`eligible_node` view)."""
+    return tuple(g for g in node.gpus if gpu_fits(demand, g))
+
+
+def fits(demand: Demand, node: NodeState) -> bool:
+    """Whether at least ``gpu_count`` GPUs of an eligible node can take the demand now."""
+    return len(fitting_gpus(demand, node)) >= demand.gpu_count
+
+
+def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason | None:
+    """None when the node can take the demand now, else why not (unresolvable reasons first)."""
+    if node.inventory_error is not None:
+        return Reason(code=R.INVENTORY_ERROR, message=f"GPU inventory unreadable: {node.inventory_error}")
+    if demand.pool is not None and node.pool != demand.pool:
+        return Reason(
+            code=R.POOL_MISMATCH,
+            message=f"node is in GPU pool {node.pool}, pod asks for pool {demand.pool}",
+            values=(node.pool,),
+        )
+    if demand.node_affinity is not None and not node_affinity_matches(demand.node_affinity, node.name, node.labels):
+        return Reason(code=R.NODE_AFFINITY, message="node didn't match the pod's node affinity")
+    gpus = node.gpus
+    if not gpus:
+        return Reason(code=R.NO_GPUS, message="node has no GPUs")
+    fitting = 0
+    t, v = demand.tflops, demand.vram
+    whole = demand.whole_gpu
+    for g in gpus:
+        if not g.healthy or g.whole or not match(g.model):
+            continue
+        if whole:
+            if g.pods == 0 and g.tflops_used == 0 and g.vram_used == 0:
+                fitting += 1
+        elif g.tflops - g.tflops_used >= t and g.vram - g.vram_used >= v:
+            fitting += 1
+    if fitting < demand.gpu_count:
+        return _explain(demand, node, match)
+    if node.cpu_free is not None and demand.cpu > node.cpu_free:
+        return Reason(
+            code=R.INSUFFICIENT_CPU,
+            message=f"insufficient cpu: requested {demand.cpu}m, free {node.cpu_free}m",
+            requested=demand.cpu,
+            free=node.cpu_free,
+        )
+    if node.memory_free is not None and demand.memory > node.memory_free:
+        return Reason(
+            code=R.INSUFFICIENT_MEMORY,
+            message=(
+                f"insufficient memory: requested {humanize_bytes(demand.memory)}, "
+                f"free {humanize_bytes(node.memory_free)}"
+            ),
+            requested=demand.memory,
+            free=node.memory_free,
+        )
+    return None
+
+
+def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
+    count = demand.gpu_count
+    matched = [g for g in node.gpus if match(g.model)]
+    if not matched:
+        models = tuple(sorted({match.short(g.model) for g in node.gpus}))
+        return Reason(
+            code=R.GPU_MODEL,
+            message=f"no {match.requested} GPU on node (it has {', '.join(models)})",
+            values=models,
+        )
+    healthy = [g for g in matched if g.healthy]
+    model = match.short(matched[0].model)
+    if len(healthy) < count:
+        return Reason(
+            code=R.TOO_FEW_GPUS,
+            message=f"node has {len(healthy)} healthy {model} GPUs of {len(matched)}, pod needs {count}",
+            requested=count,
+            free=len(healthy),
+            gpu_model=model,
+        )
+    too_small = _too_small(demand, healthy, match)
+    if too_small is not None:
+        return too_small
+    if demand.whole_gpu:
+        idle = sum(1 for g in healthy if gpu_fits(demand, g))
+        return Reason(
+            code=R.WHOLE_GPU_BUSY,
+            message=f"only {idle} of {len(healthy)} {model} GPUs idle, pod needs {count} whole GPUs",
+            requested=count,
+            free=idle,
+            gpu_model=model,
+        )
+    shared = [g for g in healthy if not g.whole]
+    if len(shared) < count:
+        held = len(healthy) - len(shared)
+        return Reason(
+            code=R.GPU_HELD_WHOLE,
+            message=f"{held} of {len(healthy)} {model} GPUs held whole by other pods, pod needs {count} shared GPUs",
+            requested=count,
+            free=len(shared),
+            gpu_model=model,
+        )
+    by_vram = sorted(shared, key=lambda g: g.vram_free, reverse=True)
+    if by_vram[count - 1].vram_free < demand.vram:
+        enough = sum(1 for g in shared if g.vram_free >= demand.vram)
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", demand.vram, by_vram[count - 1], enough, count, match)
+    by_tflops = sorted(shared, key=lambda g: g.tflops_free, reverse=True)
+    if by_tflops[count - 1].tflops_free < demand.tflops:
+        enough = sum(1 for g in shared if g.tflops_free >= demand.tflops)
+        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", demand.tflops, by_tflops[count - 1], enough, count, match)
+    both = sum(1 for g in shared if gpu_fits(demand, g))
+    return Reason(
+        code=R.INSUFFICIENT_GPUS,
+        message=(
+            f"only {both} of {len(shared)} {model} GPUs have both {humanize_tflops(demand.tflops)} TFLOPS "
+            f"and {humanize_bytes(demand.vram)} VRAM free, pod needs {count}"
+        ),
+        requested=count,
+        free=both,
+        gpu_model=model,
+    )
+
+
+def _insufficient(
+    code: ReasonCode, what: str, requested: int, gpu: GpuState, enough: int, count: int, match: ModelMatcher
+) -> Reason:
+    free = gpu.vram_free if code is R.INSUFFICIENT_VRAM else gpu.tflops_free
+    show = humanize_bytes if code is R.INSUFFICIENT_VRAM else humanize_tflops
+    tail = f" (pod needs {count} GPUs, {enough} have enough)" if count > 1 else ""
+    return Reason(
+        code=code,
+        message=f"insufficient {what} on {gpu.uuid}: requested {show(requested)}, free {show(max(free, 0))}{tail}",
+        requested=requested,
+        free=max(free, 0),
+        gpu_model=match.short(gpu.model),
+    )
+
+
+def _too_small(demand: Demand, healthy: list[GpuState], match: ModelMatcher) -> Reason | None:
+    """A capacity (not usage) misfit: no amount of freeing room would make the GPUs big enough."""
+    if demand.whole_gpu:
+        return None
+    count = demand.gpu_count
+    if sum(1 for g in healthy if g.tflops >= demand.tflops and g.vram >= demand.vram) >= count:
+        return None
+    gpu = sorted(healthy, key=lambda g: g.vram, reverse=True)[count - 1]
+    if gpu.vram < demand.vram:
+        what, free, requested = "VRAM", humanize_bytes(gpu.vram), humanize_bytes(demand.vram)
+        figures = (demand.vram, gpu.vram)
+    else:
+        gpu = sorted(healthy, key=lambda g: g.tflops, reverse=True)[count - 1]
+        if gpu.tflops >= demand.tflops:  # each resource is big enough somewhere, never both on count GPUs
+            return Reason(
+                code=R.GPU_TOO_SMALL,
+                message=(
+                    f"no {count} GPUs on node have both {humanize_tflops(demand.tflops)} TFLOPS and "
+                    f"{humanize_bytes(demand.vram)} VRAM in all"
+                ),
+                gpu_model=match.short(gpu.model),
+            )
+        what, free, requested = "TFLOPS", humanize_tflops(gpu.tflops), humanize_tflops(demand.tflops)
+        figures = (demand.tflops, gpu.tflops)
+    return Reason(
+        code=R.GPU_TOO_SMALL,
+        message=f"{gpu.uuid} has {free} {what} in all, pod requests {requested} per GPU",
+        requested=figures[0],
+        free=figures[1],
+        gpu_model=match.short(gpu.model),
+        values=(what,),
+    )

@@ -1,0 +1,79 @@
+"""Placement: the GPUs of the chosen node a pod gets, as the grants the allocation contract records.
+
+kube-scheduler decides the node; which GPUs on it is ours (the extender binds). The policy picks
+the GPUs, this module re-checks the node in full (the snapshot may have moved since filter) and
+turns the choice into :class:`vgpu.contract.allocation.GpuGrant`s — the exact values the ledger
+reserves and the device plugin enforces, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler_extender.core.fit import ModelMatcher, check_node, eligible_node, gpu_fits
+from scheduler_extender.core.model import Demand, GpuState, NodeState
+from scheduler_extender.core.policy import Policy
+from vgpu.catalog import Catalog
+from vgpu.contract.allocation import GpuGrant
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where one pod goes: its node, its GPUs (as seen before placing) and the grants on them."""
+
+    pod_key: str
+    node: str
+    gpus: tuple[GpuState, ...]
+    grants: tuple[GpuGrant, ...]
+    whole: bool
+
+
+def grants_for(demand: Demand, gpus: tuple[GpuState, ...]) -> tuple[GpuGrant, ...]:
+    """The grants for a demand on these GPUs. A whole-GPU demand reserves each GPU's full capacity."""
+    if demand.whole_gpu:
+        return tuple(
+            GpuGrant(
+                uuid=g.uuid,
+                index=g.index,
+                tflops_request=g.tflops,
+                tflops_limit=max(g.tflops, demand.tflops_limit),
+                vram_request=g.vram,
+                vram_limit=max(g.vram, demand.vram_limit),
+                gpu_tflops=g.tflops,
+            )
+            for g in gpus
+        )
+    return tuple(
+        GpuGrant(
+            uuid=g.uuid,
+            index=g.index,
+            tflops_request=demand.tflops,
+            tflops_limit=demand.tflops_limit,
+            vram_request=demand.vram,
+            vram_limit=demand.vram_limit,
+            gpu_tflops=g.tflops,
+        )
+        for g in gpus
+    )
+
+
+def place(demand: Demand, node: NodeState, policy: Policy, catalog: Catalog) -> Placement | None:
+    """Choose the pod's GPUs on this node with the policy; None when the node cannot take it now.
+
+    Does not call ``policy.observe``: do that once the placement is committed.
+    """
+    match = ModelMatcher(catalog, demand.gpu_model)
+    if check_node(demand, node, match) is not None:
+        return None
+    view = eligible_node(demand, node, match)
+    gpus = policy.choose_gpus(demand, view)
+    chosen = {g.uuid for g in gpus}
+    allowed = {g.uuid for g in view.gpus}
+    # A policy is a plug-in: never trust it to return gpu_count distinct, eligible, fitting GPUs.
+    if len(gpus) != demand.gpu_count or len(chosen) != len(gpus) or not chosen <= allowed:
+        return None
+    if not all(gpu_fits(demand, g) for g in gpus):
+        return None
+    return Placement(
+        pod_key=demand.pod_key, node=node.name, gpus=gpus, grants=grants_for(demand, gpus), whole=demand.whole_gpu
+    )
