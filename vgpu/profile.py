@@ -145,6 +145,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
         )
         affinity = None
     auto = _auto_scaling(spec.get("autoScalingConfig"), f"{where}.autoScalingConfig", errors)
+    model = _text(spec, "gpuModel", where, errors)
     if errors:
         raise DomainError(errors)
     return ProfileSpec(
@@ -153,7 +154,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
         pool_name=pool,
         qos=qos,
         is_local_gpu=local,
-        gpu_model=_text(spec, "gpuModel", where, errors),
+        gpu_model=model,
         gpu_count=gpu_count,
         node_affinity=affinity,
         auto_scaling=auto,

@@ -122,10 +122,9 @@ def resolve(
             errors.append(
                 FieldError(A.GPUPOOL, pool_name, f"no such GPU pool; known: {', '.join(sorted(pools)) or 'none'}")
             )
-    layers = [(f"annotation {PREFIX}…", top)]
-    layers += [
-        (n, s) for n, s in (("workload", workload), ("WorkloadProfile", profile), (f"pool {pool_name}", pool)) if s
-    ]
+    layers = [("the pod's annotations", top)]
+    named = (("the workload", workload), ("the WorkloadProfile", profile), (f"pool {pool_name} defaults", pool))
+    layers += [(n, s) for n, s in named if s]
 
     def pick(attr: str) -> Any:
         return next((getattr(s, attr) for _, s in layers if getattr(s, attr) is not None), None)

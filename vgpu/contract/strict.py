@@ -1,4 +1,4 @@
-"""A strict reader over decoded JSON: every field required unless said otherwise, no unknown fields.
+"""A strict reader over decoded JSON: every field present (optional ones may be null), no unknown fields.
 
 Errors name the document and the JSON path (``gpu-inventory: gpus[2].uuid: missing``), so that a
 corrupt annotation is reported precisely and never crashes the reader.
@@ -28,11 +28,11 @@ class Reader:
 
     def _get(self, key: str, kind: type | tuple[type, ...], what: str, optional: bool) -> Any:
         self.seen.add(key)
-        if key not in self.raw or self.raw[key] is None:
-            if optional:
-                return None
+        if key not in self.raw:
             raise DomainError.one(f"{self.path}.{key}", None, "missing")
         value = self.raw[key]
+        if value is None and optional:
+            return None
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             raise DomainError.one(f"{self.path}.{key}", shown(value), f"must be {what}")
         return value
@@ -64,7 +64,10 @@ class Reader:
         return value
 
     def opt_choice(self, key: str, accepted: tuple[str, ...]) -> str | None:
-        return None if self.raw.get(key) is None else self.choice(key, accepted)
+        value = self.opt_text(key)
+        if value is not None and value not in accepted:
+            raise DomainError.one(f"{self.path}.{key}", value, f"must be one of {', '.join(accepted)}")
+        return value
 
     def obj(self, key: str, optional: bool = False) -> Mapping[str, Any] | None:
         value: Mapping[str, Any] | None = self._get(key, Mapping, "an object", optional)

@@ -1,0 +1,109 @@
+"""Annotation > workload > WorkloadProfile > pool defaults > built-in, field by field."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu.errors import DomainError
+from vgpu.names import Qos
+from vgpu.profile import ProfileSpec, Resources
+from vgpu.request import referenced_profile, referenced_workload, resolve
+
+from .builders import pod
+
+GI = 1024**3
+PROFILE = ProfileSpec(
+    resources=Resources(tflops_request=5_000, tflops_limit=15_000, vram_request=3 * GI),
+    pool_name="profile-pool", qos=Qos.HIGH, is_local_gpu=True, gpu_model="A100", gpu_count=2,
+)  # fmt: skip
+POOLS = {
+    "default-pool": ProfileSpec(resources=Resources(tflops_request=1_000, vram_request=GI), qos=Qos.LOW),
+    "profile-pool": ProfileSpec(resources=Resources(vram_limit=8 * GI), gpu_model="T4"),
+}
+
+
+def test_builtin_defaults() -> None:
+    got = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"}))
+    assert (got.pool, got.qos, got.gpu_count, got.is_local_gpu, got.tflops_request) == (
+        "default-pool",
+        Qos.MEDIUM,
+        1,
+        False,
+        0,
+    )
+    assert got.vram_limit == GI  # limit defaults to request
+
+
+def test_request_defaults_to_limit() -> None:
+    got = resolve(pod({"tensor-fusion.ai/tflops-limit": "20"}))
+    assert (got.tflops_request, got.tflops_limit) == (20_000, 20_000)
+
+
+def test_profile_values_are_honoured_not_overwritten() -> None:
+    got = resolve(pod({"tensor-fusion.ai/tflops-limit": "30"}), profile=PROFILE, pools=POOLS)
+    assert got.pool == "profile-pool"  # TensorFusion overwrote the profile's pool with the default one
+    assert got.is_local_gpu is True  # ... and its isLocalGPU
+    assert (got.tflops_request, got.tflops_limit) == (5_000, 30_000)
+    assert (got.vram_request, got.vram_limit) == (3 * GI, 8 * GI)  # the pool fills what the profile left
+    assert (got.qos, got.gpu_model, got.gpu_count) == (Qos.HIGH, "A100", 2)
+
+
+def test_annotation_false_beats_profile_true() -> None:
+    got = resolve(pod({"tensor-fusion.ai/is-local-gpu": "false"}), profile=PROFILE)
+    assert got.is_local_gpu is False
+
+
+def test_pool_defaults_apply_when_nothing_else_is_set() -> None:
+    got = resolve(pod({}), pools=POOLS)
+    assert (got.tflops_request, got.vram_request, got.qos) == (1_000, GI, Qos.LOW)
+
+
+def test_workload_spec_sits_between_annotations_and_profile() -> None:
+    workload = ProfileSpec(resources=Resources(tflops_request=7_000), qos=Qos.CRITICAL)
+    annotations = {
+        "tensor-fusion.ai/generate-workload": "false",
+        "tensor-fusion.ai/workload": "w",
+        "tensor-fusion.ai/qos": "low",
+    }
+    got = resolve(pod(annotations), workload=workload, profile=PROFILE)
+    assert (got.tflops_request, got.qos, got.gpu_model) == (7_000, Qos.LOW, "A100")
+
+
+def test_unknown_pool_is_an_error_only_when_pools_are_known() -> None:
+    annotations = {"tensor-fusion.ai/gpupool": "nowhere", "tensor-fusion.ai/vram-request": "1Gi"}
+    assert resolve(pod(annotations)).pool == "nowhere"
+    with pytest.raises(DomainError, match="no such GPU pool; known: default-pool, profile-pool"):
+        resolve(pod(annotations), pools=POOLS)
+
+
+def test_references_for_the_caller_to_fetch() -> None:
+    p = pod(
+        {
+            "tensor-fusion.ai/workload-profile": "prof",
+            "tensor-fusion.ai/workload": "w",
+            "tensor-fusion.ai/generate-workload": "false",
+        }
+    )
+    assert (referenced_profile(p), referenced_workload(p)) == ("prof", "w")
+    assert referenced_workload(pod({"tensor-fusion.ai/workload": "w"})) is None
+
+
+def test_inject_container_defaults_to_the_only_container_and_dedupes() -> None:
+    assert resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"}, ("main",))).containers == ("main",)
+    got = resolve(
+        pod({"tensor-fusion.ai/vram-request": "1Gi", "tensor-fusion.ai/inject-container": "a, b,a"}, ("a", "b"))
+    )
+    assert got.containers == ("a", "b")
+
+
+def test_auto_flags_set_enable_bits() -> None:
+    got = resolve(
+        pod(
+            {
+                "tensor-fusion.ai/vram-request": "1Gi",
+                "tensor-fusion.ai/auto-limits": "true",
+                "tensor-fusion.ai/auto-replicas": "false",
+            }
+        )
+    )
+    assert got.auto_scaling == {"autoSetLimits": {"enable": True}, "autoSetReplicas": {"enable": False}}
