@@ -1,0 +1,167 @@
+"""The admission decision for one pod: allow untouched, deny with the reasons, or allow with a patch.
+
+Pure apart from the reads it is handed: AdmissionReview request + cluster objects in, a verdict and
+an optional workload write out. Precedence (annotation > workload > WorkloadProfile > pool
+defaults > built-ins) lives in ``vgpu.request.resolve``; here we fetch what the annotations name,
+turn every problem into one message the user can act on, and never let a tenant's copy of a
+system annotation through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scheduler_extender.webhook.cluster import AdmissionReads, ClusterUnavailable
+from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, pod_patch
+from scheduler_extender.webhook.review import ReviewRequest, Verdict, allow, deny
+from scheduler_extender.webhook.workload import WorkloadUpsert, spec_of
+from vgpu import fields
+from vgpu.errors import DomainError, FieldError
+from vgpu.names import (
+    DEFAULT_POOL,
+    KIND_GPU_POOL,
+    KIND_WORKLOAD,
+    KIND_WORKLOAD_PROFILE,
+    LABEL_ENABLED,
+    Annotation,
+)
+from vgpu.profile import ProfileSpec, parse_spec
+from vgpu.request import GpuRequest, PodView, is_enabled, referenced_profile, referenced_workload, resolve
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict, and the TensorFusionWorkload write the shell must do before answering."""
+
+    verdict: Verdict
+    upsert: WorkloadUpsert | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pools:
+    specs: Mapping[str, ProfileSpec]
+    broken: Mapping[str, DomainError]
+    defaults: tuple[str, ...]
+
+
+def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
+    """Decide on a pod CREATE; anything else we were sent is allowed untouched."""
+    if (review.group, review.kind, review.operation) != ("", "Pod", "CREATE"):
+        return Decision(allow())
+    view = PodView.from_pod(review.object)
+    view = replace(view, namespace=review.namespace or view.namespace)
+    try:
+        if not is_enabled(view.labels):
+            return Decision(allow())
+    except DomainError as exc:
+        return Decision(_deny_errors(exc.errors))
+    forged = [key for key in SYSTEM_KEYS if key in view.annotations]
+    warnings = tuple(f"removed {key}: only tensor-fusion components may set it" for key in forged)
+    view = replace(view, annotations={k: v for k, v in view.annotations.items() if k not in SYSTEM_KEYS})
+    try:
+        req = _resolve(view, cluster)
+    except DomainError as exc:
+        return Decision(_deny_errors(exc.errors, warnings))
+    except ClusterUnavailable as exc:
+        return Decision(deny(f"{LABEL_ENABLED}: could not read the cluster, try again: {exc}", code=503))
+    ops, patch_warnings = pod_patch(review.object, req, view.annotations)
+    upsert = None
+    if req.generate_workload:
+        upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))
+    return Decision(allow(patch=ops, warnings=warnings + tuple(patch_warnings)), upsert)
+
+
+def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:
+    """Fetch what the pod names, then resolve; raises DomainError with every problem found."""
+    errors: list[FieldError] = []
+    profile = _layer(
+        cluster.workload_profile,
+        view.namespace,
+        referenced_profile(view),
+        Annotation.WORKLOAD_PROFILE,
+        KIND_WORKLOAD_PROFILE,
+        errors,
+    )
+    workload = _layer(
+        cluster.workload, view.namespace, referenced_workload(view), Annotation.WORKLOAD, KIND_WORKLOAD, errors
+    )
+    if errors:
+        raise DomainError(errors)
+    pools = _pools(cluster.gpu_pools())
+    chosen = (
+        view.annotations.get(Annotation.GPUPOOL) or (workload and workload.pool_name) or (profile and profile.pool_name)
+    )
+    if not chosen and len(pools.defaults) > 1:
+        raise DomainError.one(
+            Annotation.GPUPOOL,
+            None,
+            f"several {KIND_GPU_POOL}s are marked default ({', '.join(pools.defaults)}); name one in this annotation",
+        )
+    default = pools.defaults[0] if pools.defaults else DEFAULT_POOL
+    req = resolve(view, profile=profile, workload=workload, pools=pools.specs, default_pool=default)
+    if req.pool in pools.broken:
+        raise pools.broken[req.pool]
+    if req.generate_workload and not req.workload:
+        raise DomainError.one(
+            Annotation.GENERATE_WORKLOAD, "true", f"needs {Annotation.WORKLOAD} naming the workload to create or update"
+        )
+    absent = [c for c in req.containers if c not in view.containers]
+    if absent or not req.containers:
+        raise DomainError.one(
+            Annotation.INJECT_CONTAINER,
+            ", ".join(absent) or None,
+            f"no such container in the pod; it has {', '.join(view.containers) or 'no containers'}",
+        )
+    return req
+
+
+def _layer(
+    read: Callable[[str, str], Mapping[str, Any] | None],
+    namespace: str,
+    name: str | None,
+    key: Annotation,
+    kind: str,
+    errors: list[FieldError],
+) -> ProfileSpec | None:
+    """Fetch and parse the object ``key`` names; a bad name is left for ``resolve`` to report."""
+    if name is None or fields.dns_name(key, name, []) is None:
+        return None
+    raw = read(namespace, name)
+    if raw is None:
+        errors.append(FieldError(key, name, f"{kind} {namespace}/{name} not found; create it or fix the name"))
+        return None
+    try:
+        return parse_spec(_spec(raw), where=f"{kind} {namespace}/{name} spec")
+    except DomainError as exc:
+        errors.extend(exc.errors)
+        return None
+
+
+def _pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
+    specs: dict[str, ProfileSpec] = {}
+    broken: dict[str, DomainError] = {}
+    defaults: list[str] = []
+    for pool in raw:
+        meta = pool.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            continue
+        spec = _spec(pool)
+        try:
+            specs[name] = parse_spec(spec.get("defaults") or {}, where=f"{KIND_GPU_POOL} {name} spec.defaults")
+        except DomainError as exc:
+            specs[name], broken[name] = ProfileSpec(), exc
+        if spec.get("default") is True:
+            defaults.append(name)
+    return _Pools(specs, broken, tuple(sorted(defaults)))
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _deny_errors(errors: Sequence[FieldError], warnings: tuple[str, ...] = ()) -> Verdict:
+    return deny("; ".join(str(e) for e in errors), warnings=warnings)

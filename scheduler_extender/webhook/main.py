@@ -1,0 +1,48 @@
+"""``tf-webhook``: serve the mutating admission webhook over TLS.
+
+Flags override the ``TF_WEBHOOK_*`` environment (see ``settings.py``); the API server only calls
+webhooks over HTTPS, so the certificate and key are required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+import uvicorn
+
+from scheduler_extender.webhook.app import MUTATE_PATH, create_app
+from scheduler_extender.webhook.settings import WebhookSettings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
+    parser = argparse.ArgumentParser(
+        prog="tf-webhook", description=f"TensorFusion-style GPU admission webhook (POST {MUTATE_PATH})"
+    )
+    parser.add_argument("--host", help="listen address (TF_WEBHOOK_HOST, default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="HTTPS port (TF_WEBHOOK_PORT, default 9443)")
+    parser.add_argument("--tls-cert-file", help="PEM certificate (TF_WEBHOOK_TLS_CERT_FILE)")
+    parser.add_argument("--tls-key-file", help="PEM private key (TF_WEBHOOK_TLS_KEY_FILE)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file; default in-cluster (TF_WEBHOOK_KUBECONFIG)")
+    parser.add_argument("--kube-timeout-s", type=float, help="per API call timeout (TF_WEBHOOK_KUBE_TIMEOUT_S)")
+    parser.add_argument("--log-level", help="uvicorn/python log level (TF_WEBHOOK_LOG_LEVEL, default info)")
+    given = {key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None}
+    return WebhookSettings(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = parse_args(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        ssl_certfile=str(settings.tls_cert_file),
+        ssl_keyfile=str(settings.tls_key_file),
+        log_level=settings.log_level.lower(),
+    )
+
+
+if __name__ == "__main__":
+    main()

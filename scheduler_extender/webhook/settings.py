@@ -1,0 +1,28 @@
+"""The webhook's settings: listen address, TLS files, how to reach the API server.
+
+Read from ``TF_WEBHOOK_*`` environment variables (what the Helm chart sets) and overridable by
+command-line flags (what a developer or the end-to-end harness types); pydantic validates both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WebhookSettings(BaseSettings):
+    """Settings of ``tf-webhook``."""
+
+    model_config = SettingsConfigDict(env_prefix="TF_WEBHOOK_", env_ignore_empty=True, extra="forbid")
+
+    host: str = "0.0.0.0"  # a pod's webhook must listen on its pod IP
+    port: int = Field(default=9443, ge=1, le=65535)
+    tls_cert_file: Path = Path("/etc/tensor-fusion/webhook-tls/tls.crt")
+    tls_key_file: Path = Path("/etc/tensor-fusion/webhook-tls/tls.key")
+    # Empty: in-cluster service-account credentials.
+    kubeconfig: Path | None = None
+    # Per Kubernetes call; keep the sum of a request's calls (3-4) well inside the webhook's timeoutSeconds.
+    kube_timeout_s: float = Field(default=2.0, gt=0, le=30)
+    log_level: str = "info"
