@@ -36,6 +36,7 @@ class ReasonCode(StrEnum):
     # Ledger refusals.
     OVER_COMMIT = "over-commit"
     UNKNOWN_GPU = "unknown-gpu"
+    INVALID_GRANT = "invalid-grant"
     WHOLE_CONFLICT = "whole-conflict"
     POD_EXISTS = "pod-exists"
     UNKNOWN_POD = "unknown-pod"
