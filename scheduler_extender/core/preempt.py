@@ -1,0 +1,119 @@
+"""Which GPU pods to evict from a node so that a higher-QoS pod fits there — or a veto.
+
+kube-scheduler's DefaultPreemption picks victims by pod priority and CPU/memory only; it does not
+know that freeing 2Gi of VRAM on one GPU matters while 2Gi spread over four GPUs does not. The
+extender's preempt verb therefore re-decides per candidate node: only pods of strictly lower QoS
+(``low < medium < high < critical``) may go, the lowest QoS level that suffices is used, and within
+it the fewest victims (then the lowest QoS sum, then the least capacity freed). No subset that
+works means the node is vetoed (omitted from the reply).
+
+The exact search is bounded (:data:`SEARCH_BUDGET` subset checks); past it a greedy add-then-prune
+still returns a minimal (no victim can be spared) if not always minimum set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from scheduler_extender.core.fit import ModelMatcher, check_node
+from scheduler_extender.core.model import Demand, NodeState
+from vgpu.catalog import Catalog
+from vgpu.contract.allocation import GpuGrant
+from vgpu.names import Qos
+
+SEARCH_BUDGET = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Victim:
+    """A pod that holds GPUs on the node and could be evicted."""
+
+    pod_key: str
+    qos: Qos
+    grants: tuple[GpuGrant, ...]
+    whole: bool = False
+
+
+def select_victims(
+    demand: Demand, node: NodeState, candidates: Sequence[Victim], catalog: Catalog
+) -> tuple[str, ...] | None:
+    """The pod keys to evict (lowest QoS first) so the demand fits; () if it fits already; None to veto.
+
+    ``node``'s GPU usage must include the candidates' grants (a ledger-applied node).
+    """
+    match = ModelMatcher(catalog, demand.gpu_model)
+    reason = check_node(demand, node, match)
+    if reason is None:
+        return ()
+    if reason.unresolvable:
+        return None
+    eligible = {g.uuid for g in node.gpus if g.healthy and match(g.model)}
+    useful = [v for v in candidates if v.qos.rank < demand.qos.rank and any(g.uuid in eligible for g in v.grants)]
+    for level in sorted({v.qos.rank for v in useful}):
+        pool = sorted((v for v in useful if v.qos.rank <= level), key=_eviction_order)
+        if _fits_without(demand, node, pool, match):
+            chosen = _fewest(demand, node, pool, match)
+            return tuple(v.pod_key for v in sorted(chosen, key=_eviction_order))
+    return None
+
+
+def _eviction_order(v: Victim) -> tuple[int, int, str]:
+    """Lowest QoS first, then the one freeing the most (fewer victims), then by key for determinism."""
+    return (v.qos.rank, -_freed(v), v.pod_key)
+
+
+def _freed(v: Victim) -> int:
+    return sum(g.vram_request for g in v.grants)
+
+
+def _fewest(demand: Demand, node: NodeState, pool: list[Victim], match: ModelMatcher) -> tuple[Victim, ...]:
+    budget = SEARCH_BUDGET
+    for size in range(1, len(pool)):
+        best: tuple[Victim, ...] | None = None
+        best_key: tuple[int, int] | None = None
+        for combo in combinations(pool, size):
+            budget -= 1
+            if budget < 0:
+                return _greedy(demand, node, pool, match)
+            key = (sum(v.qos.rank for v in combo), sum(_freed(v) for v in combo))
+            if (best_key is None or key < best_key) and _fits_without(demand, node, combo, match):
+                best, best_key = combo, key
+        if best is not None:
+            return best
+    return tuple(pool)  # the caller checked the whole pool works; no smaller subset does
+
+
+def _greedy(demand: Demand, node: NodeState, pool: list[Victim], match: ModelMatcher) -> tuple[Victim, ...]:
+    chosen: list[Victim] = []
+    for victim in pool:
+        chosen.append(victim)
+        if _fits_without(demand, node, chosen, match):
+            break
+    for victim in sorted(chosen, key=_eviction_order, reverse=True):
+        rest = [v for v in chosen if v is not victim]
+        if _fits_without(demand, node, rest, match):
+            chosen = rest
+    return tuple(chosen)
+
+
+def _fits_without(demand: Demand, node: NodeState, victims: Iterable[Victim], match: ModelMatcher) -> bool:
+    freed: dict[str, tuple[int, int, int, bool]] = {}
+    for victim in victims:
+        for g in victim.grants:
+            t, v, pods, whole = freed.get(g.uuid, (0, 0, 0, False))
+            freed[g.uuid] = (t + g.tflops_request, v + g.vram_request, pods + 1, whole or victim.whole)
+    gpus = []
+    for gpu in node.gpus:
+        f = freed.get(gpu.uuid)
+        if f is not None:
+            gpu = replace(
+                gpu,
+                tflops_used=gpu.tflops_used - f[0],
+                vram_used=gpu.vram_used - f[1],
+                pods=max(gpu.pods - f[2], 0),
+                whole=gpu.whole and not f[3],
+            )
+        gpus.append(gpu)
+    return check_node(demand, replace(node, gpus=tuple(gpus)), match) is None
