@@ -23,6 +23,8 @@ _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 # Kubernetes caps exponents far below this; the cap keeps a hostile '1e999999999' from hanging us.
 _MAX_EXPONENT = 30
+# Far longer than any real quantity; Python refuses to convert >4300-digit integers (ValueError).
+_MAX_LENGTH = 64
 
 MIB = 1024 * 1024
 ACCEPTED = "a Kubernetes quantity such as 10, 2.5, 500m, 4Gi, 4096Mi, 4G or 1e3"
@@ -30,7 +32,7 @@ ACCEPTED = "a Kubernetes quantity such as 10, 2.5, 500m, 4Gi, 4096Mi, 4G or 1e3"
 
 def parse(text: str, *, key: str = "quantity") -> Fraction:
     """Parse a quantity to an exact, non-negative Fraction in base units."""
-    match = _GRAMMAR.match(text.strip()) if isinstance(text, str) else None
+    match = _GRAMMAR.match(text.strip()) if isinstance(text, str) and len(text) <= _MAX_LENGTH else None
     if match is None:
         raise DomainError.one(key, str(text), f"not {ACCEPTED}")
     value = Fraction(match["number"])

@@ -50,6 +50,9 @@ def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
     """Decide on a pod CREATE; anything else we were sent is allowed untouched."""
     if (review.group, review.kind, review.operation) != ("", "Pod", "CREATE"):
         return Decision(allow())
+    problem = _malformed(review.object)
+    if problem:
+        return Decision(deny(f"malformed pod: {problem}"))
     view = PodView.from_pod(review.object)
     view = replace(view, namespace=review.namespace or view.namespace)
     try:
@@ -156,6 +159,24 @@ def _pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
         if spec.get("default") is True:
             defaults.append(name)
     return _Pools(specs, broken, tuple(sorted(defaults)))
+
+
+def _malformed(pod: Mapping[str, Any]) -> str | None:
+    """What makes ``pod`` unreadable, if anything (the API server never sends such pods; fuzzers do)."""
+    meta, spec = pod.get("metadata"), pod.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return "metadata and spec must be objects"
+    for key in ("labels", "annotations"):
+        value = meta.get(key)
+        if value is not None and not (
+            isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        ):
+            return f"metadata.{key} must map strings to strings"
+    for key in ("containers", "initContainers"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(c, Mapping) for c in value)):
+            return f"spec.{key} must be a list of objects"
+    return None
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:

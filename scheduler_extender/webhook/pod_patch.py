@@ -34,20 +34,15 @@ def pointer(*parts: str | int) -> str:
 
 
 def pod_patch(pod: Mapping[str, Any], req: GpuRequest, annotations: Mapping[str, str]) -> tuple[list[Op], list[str]]:
-    """The patch for ``pod`` (raw JSON) and warnings for the user; ``annotations`` are the tenant's,
-    already stripped of system keys."""
+    """The patch for ``pod`` (raw JSON, shape checked by the caller) and warnings for the user;
+    ``annotations`` are the tenant's, already stripped of system keys."""
     ops: list[Op] = []
     warnings: list[str] = []
-    meta = pod.get("metadata")
     wanted = {**annotations, SystemAnnotation.RESOLVED_REQUEST.value: resolved.encode(req)}
-    if isinstance(meta, Mapping):
-        ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": wanted})
-    else:
-        ops.append({"op": "add", "path": pointer("metadata"), "value": {"annotations": wanted}})
-    spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": wanted})
+    spec: Mapping[str, Any] = pod["spec"]
     for field in ("containers", "initContainers"):
-        for index, container in enumerate(_list(spec.get(field))):
+        for index, container in enumerate(spec.get(field) or ()):
             inject = field == "containers" and container.get("name") in req.containers
             current = container.get("resources")
             new = _with_vgpu(current, req.gpu_count if inject else None)
@@ -84,9 +79,3 @@ def _with_vgpu(current: object, count: int | None) -> Any:
         res[side] = block
         changed = True
     return res if changed else current
-
-
-def _list(value: object) -> list[Mapping[str, Any]]:
-    if not isinstance(value, list):
-        return []
-    return [item if isinstance(item, Mapping) else {} for item in value]

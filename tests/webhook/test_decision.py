@@ -242,3 +242,17 @@ def test_patching_twice_changes_nothing_more() -> None:
     once = patched_pod(doc, cluster)
     doc["request"]["object"] = once
     assert patched_pod(doc, cluster) == once
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "problem"),
+    [
+        ("labels", {LABEL_ENABLED: 1}, "metadata.labels must map strings to strings"),
+        ("containers", ["python"], "spec.containers must be a list of objects"),
+    ],
+)
+def test_an_unreadable_pod_is_denied_as_malformed(where: str, value: Any, problem: str) -> None:
+    doc = review_of(BASIC)
+    obj = doc["request"]["object"]
+    (obj["metadata"] if where == "labels" else obj["spec"])[where] = value
+    assert denial(doc) == f"malformed pod: {problem}"

@@ -1,0 +1,122 @@
+"""The webhook through HTTP: the FastAPI shell around the decision, with an injected cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scheduler_extender.webhook.app import MUTATE_PATH, create_app
+from scheduler_extender.webhook.cluster import ClusterUnavailable
+from scheduler_extender.webhook.settings import WebhookSettings
+from scheduler_extender.webhook.workload import WorkloadUpsert
+from vgpu.names import RESOURCE_VGPU, Annotation
+
+from .builders import FakeCluster, apply_patch, body, decode_patch, review_of, seed_review
+
+PROFILE = {"spec": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}}
+
+
+class WriteFails(FakeCluster):
+    def upsert_workload(self, upsert: WorkloadUpsert) -> None:
+        raise ClusterUnavailable("write tensorfusionworkloads default/pytorch-example: HTTP 403 Forbidden")
+
+
+class Explodes(FakeCluster):
+    def gpu_pools(self) -> list[dict[str, object]]:
+        raise RuntimeError("bug")
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster(profiles={("default", "default-profile"): PROFILE})
+
+
+def client_for(cluster: FakeCluster) -> Iterator[TestClient]:
+    with TestClient(create_app(WebhookSettings(), cluster)) as client:
+        yield client
+
+
+@pytest.fixture
+def client(cluster: FakeCluster) -> Iterator[TestClient]:
+    yield from client_for(cluster)
+
+
+def test_seed_pod_is_patched_and_its_workload_written(client: TestClient, cluster: FakeCluster) -> None:
+    doc = seed_review()
+    reply = client.post(MUTATE_PATH, content=body(doc), headers={"content-type": "application/json"})
+    assert reply.status_code == 200
+    response = reply.json()["response"]
+    assert response["uid"] == doc["request"]["uid"] and response["allowed"] is True
+    pod = apply_patch(doc["request"]["object"], decode_patch(response))
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {RESOURCE_VGPU: "1"}
+    spec = cluster.workloads[("default", "pytorch-example")]["spec"]
+    assert spec["nodeAffinity"] == PROFILE["spec"]["nodeAffinity"] and spec["replicas"] == 1
+
+
+def test_second_pod_merges_into_the_workload_instead_of_overwriting_it(
+    client: TestClient, cluster: FakeCluster
+) -> None:
+    auto = {"autoSetReplicas": {"enable": True, "scaleUpStep": "2"}}
+    cluster.workloads[("default", "pytorch-example")] = {"spec": {"autoScalingConfig": auto, "gpuModel": "H100"}}
+    client.post(MUTATE_PATH, content=body(seed_review()))
+    spec = cluster.workloads[("default", "pytorch-example")]["spec"]
+    assert spec["autoScalingConfig"] == auto  # set by an operator, not by any pod: kept
+    assert spec["gpuModel"] == "H100" and spec["qos"] == "medium"
+
+
+def test_dry_run_writes_no_workload(client: TestClient, cluster: FakeCluster) -> None:
+    doc = seed_review()
+    doc["request"]["dryRun"] = True
+    assert client.post(MUTATE_PATH, content=body(doc)).json()["response"]["allowed"] is True
+    assert cluster.writes == []
+
+
+def test_failed_workload_write_denies_the_pod_with_the_reason() -> None:
+    for client in client_for(WriteFails(profiles={("default", "default-profile"): PROFILE})):
+        response = client.post(MUTATE_PATH, content=body(seed_review())).json()["response"]
+    assert response["allowed"] is False and "patch" not in response
+    assert response["status"]["code"] == 503 and "HTTP 403 Forbidden" in response["status"]["message"]
+
+
+def test_a_bug_still_answers_with_a_well_formed_denial() -> None:
+    for client in client_for(Explodes()):
+        reply = client.post(MUTATE_PATH, content=body(review_of({Annotation.TFLOPS_REQUEST.value: "1"})))
+    assert reply.status_code == 200
+    assert reply.json()["response"]["status"] == {
+        "metadata": {},
+        "status": "Failure",
+        "code": 500,
+        "reason": "BadRequest",
+        "message": "internal error in the tensor-fusion webhook; see its log",
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "uid"),
+    [
+        (b"", ""),
+        (b"{not json", ""),
+        (b"[]", ""),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}).encode(), ""),
+        (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u"}}), "u"),
+    ],
+)
+def test_malformed_bodies_get_a_denial_not_an_error(client: TestClient, raw: bytes, uid: str) -> None:
+    reply = client.post(MUTATE_PATH, content=raw)
+    assert reply.status_code == 200
+    doc = reply.json()
+    assert (doc["apiVersion"], doc["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    assert doc["response"]["uid"] == uid and doc["response"]["allowed"] is False
+    assert doc["response"]["status"]["message"].startswith("malformed AdmissionReview")
+
+
+def test_metrics_count_results(client: TestClient) -> None:
+    client.post(MUTATE_PATH, content=body(seed_review()))
+    client.post(MUTATE_PATH, content=b"x")
+    text = client.get("/metrics").text
+    assert 'tensor_fusion_webhook_admissions_total{result="patched"} 1.0' in text
+    assert 'tensor_fusion_webhook_admissions_total{result="malformed"} 1.0' in text
+    assert client.get("/healthz").json() == {"status": "ok"}
