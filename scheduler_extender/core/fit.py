@@ -195,7 +195,7 @@ def _insufficient(
 ) -> Reason:
     free = gpu.vram_free if code is R.INSUFFICIENT_VRAM else gpu.tflops_free
     show = humanize_bytes if code is R.INSUFFICIENT_VRAM else humanize_tflops
-    tail = f" (pod needs {count} GPUs, {enough} have enough)" if count > 1 else ""
+    tail = f" (pod needs {count} GPUs, only {enough} with enough)" if count > 1 else ""
     return Reason(
         code=code,
         message=f"insufficient {what} on {gpu.uuid}: requested {show(requested)}, free {show(max(free, 0))}{tail}",
