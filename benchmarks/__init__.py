@@ -1,0 +1,1 @@
+"""Benchmarks: placement quality on public traces and latency at scale (not shipped, not in CI)."""
