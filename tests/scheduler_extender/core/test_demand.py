@@ -1,0 +1,48 @@
+"""GpuRequest → Demand: every field the core decides on is carried over, per GPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler_extender.core.demand import demand_from_request
+from vgpu.names import Annotation as A
+from vgpu.names import PlacementPolicy, Qos
+from vgpu.quantity import parse_bytes
+from vgpu.request import PodView, resolve
+
+
+def test_a_resolved_pod_request_becomes_the_demand_the_core_decides_on() -> None:
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    req = resolve(
+        PodView(
+            name="p",
+            annotations={
+                A.TFLOPS_REQUEST: "10",
+                A.TFLOPS_LIMIT: "20",
+                A.VRAM_REQUEST: "4Gi",
+                A.VRAM_LIMIT: "8Gi",
+                A.GPU_COUNT: "2",
+                A.GPU_MODEL: "A100",
+                A.QOS: "high",
+                A.GPUPOOL: "gold",
+                A.WORKLOAD: "train",
+                A.IS_LOCAL_GPU: "true",
+                A.PLACEMENT_POLICY: "spread",
+            },
+            containers=("main",),
+        )
+    )
+    req = replace(req, node_affinity=affinity)  # profiles carry nodeAffinity; annotations cannot
+    d = demand_from_request(req, pod_key="ns/p", whole_gpu=True, cpu=500, memory=parse_bytes("1Gi"))
+    assert (d.pod_key, d.gpu_count, d.tflops, d.tflops_limit) == ("ns/p", 2, 10_000, 20_000)
+    assert (d.vram, d.vram_limit) == (parse_bytes("4Gi"), parse_bytes("8Gi"))
+    assert (d.qos, d.pool, d.gpu_model, d.workload) == (Qos.HIGH, "gold", "A100", "train")
+    assert (d.is_local_gpu, d.policy, d.node_affinity) == (True, PlacementPolicy.SPREAD, affinity)
+    assert (d.whole_gpu, d.cpu, d.memory) == (True, 500, parse_bytes("1Gi"))
+
+
+def test_defaults_are_fractional_with_no_cpu_or_memory() -> None:
+    req = resolve(PodView(name="p", annotations={A.VRAM_REQUEST: "1Gi"}, containers=("main",)))
+    d = demand_from_request(req, pod_key="ns/p")
+    assert (d.whole_gpu, d.cpu, d.memory, d.policy, d.gpu_count) == (False, 0, 0, None, 1)
+    assert d.pool == req.pool

@@ -1,0 +1,73 @@
+"""Raw scores with the additive terms, the 0–10 mapping kube-scheduler accepts, and top-N selection."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_extender.core.policy import Binpack, Spread
+from scheduler_extender.core.scoring import ScoreTerms, score_nodes, to_extender_scores, top_nodes
+from tests.scheduler_extender.core.builders import CATALOG, T4, make_demand, make_node, make_snapshot
+
+
+def test_only_nodes_that_fit_now_are_scored() -> None:
+    snapshot = make_snapshot(make_node("ok"), make_node("full", vram_used="80Gi"), make_node("t4", model=T4))
+    raw = score_nodes(make_demand(model="A100"), snapshot, ["ok", "full", "t4", "ghost"], Binpack(), CATALOG)
+    assert set(raw) == {"ok"}
+
+
+def test_local_gpu_affinity_prefers_the_workloads_nodes_over_any_packing() -> None:
+    snapshot = make_snapshot(
+        make_node("busy", vram_used="70Gi"), make_node("home"), workload_nodes={"train": frozenset({"home"})}
+    )
+    names = ["busy", "home"]
+    local = make_demand(workload="train", is_local_gpu=True)
+    raw = score_nodes(local, snapshot, names, Binpack(), CATALOG)
+    assert max(raw, key=lambda n: raw[n]) == "home"
+    remote = make_demand(workload="train", is_local_gpu=False)
+    raw = score_nodes(remote, snapshot, names, Binpack(), CATALOG)
+    assert max(raw, key=lambda n: raw[n]) == "busy"
+    raw = score_nodes(local, snapshot, names, Binpack(), CATALOG, ScoreTerms(locality=0.0))
+    assert max(raw, key=lambda n: raw[n]) == "busy"
+
+
+def test_smaller_model_preference_picks_the_smallest_gpu_that_fits() -> None:
+    snapshot = make_snapshot(make_node("a100"), make_node("t4", model=T4, tflops="65", vram="16Gi"))
+    demand = make_demand(tflops="5", vram="2Gi")
+    plain = score_nodes(demand, snapshot, ["a100", "t4"], Spread(), CATALOG)
+    assert max(plain, key=lambda n: plain[n]) == "a100"  # spread alone likes the roomier A100
+    raw = score_nodes(demand, snapshot, ["a100", "t4"], Spread(), CATALOG, ScoreTerms(smaller_model=1.0))
+    assert max(raw, key=lambda n: raw[n]) == "t4"
+    assert raw["a100"] == pytest.approx(plain["a100"])
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({}, {}),
+        ({"a": 0.3}, {"a": 10}),
+        ({"a": 0.5, "b": 0.5}, {"a": 10, "b": 10}),
+        ({"a": 0.0, "b": 1.0}, {"a": 0, "b": 10}),
+        ({"a": 0.40, "b": 0.45, "c": 0.50}, {"a": 0, "b": 5, "c": 10}),
+        ({"a": 1.0, "b": 1.24, "c": 1.26, "d": 2.0}, {"a": 0, "b": 2, "c": 3, "d": 10}),
+        ({"a": -3.0, "b": 7.0}, {"a": 0, "b": 10}),
+    ],
+)
+def test_to_extender_scores_stretches_min_max_onto_0_to_10(raw: dict[str, float], expected: dict[str, int]) -> None:
+    assert to_extender_scores(raw) == expected
+
+
+def test_extender_scores_keep_the_order_of_raw_scores() -> None:
+    raw = {f"n{i}": (i * 37 % 101) / 101 for i in range(50)}
+    scores = to_extender_scores(raw)
+    assert all(0 <= s <= 10 for s in scores.values())
+    for a in raw:
+        for b in raw:
+            if raw[a] < raw[b]:
+                assert scores[a] <= scores[b]
+
+
+def test_top_nodes_keeps_the_best_with_full_resolution() -> None:
+    raw = {"a": 0.501, "b": 0.502, "c": 0.1, "d": 0.502}
+    assert top_nodes(raw, 2) == ("b", "d")
+    assert top_nodes(raw, 10) == ("b", "d", "a", "c")
+    assert top_nodes(raw, 0) == ()
