@@ -59,7 +59,10 @@ def test_arbitrary_bytes(client: TestClient, raw: bytes) -> None:
 @FUZZ
 @given(request=JSON)
 def test_arbitrary_json_in_request(client: TestClient, request: Any) -> None:
-    check(client, json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode())
+    check(
+        client,
+        json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode(),
+    )
 
 
 @FUZZ
