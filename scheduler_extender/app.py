@@ -1,0 +1,163 @@
+"""The extender's FastAPI app: ``create_app(settings, gateway)`` wires cache, informers, binder and routes.
+
+No module globals: everything an app needs is built here and lives on ``app.state.extender``; the
+lifespan starts the informer threads and the event worker and stops them. The scheduler must get
+HTTP 200 from every verb (any other status is a scheduling error with a useless message), so a body
+that fails validation is answered 200 with the problem in ``Error`` (filter, bind) or with the
+verb's neutral answer (prioritize: no scores; preempt: no victims).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from scheduler_extender.binder import Binder
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.policy import Policies
+from scheduler_extender.events import EventRecorder
+from scheduler_extender.gateway import Kind, KubeGateway
+from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.informer import Informer
+from scheduler_extender.metrics import Metrics
+from scheduler_extender.routes import router
+from scheduler_extender.settings import Settings
+from scheduler_extender.verbs import Verbs
+from vgpu.catalog import Catalog, builtin
+
+log = logging.getLogger(__name__)
+
+# What a verb answers when its body could not even be parsed.
+_NEUTRAL: dict[str, object] = {
+    "filter": {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}},
+    "bind": {},
+    "prioritize": [],
+    "preempt": {"NodeNameToMetaVictims": {}},
+}
+
+
+@dataclass
+class Extender:
+    """Everything one app owns."""
+
+    settings: Settings
+    gateway: KubeGateway
+    cache: ClusterCache
+    gate: HandoffGate
+    verbs: Verbs
+    binder: Binder
+    events: EventRecorder
+    metrics: Metrics
+    informers: tuple[Informer, ...]
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def ready(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    def start(self) -> None:
+        self.stop.clear()
+        self.events.start()
+        for informer in self.informers:
+            informer.start()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.events.stop()
+
+
+def build(
+    settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time, catalog: Catalog | None = None
+) -> Extender:
+    """Wire one extender (without starting threads)."""
+    catalog = catalog or builtin()
+    gate = HandoffGate(ttl=settings.handoff_ttl, clock=clock)
+    cache = ClusterCache(default_pool=settings.default_pool, gate=gate, clock=clock)
+    policies = Policies(settings.policy.value)
+    metrics = Metrics(cache, gate)
+    events = EventRecorder(
+        gateway, interval=settings.event_interval, on_error=metrics.errors.labels("event", "api").inc
+    )
+    verbs = Verbs(
+        cache,
+        catalog,
+        policies,
+        events,
+        keep_top_nodes=settings.keep_top_nodes,
+        reservation_ttl=settings.reservation_ttl,
+        on_unschedulable=metrics.unschedulable.inc,
+    )
+    binder = Binder(gateway, cache, gate, catalog, policies, handoff_wait=settings.handoff_wait, clock=clock)
+    stop = threading.Event()
+
+    def on_error(kind: Kind, reason: str) -> None:
+        metrics.errors.labels(f"watch-{kind.lower()}", reason).inc()
+
+    informers = tuple(
+        Informer(
+            gateway,
+            kind,
+            cache,
+            watch_timeout=settings.watch_timeout,
+            backoff_max=settings.backoff_max,
+            stop=stop,
+            on_error=on_error,
+        )
+        for kind in (Kind.NODE, Kind.POD)
+    )
+    return Extender(settings, gateway, cache, gate, verbs, binder, events, metrics, informers, stop)
+
+
+def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The ASGI app. The informers start with the lifespan (``with TestClient(app)`` in tests)."""
+    extender = build(settings, gateway, clock=clock)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        extender.start()
+        try:
+            yield
+        finally:
+            extender.shutdown()
+
+    app = FastAPI(
+        title="tensor-fusion scheduler extender",
+        summary="kube-scheduler HTTP extender for fractional GPUs (filter, prioritize, bind, preempt)",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.extender = extender
+    app.include_router(router)
+    if settings.url_prefix:
+        app.include_router(router, prefix=settings.url_prefix, include_in_schema=False)
+
+    verbs = {f"/{v}": v for v in _NEUTRAL} | {f"{settings.url_prefix}/{v}": v for v in _NEUTRAL}
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
+        verb = verbs.get(request.url.path)
+        if verb is None:
+            return JSONResponse({"detail": _describe(exc)}, status_code=422)
+        extender.metrics.errors.labels(verb, "invalid-body").inc()
+        body = _NEUTRAL[verb]
+        if isinstance(body, dict) and verb in ("filter", "bind"):
+            body = {**body, "Error": f"invalid {verb} request: {_describe(exc)}"}
+        return JSONResponse(body, status_code=200)
+
+    return app
+
+
+def _describe(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid body"

@@ -1,0 +1,307 @@
+"""The cluster cache: watched Nodes and Pods turned into the core's Snapshot, plus the live Ledger.
+
+State comes only from the API server: node inventories from Node annotations, committed
+allocations from pods' allocation annotations (so a restarted extender rebuilds its ledger from
+pods alone, no local files), and in-memory reservations for binds in progress and for the node a
+pending pod is expected to land on (the next pod's filter may arrive before this pod's bind).
+Every transition is a method here with no I/O; the informer threads and the HTTP handlers call
+them, and one re-entrant lock serialises them, so a bind's read-decide-reserve is atomic.
+Per-node views (inventory + ledger usage) are kept up to date on each change, so a request only
+copies a dict of ready NodeStates. The core's Ledger is kept one per node: a pod's GPUs are all on
+one node, so the per-GPU checks are the same, and each (copying) transition costs O(pods on that
+node) instead of O(pods in the cluster), which is what makes rebuilding 50,000 allocations cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+
+from scheduler_extender.core.ledger import Ledger, LedgerEntry, LedgerRefusal
+from scheduler_extender.core.model import NodeState, Snapshot
+from scheduler_extender.gateway import Kind, RawObject, WatchEvent
+from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.objects import PodRecord, PodRef, is_relevant, node_state, pod_record, pod_ref
+from vgpu.contract.allocation import GpuGrant
+from vgpu.names import Qos
+
+log = logging.getLogger(__name__)
+
+
+class ClusterCache:
+    """Thread-safe. ``clock`` gives wall-clock seconds (reservation expiry)."""
+
+    def __init__(self, *, default_pool: str, gate: HandoffGate, clock: Callable[[], float] = time.time) -> None:
+        self.default_pool = default_pool
+        self.gate = gate
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.synced: set[Kind] = set()
+        self._base: dict[str, NodeState] = {}
+        self._view: dict[str, NodeState] = {}
+        self._ledgers: dict[str, Ledger] = {}  # node -> that node's ledger
+        self._entry_node: dict[str, str] = {}  # ledger key -> node of its entry
+        self._records: dict[str, PodRecord] = {}  # uid -> pod holding an allocation
+        self._owner: dict[str, str] = {}  # ledger key -> uid of the pod that owns the entry
+        self._tentative: dict[str, float] = {}  # ledger key -> expiry, for filter/prioritize reservations
+        self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
+        self._workloads: dict[str, Counter[str]] = {}  # workload -> node -> pods
+        self._workload_view: Mapping[str, frozenset[str]] | None = None
+
+    # --- informer sink ----------------------------------------------------------------------------
+    def replace(self, kind: Kind, items: list[RawObject]) -> None:
+        with self.lock:
+            if kind is Kind.NODE:
+                self._replace_nodes(items)
+            else:
+                self._replace_pods(items)
+            self.synced.add(kind)
+
+    def apply(self, kind: Kind, event: WatchEvent) -> None:
+        with self.lock:
+            if kind is Kind.NODE:
+                name = str((event.object.get("metadata") or {}).get("name") or "")
+                if event.type == "DELETED":
+                    self._base.pop(name, None)
+                    self._view.pop(name, None)
+                else:
+                    self._set_node(node_state(event.object, self.default_pool))
+            elif event.type == "DELETED":
+                self._pod_gone(pod_ref(event.object))
+            else:
+                self._pod_changed(event.object)
+
+    # --- reads ----------------------------------------------------------------------------------
+    def snapshot(self, *, drop_tentative_of: str | None = None, extra: Sequence[RawObject] = ()) -> Snapshot:
+        """The cluster for one decision.
+
+        ``drop_tentative_of``: a new scheduling attempt of that pod, so its old tentative reservation
+        goes. ``extra``: Node objects the scheduler sent in full; used for nodes the watch has not
+        delivered yet, so a lagging cache does not reject a node it could judge.
+        """
+        with self.lock:
+            self._expire()
+            if drop_tentative_of is not None and drop_tentative_of in self._tentative:
+                self._release(drop_tentative_of)
+            nodes = dict(self._view)
+            for item in extra:
+                node = node_state(item, self.default_pool)
+                if node.name and node.name not in nodes:
+                    nodes[node.name] = self._ledger(node.name).apply_node(node)
+            return Snapshot(nodes=MappingProxyType(nodes), workload_nodes=self._workload_nodes())
+
+    def node(self, name: str) -> NodeState | None:
+        with self.lock:
+            return self._view.get(name)
+
+    def base_node(self, name: str) -> NodeState | None:
+        with self.lock:
+            return self._base.get(name)
+
+    def nodes(self) -> tuple[NodeState, ...]:
+        with self.lock:
+            return tuple(self._view.values())
+
+    def entry(self, key: str) -> LedgerEntry | None:
+        with self.lock:
+            return self._entry(key)
+
+    def entries(self) -> dict[str, LedgerEntry]:
+        """Every ledger entry (reserved and committed), by pod key."""
+        with self.lock:
+            return {k: e for ledger in self._ledgers.values() for k, e in ledger.entries().items()}
+
+    def records_on(self, node: str) -> tuple[PodRecord, ...]:
+        """Pods holding GPUs on ``node`` (for preemption)."""
+        with self.lock:
+            return tuple(r for r in self._records.values() if r.allocation and r.allocation.node == node)
+
+    def record(self, uid: str) -> PodRecord | None:
+        with self.lock:
+            return self._records.get(uid)
+
+    def conflicts(self) -> Mapping[str, str]:
+        with self.lock:
+            return dict(self._conflicts)
+
+    def tentative_count(self) -> int:
+        with self.lock:
+            return len(self._tentative)
+
+    # --- reservations -----------------------------------------------------------------------------
+    def reserve(
+        self, ref: PodRef, node: str, grants: Sequence[GpuGrant], *, qos: Qos, expires_at: float | None
+    ) -> None:
+        """Reserve ``grants`` on ``node`` for the pod, replacing its own uncommitted reservation.
+
+        ``expires_at`` None: a bind's reservation (released or committed by the binder); a time: a
+        tentative one from filter/prioritize. Raises LedgerRefusal and changes nothing when it does not fit.
+        """
+        with self.lock:
+            base = self._base.get(node)
+            if base is None:
+                raise KeyError(node)
+            key = ref.key
+            entry = self._entry(key)
+            if entry is not None and key in self._tentative and (entry.node != node or tuple(grants) != entry.grants):
+                self._release(key)
+            self._put(node, self._ledger(node).reserve(key, base, grants, expires_at, qos=qos))
+            self._entry_node[key] = node
+            self._owner[key] = ref.uid
+            if expires_at is None:
+                self._tentative.pop(key, None)
+            else:
+                self._tentative[key] = expires_at
+            self._refresh({node} | ({entry.node} if entry is not None else set()))
+
+    def commit(self, key: str) -> None:
+        with self.lock:
+            node = self._entry_node.get(key)
+            self._put(node or "", self._ledger(node or "").commit(key))
+            self._tentative.pop(key, None)
+
+    def release(self, key: str, uid: str) -> None:
+        """Drop the pod's ledger entry if that pod still owns it (idempotent)."""
+        with self.lock:
+            if self._owner.get(key, uid) == uid:
+                self._release(key)
+
+    # --- internals (caller holds the lock) ------------------------------------------------------------
+    def _expire(self) -> None:
+        now = self.clock()
+        for key in [k for k, at in self._tentative.items() if at <= now]:
+            self._release(key)
+
+    def _ledger(self, node: str) -> Ledger:
+        return self._ledgers.get(node) or Ledger()
+
+    def _put(self, node: str, ledger: Ledger) -> None:
+        if ledger.entries():
+            self._ledgers[node] = ledger
+        else:
+            self._ledgers.pop(node, None)
+
+    def _entry(self, key: str) -> LedgerEntry | None:
+        node = self._entry_node.get(key)
+        return None if node is None else self._ledger(node).entry(key)
+
+    def _release(self, key: str) -> None:
+        node = self._entry_node.pop(key, None)
+        self._tentative.pop(key, None)
+        self._owner.pop(key, None)
+        if node is not None:
+            self._put(node, self._ledger(node).release(key))
+            self._refresh((node,))
+
+    def _refresh(self, nodes: Iterable[str]) -> None:
+        for name in nodes:
+            base = self._base.get(name)
+            if base is not None:
+                self._view[name] = self._ledger(name).apply_node(base)
+
+    def _set_node(self, node: NodeState) -> None:
+        if self._base.get(node.name) == node:
+            return
+        self._base[node.name] = node
+        for record in self._records.values():
+            if record.allocation and record.allocation.node == node.name and record.ref.uid in self._conflicts:
+                self._account(record)
+        self._refresh((node.name,))
+
+    def _replace_nodes(self, items: list[RawObject]) -> None:
+        fresh = {n.name: n for n in (node_state(item, self.default_pool) for item in items) if n.name}
+        for gone in set(self._base) - set(fresh):
+            self._base.pop(gone)
+            self._view.pop(gone, None)
+        for node in fresh.values():
+            self._set_node(node)
+
+    def _replace_pods(self, items: list[RawObject]) -> None:
+        records = {r.ref.uid: r for r in (pod_record(item) for item in items if is_relevant(item))}
+        for uid, old in list(self._records.items()):
+            if uid not in records:
+                self._pod_gone(old.ref)
+        for record in records.values():
+            self._record_changed(record)
+        self.gate.replace(records.values())
+
+    def _pod_changed(self, obj: RawObject) -> None:
+        ref = pod_ref(obj)
+        if not is_relevant(obj) and ref.uid not in self._records:
+            return
+        record = pod_record(obj)
+        self._record_changed(record)
+        self.gate.observe(record)
+
+    def _pod_gone(self, ref: PodRef) -> None:
+        old = self._records.pop(ref.uid, None)
+        if old is not None:
+            self._track_workload(old, -1)
+        self._conflicts.pop(ref.uid, None)
+        if self._owner.get(ref.key) == ref.uid:
+            self._release(ref.key)
+        self.gate.forget(ref.uid)
+
+    def _record_changed(self, record: PodRecord) -> None:
+        uid = record.ref.uid
+        old = self._records.get(uid)
+        if not record.holds_gpus:
+            if old is not None:
+                self._pod_gone(record.ref)
+            if record.allocation_error:
+                log.warning("pod %s: ignoring its allocation: %s", record.ref.key, record.allocation_error)
+            return
+        self._records[uid] = record
+        if old is None or old.workload != record.workload or old.allocation != record.allocation:
+            if old is not None:
+                self._track_workload(old, -1)
+            self._track_workload(record, +1)
+        if old is None or old.allocation != record.allocation or uid in self._conflicts:
+            self._account(record)
+
+    def _account(self, record: PodRecord) -> None:
+        """Enter a pod's allocation annotation into the ledger as committed."""
+        alloc = record.allocation
+        assert alloc is not None
+        key, uid = record.ref.key, record.ref.uid
+        base = self._base.get(alloc.node)
+        if base is None:
+            self._conflicts[uid] = f"node {alloc.node} is not known (yet)"
+            return
+        entry = self._entry(key)
+        if entry is not None and (
+            self._owner.get(key) != uid or entry.node != alloc.node or entry.grants != alloc.gpus
+        ):
+            self._release(key)
+        try:
+            ledger = self._ledger(alloc.node).reserve(key, base, alloc.gpus, None, qos=alloc.qos).commit(key)
+        except LedgerRefusal as refusal:
+            self._conflicts[uid] = str(refusal.reason)
+            log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)
+            return
+        self._conflicts.pop(uid, None)
+        self._put(alloc.node, ledger)
+        self._entry_node[key] = alloc.node
+        self._owner[key] = uid
+        self._tentative.pop(key, None)
+        self._refresh((alloc.node,))
+
+    def _track_workload(self, record: PodRecord, delta: int) -> None:
+        if record.workload is None or record.allocation is None:
+            return
+        counts = self._workloads.setdefault(record.workload, Counter())
+        counts[record.allocation.node] += delta
+        if counts[record.allocation.node] <= 0:
+            del counts[record.allocation.node]
+        if not counts:
+            del self._workloads[record.workload]
+        self._workload_view = None
+
+    def _workload_nodes(self) -> Mapping[str, frozenset[str]]:
+        if self._workload_view is None:
+            self._workload_view = MappingProxyType({w: frozenset(c) for w, c in self._workloads.items()})
+        return self._workload_view

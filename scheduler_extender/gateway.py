@@ -1,0 +1,137 @@
+"""The port through which the extender talks to the Kubernetes API, and the errors it may raise.
+
+The app, the binder and the informer depend on this Protocol only; ``scheduler_extender.kube`` is
+the one real implementation (the only importer of ``kubernetes``) and the tests use an in-memory
+fake that speaks the same protocol. Requests and objects are plain JSON-shaped dicts, built by pure
+helpers here, so both sides agree on the exact bodies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, Protocol
+
+RawObject = dict[str, Any]
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+
+
+class Kind(StrEnum):
+    """The kinds the extender lists and watches."""
+
+    NODE = "Node"
+    POD = "Pod"
+
+
+class GatewayError(Exception):
+    """A Kubernetes API call failed. ``status`` is the HTTP status when there was a response."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GoneError(GatewayError):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+    def __init__(self, message: str = "resourceVersion too old") -> None:
+        super().__init__(message, 410)
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The result of a list: the objects and the collection's resourceVersion to watch from."""
+
+    items: list[RawObject]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: EventType
+    object: RawObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodEvent:
+    """A Kubernetes Event about a pod (what ``kubectl describe pod`` shows)."""
+
+    namespace: str
+    pod_name: str
+    pod_uid: str
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Warning"
+    component: str = field(default="tensor-fusion-scheduler")
+
+
+class KubeGateway(Protocol):
+    """Everything the extender asks of the API server."""
+
+    def list(self, kind: Kind) -> Listing:
+        """All objects of a kind, with the resourceVersion of the list."""
+        ...
+
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        """Changes since ``resource_version`` until the server ends the watch. Raises GoneError on 410.
+
+        BOOKMARK events carry only a newer resourceVersion to resume from.
+        """
+        ...
+
+    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+        """One pod, or None when it does not exist."""
+        ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations (None removes one), with the UID as precondition (409 if it differs)."""
+        ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the Binding of the pod to the node (``pods/binding``)."""
+        ...
+
+    def record_event(self, event: PodEvent) -> None:
+        """Create a core/v1 Event on the pod."""
+        ...
+
+
+def annotation_patch(uid: str, changes: Mapping[str, str | None]) -> RawObject:
+    """The merge-patch body for annotation changes; ``metadata.uid`` makes the API server check the UID."""
+    return {"metadata": {"uid": uid, "annotations": dict(changes)}}
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str) -> RawObject:
+    """The v1 Binding the extender must create when it implements bind (protocol §8)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+def event_body(event: PodEvent, now_rfc3339: str, name: str) -> RawObject:
+    """The core/v1 Event object for ``event``, first seen ``now``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": event.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": event.pod_name,
+            "namespace": event.namespace,
+            "uid": event.pod_uid,
+        },
+        "reason": event.reason,
+        "message": event.message,
+        "type": event.type,
+        "source": {"component": event.component},
+        "reportingComponent": event.component,
+        "reportingInstance": event.component,
+        "firstTimestamp": now_rfc3339,
+        "lastTimestamp": now_rfc3339,
+        "count": 1,
+    }

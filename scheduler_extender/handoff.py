@@ -1,0 +1,161 @@
+"""The per-node hand-off gate: at most one pod per node between "allocation written" and "receipt seen".
+
+kubelet's Allocate tells the device plugin only device IDs, not which pod they are for (DESIGN §6).
+If two pods bound to one node were both waiting for Allocate, the plugin could not tell whose
+allocation to answer with. So bind for node N first takes N's gate, and the gate stays taken until
+the device plugin writes its hand-off receipt on the pod, the pod is deleted or finishes, or, as a
+last resort, ``ttl`` seconds after the allocation's ``bound_at``. Waiting is event-driven: the cache
+calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. The full rules are in
+``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from the same text.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from scheduler_extender.objects import PodRecord
+
+log = logging.getLogger(__name__)
+
+
+class GateBusy(Exception):
+    """Another pod held the node's gate for longer than the bind may wait."""
+
+    def __init__(self, node: str, holder: str, held_for: float, waited: float) -> None:
+        super().__init__(
+            f"node {node} is still handing GPUs over to pod {holder} (waiting for its device-plugin receipt "
+            f"for {held_for:.1f}s); gave up after {waited:.1f}s, the scheduler will retry"
+        )
+        self.node = node
+        self.holder = holder
+        self.waited = waited
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One pod holding a node's gate. ``in_flight``: taken by a bind in progress, not yet seen on the pod."""
+
+    uid: str
+    pod_key: str
+    since: float  # wall-clock seconds
+    in_flight: bool
+
+
+def _bound_at(text: str, default: float) -> float:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return default
+
+
+class HandoffGate:
+    """Node → holders. Thread-safe; ``clock`` is wall-clock seconds (``bound_at`` is wall time)."""
+
+    def __init__(self, *, ttl: float, clock: Callable[[], float] = time.time) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._holds: dict[str, dict[str, Hold]] = {}
+        self._node_of: dict[str, str] = {}
+
+    # --- fed by the cache ----------------------------------------------------------------------
+    def observe(self, record: PodRecord) -> None:
+        """A pod changed. Takes or releases the gate as its allocation/receipt/life says."""
+        with self._cond:
+            self._observe(record)
+            self._cond.notify_all()
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone from the API server."""
+        with self._cond:
+            self._drop(uid)
+            self._cond.notify_all()
+
+    def replace(self, records: Iterable[PodRecord]) -> None:
+        """A relist: observed holds are rebuilt from ``records``; holds of binds in progress survive."""
+        with self._cond:
+            for uid, node in list(self._node_of.items()):
+                if not self._holds[node][uid].in_flight:
+                    self._drop(uid)
+            for record in records:
+                self._observe(record)
+            self._cond.notify_all()
+
+    def _observe(self, record: PodRecord) -> None:
+        uid = record.ref.uid
+        if record.in_handoff and record.allocation is not None:
+            node = record.allocation.node
+            if self._node_of.get(uid, node) != node:
+                self._drop(uid)
+            self._set(node, Hold(uid, record.ref.key, _bound_at(record.allocation.bound_at, self.clock()), False))
+            return
+        current = self._current(uid)
+        released = record.receipt or record.terminal or record.deleting
+        if current is not None and (released or not current.in_flight):
+            self._drop(uid)
+
+    # --- used by bind ---------------------------------------------------------------------------
+    def acquire(self, node: str, uid: str, pod_key: str, wait: float) -> float:
+        """Take ``node``'s gate for pod ``uid``, waiting at most ``wait`` seconds. Returns seconds waited.
+
+        Raises :class:`GateBusy` when another pod still holds it after ``wait``.
+        """
+        start = time.monotonic()
+        with self._cond:
+            while True:
+                now = self.clock()
+                blockers = [h for h in self._holds.get(node, {}).values() if h.uid != uid]
+                for hold in blockers:
+                    if hold.since + self.ttl <= now:
+                        log.warning("hand-off gate of %s: %s held it past the TTL; releasing", node, hold.pod_key)
+                        self._drop(hold.uid)
+                blockers = [h for h in blockers if h.since + self.ttl > now]
+                waited = time.monotonic() - start
+                if not blockers:
+                    self._set(node, Hold(uid, pod_key, now, True))
+                    return waited
+                remaining = wait - waited
+                if remaining <= 0:
+                    oldest = min(blockers, key=lambda h: h.since)
+                    raise GateBusy(node, oldest.pod_key, now - oldest.since, waited)
+                next_expiry = min(h.since + self.ttl for h in blockers) - now
+                self._cond.wait(max(0.0, min(remaining, next_expiry)))
+
+    def release(self, node: str, uid: str) -> None:
+        """Give the gate back after a failed bind (idempotent)."""
+        with self._cond:
+            if self._node_of.get(uid) == node:
+                self._drop(uid)
+            self._cond.notify_all()
+
+    # --- read-only views ------------------------------------------------------------------------
+    def holders(self, node: str) -> tuple[Hold, ...]:
+        with self._cond:
+            return tuple(self._holds.get(node, {}).values())
+
+    def held_nodes(self) -> int:
+        with self._cond:
+            return len(self._holds)
+
+    # --- internals (caller holds the lock) --------------------------------------------------------
+    def _current(self, uid: str) -> Hold | None:
+        node = self._node_of.get(uid)
+        return None if node is None else self._holds[node][uid]
+
+    def _set(self, node: str, hold: Hold) -> None:
+        self._holds.setdefault(node, {})[hold.uid] = hold
+        self._node_of[hold.uid] = node
+
+    def _drop(self, uid: str) -> None:
+        node = self._node_of.pop(uid, None)
+        if node is None:
+            return
+        holds = self._holds[node]
+        holds.pop(uid, None)
+        if not holds:
+            del self._holds[node]

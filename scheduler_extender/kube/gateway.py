@@ -1,0 +1,185 @@
+"""The extender's real KubeGateway: lists, watches, annotation patches, Bindings and Events via the official client.
+
+The only place the extender's scheduling side touches ``kubernetes``. Responses are read as raw
+JSON (``_preload_content=False``) and never deserialised into the client's models: the cache reads
+a few fields of each object, and model deserialisation of 50,000 pods would cost seconds and
+hundreds of MB. Errors become :class:`GatewayError` with the HTTP status (410 on a watch becomes
+:class:`GoneError`), so callers branch on status codes, never on message strings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import HTTPError
+
+from scheduler_extender.gateway import (
+    GatewayError,
+    GoneError,
+    Kind,
+    Listing,
+    PodEvent,
+    RawObject,
+    WatchEvent,
+    annotation_patch,
+    binding_body,
+    event_body,
+)
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+# (connect, read) seconds for single calls; a watch reads for its own timeout plus this slack.
+CALL_TIMEOUT: Final = (5.0, 15.0)
+WATCH_SLACK: Final = 30.0
+T = TypeVar("T")
+
+
+def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
+    """An ApiClient from the kubeconfig at that path, else in-cluster config, else ~/.kube/config."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def _call(what: str, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except ApiException as exc:
+        if exc.status == 410:
+            raise GoneError(f"{what}: {exc.reason}") from None
+        raise GatewayError(f"{what}: HTTP {exc.status} {exc.reason}: {_message(exc)}", exc.status) from None
+    except (HTTPError, OSError) as exc:
+        raise GatewayError(f"{what}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.body or "")[:200]
+    return str(body.get("message") or "") if isinstance(body, dict) else ""
+
+
+def _json(response: Any) -> RawObject:
+    data = json.loads(response.data)
+    if not isinstance(data, dict):
+        raise GatewayError(f"unexpected response: {str(data)[:100]}")
+    return data
+
+
+class KubernetesGateway:
+    """KubeGateway over one ApiClient (thread-safe: the informers and the bind threads share it)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def _lister(self, kind: Kind) -> Callable[..., Any]:
+        return self.core.list_node if kind is Kind.NODE else self.core.list_pod_for_all_namespaces
+
+    def list(self, kind: Kind) -> Listing:
+        lister = self._lister(kind)
+        body = _call(f"list {kind}s", lambda: _json(lister(_preload_content=False, _request_timeout=(5.0, 120.0))))
+        items = body.get("items") or []
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return Listing(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        lister = self._lister(kind)
+        response = _call(
+            f"watch {kind}s",
+            lambda: lister(
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=(5.0, timeout_seconds + WATCH_SLACK),
+            ),
+        )
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                event = json.loads(line)
+                kind_of_event, obj = event.get("type"), event.get("object") or {}
+                if kind_of_event == "ERROR":
+                    if obj.get("code") == 410:
+                        raise GoneError(str(obj.get("message") or "resourceVersion too old"))
+                    raise GatewayError(f"watch {kind}s: {obj.get('message')}", obj.get("code"))
+                if kind_of_event in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                    yield WatchEvent(kind_of_event, obj)
+        except (HTTPError, OSError, ValueError) as exc:
+            raise GatewayError(f"watch {kind}s: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            response.release_conn()
+
+    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+        try:
+            return _call(
+                f"get pod {namespace}/{name}",
+                lambda: _json(
+                    self.core.read_namespaced_pod(
+                        name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
+                    )
+                ),
+            )
+        except GatewayError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+        body = annotation_patch(uid, changes)
+        _call(
+            f"patch pod {namespace}/{name}",
+            lambda: self.core.patch_namespaced_pod(
+                name,
+                namespace,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=CALL_TIMEOUT,
+            ),
+        )
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = binding_body(namespace, name, uid, node)
+        _call(
+            f"bind pod {namespace}/{name} to {node}",
+            lambda: self.core.create_namespaced_pod_binding(
+                name,
+                namespace,
+                body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                _preload_content=False,
+                _request_timeout=CALL_TIMEOUT,
+            ),
+        )
+
+    def record_event(self, event: PodEvent) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        name = f"{event.pod_name}.{time.time_ns():x}{uuid.uuid4().hex[:6]}"
+        body = event_body(event, now, name)
+        _call(
+            f"event on pod {event.namespace}/{event.pod_name}",
+            lambda: self.core.create_namespaced_event(
+                event.namespace,
+                body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                _preload_content=False,
+                _request_timeout=CALL_TIMEOUT,
+            ),
+        )

@@ -1,0 +1,224 @@
+"""What the extender reads off raw Pods and Nodes: requests, allocations, receipts, GPU inventories.
+
+Pods reach us two ways: embedded in a scheduler request (the pod being scheduled) and from the
+pod watch (every pod that holds GPUs); Nodes from the node watch. All are raw Kubernetes JSON; this
+module turns them into small frozen values with the contract annotations decoded strictly, so that
+a corrupt annotation becomes an error message on the value (a node's ``inventory_error``, a pod's
+``allocation_error``) and never an exception in a handler or the cache. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_extender.core.model import GpuState, NodeState
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import inventory as inventory_contract
+from vgpu.contract import resolved as resolved_contract
+from vgpu.contract.allocation import PodAllocation
+from vgpu.contract.inventory import Health
+from vgpu.errors import DomainError
+from vgpu.names import LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
+from vgpu.request import GpuRequest
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodRef:
+    """Identity of a pod: the scheduler's ``<namespace>/<name>`` key plus the UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledPod:
+    """The pod of a filter/prioritize/preempt request. ``request`` is None for pods that are not ours."""
+
+    ref: PodRef
+    request: GpuRequest | None
+    request_error: str | None  # the resolved-request annotation is present but corrupt
+    priority: int
+    nominated_node: str | None
+
+    @property
+    def is_gpu_pod(self) -> bool:
+        return self.request is not None or self.request_error is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodRecord:
+    """A watched pod as the ledger and the hand-off gate need it."""
+
+    ref: PodRef
+    node_name: str | None
+    phase: str
+    deleting: bool
+    allocation: PodAllocation | None
+    allocation_error: str | None
+    receipt: bool  # the device plugin's hand-off receipt for this very pod is present
+    workload: str | None = None  # from the resolved request: for local-GPU affinity
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Its allocation counts against GPU capacity: until the pod is gone or has finished."""
+        return self.allocation is not None and not self.terminal
+
+    @property
+    def in_handoff(self) -> bool:
+        """Allocation written, no receipt yet, pod alive: it holds its node's hand-off gate (HANDOFF.md)."""
+        return self.allocation is not None and not self.receipt and not self.terminal and not self.deleting
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _section(pod: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = pod.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _strings(value: object) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, str)}
+
+
+def pod_ref(pod: Mapping[str, Any]) -> PodRef:
+    meta = _meta(pod)
+    return PodRef(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+    )
+
+
+def annotations_of(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return _strings(_meta(pod).get("annotations"))
+
+
+def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
+    """Read the pod of a scheduler request. A pod is ours when it carries the resolved request or our label."""
+    ann = annotations_of(pod)
+    labels = _strings(_meta(pod).get("labels"))
+    spec, status = _section(pod, "spec"), _section(pod, "status")
+    priority = spec.get("priority")
+    nominated = status.get("nominatedNodeName")
+    request: GpuRequest | None = None
+    error: str | None = None
+    raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if raw is not None:
+        try:
+            request = resolved_contract.decode(raw)
+        except DomainError as exc:
+            error = f"invalid {SystemAnnotation.RESOLVED_REQUEST} annotation: {exc}"
+    elif LABEL_ENABLED in labels:
+        error = (
+            f"pod is labelled {LABEL_ENABLED} but has no {SystemAnnotation.RESOLVED_REQUEST} annotation: "
+            "the tensor-fusion admission webhook did not process it (is it installed and reachable?)"
+        )
+    return ScheduledPod(
+        ref=pod_ref(pod),
+        request=request,
+        request_error=error,
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        nominated_node=nominated if isinstance(nominated, str) and nominated else None,
+    )
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord:
+    """Read a watched pod. An allocation written for another UID (a copied manifest) is an error, not ours."""
+    ref = pod_ref(pod)
+    ann = annotations_of(pod)
+    spec, status = _section(pod, "spec"), _section(pod, "status")
+    alloc: PodAllocation | None = None
+    alloc_error: str | None = None
+    raw = ann.get(SystemAnnotation.ALLOCATION)
+    if raw is not None:
+        try:
+            alloc = allocation_contract.decode(raw)
+        except DomainError as exc:
+            alloc_error = str(exc)
+        else:
+            if alloc.pod_uid != ref.uid:
+                alloc_error = f"allocation was written for pod UID {alloc.pod_uid}, not {ref.uid}"
+                alloc = None
+    receipt = False
+    raw_receipt = ann.get(SystemAnnotation.HANDOFF)
+    if raw_receipt is not None:
+        try:
+            receipt = allocation_contract.decode_handoff(raw_receipt).pod_uid == ref.uid
+        except DomainError:
+            receipt = False
+    workload: str | None = None
+    raw_request = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if raw_request is not None:
+        try:
+            workload = resolved_contract.decode(raw_request).workload
+        except DomainError:
+            workload = None
+    node_name = spec.get("nodeName")
+    return PodRecord(
+        ref=ref,
+        node_name=node_name if isinstance(node_name, str) and node_name else None,
+        phase=str(status.get("phase") or "Pending"),
+        deleting=_meta(pod).get("deletionTimestamp") is not None,
+        allocation=alloc,
+        allocation_error=alloc_error,
+        receipt=receipt,
+        workload=workload,
+    )
+
+
+def is_relevant(pod: Mapping[str, Any]) -> bool:
+    """Whether the cache needs to keep this pod: it carries an allocation (valid or not)."""
+    return SystemAnnotation.ALLOCATION in annotations_of(pod)
+
+
+def node_state(node: Mapping[str, Any], default_pool: str) -> NodeState:
+    """A watched Node as the core sees it, with nothing reserved yet (the ledger adds usage).
+
+    No inventory annotation: a node without GPUs (the core says so). A corrupt one, or one naming
+    another node (a copied annotation): ``inventory_error``, so the node is rejected with the reason.
+    """
+    meta = _meta(node)
+    name = str(meta.get("name") or "")
+    labels = _strings(meta.get("labels"))
+    pool = labels.get(LABEL_NODE_POOL) or default_pool
+    raw = annotations_of(node).get(SystemAnnotation.NODE_INVENTORY)
+    if raw is None:
+        return NodeState(name=name, pool=pool, labels=labels)
+    try:
+        inv = inventory_contract.decode(raw)
+    except DomainError as exc:
+        return NodeState(name=name, pool=pool, labels=labels, inventory_error=f"corrupt GPU inventory: {exc}")
+    if inv.node != name:
+        error = f"GPU inventory was written for node {inv.node!r}, not {name!r}"
+        return NodeState(name=name, pool=pool, labels=labels, inventory_error=error)
+    gpus = tuple(
+        GpuState(
+            uuid=g.uuid,
+            index=g.index,
+            model=g.model,
+            tflops=g.tflops,
+            vram=g.vram,
+            healthy=g.health is Health.HEALTHY,
+            numa=g.numa,
+        )
+        for g in inv.gpus
+    )
+    return NodeState(name=name, pool=inv.pool or pool, labels=labels, gpus=gpus)

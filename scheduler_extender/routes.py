@@ -1,0 +1,158 @@
+"""The HTTP routes: the four extender verbs, explain, health, readiness and metrics.
+
+Each route is a sync ``def`` (FastAPI runs it in its thread pool) because bind makes blocking
+Kubernetes calls and waits on the hand-off gate, and the others take the cache's lock. A route only
+times itself, delegates to ``Verbs``/``Binder``/``explain`` and shapes the answer; any unexpected
+exception inside a verb still becomes HTTP 200 with an ``Error`` (filter, bind) or the verb's
+neutral answer, because kube-scheduler cannot read anything from a 5xx.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_extender.binder import BindError
+from scheduler_extender.explain import explain_pod, explain_submission
+from scheduler_extender.gateway import GatewayError
+from scheduler_extender.verbs import offered
+from scheduler_extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+)
+
+if TYPE_CHECKING:
+    from scheduler_extender.app import Extender
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+NOT_READY = "the GPU extender is starting: its cluster cache has not synced yet; the scheduler will retry"
+
+
+def _extender(request: Request) -> Extender:
+    extender: Extender = request.app.state.extender
+    return extender
+
+
+@router.post("/filter", tags=["extender"])
+def filter_(request: Request, args: ExtenderArgs) -> ExtenderFilterResult:
+    """Which of the offered nodes can hold the pod's GPU request, with a reason for each that cannot."""
+    ext = _extender(request)
+    with ext.metrics.latency.labels("filter").time():
+        if not ext.ready:
+            ext.metrics.errors.labels("filter", "not-ready").inc()
+            return ExtenderFilterResult(NodeNames=[], Error=NOT_READY)
+        try:
+            result: ExtenderFilterResult = ext.verbs.filter(args)
+        except Exception as exc:
+            log.exception("filter failed")
+            ext.metrics.errors.labels("filter", "internal").inc()
+            return ExtenderFilterResult(
+                NodeNames=[], Error=f"GPU extender filter failed: {exc.__class__.__name__}: {exc}"
+            )
+        if result.Error:
+            ext.metrics.errors.labels("filter", "request").inc()
+        return result
+
+
+@router.post("/prioritize", tags=["extender"])
+def prioritize(request: Request, args: ExtenderArgs) -> list[HostPriority]:
+    """A 0–10 score for every offered node (nodes that cannot hold the pod get 0)."""
+    ext = _extender(request)
+    with ext.metrics.latency.labels("prioritize").time():
+        try:
+            if not ext.ready:
+                raise RuntimeError(NOT_READY)
+            scores: list[HostPriority] = ext.verbs.prioritize(args)
+            return scores
+        except Exception:
+            log.exception("prioritize failed")
+            ext.metrics.errors.labels("prioritize", "internal").inc()
+            return [HostPriority(Host=n, Score=0) for n in offered(args).names]
+
+
+@router.post("/bind", tags=["extender"])
+def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+    """Choose the pod's GPUs on the node, record them on the pod and create the Binding — or undo all of it."""
+    ext = _extender(request)
+    with ext.metrics.latency.labels("bind").time():
+        if not ext.ready:
+            ext.metrics.binds.labels("not-ready").inc()
+            return ExtenderBindingResult(Error=NOT_READY)
+        try:
+            outcome = ext.binder.bind(args)
+        except BindError as exc:
+            ext.metrics.binds.labels(exc.stage).inc()
+            ext.metrics.errors.labels("bind", exc.stage).inc()
+            log.info("bind %s/%s -> %s failed: %s", args.PodNamespace, args.PodName, args.Node, exc)
+            return ExtenderBindingResult(Error=str(exc))
+        except Exception as exc:
+            log.exception("bind failed")
+            ext.metrics.binds.labels("internal").inc()
+            ext.metrics.errors.labels("bind", "internal").inc()
+            return ExtenderBindingResult(Error=f"GPU extender bind failed: {exc.__class__.__name__}: {exc}")
+        ext.metrics.gate_wait.observe(outcome.gate_wait)
+        ext.metrics.binds.labels("bound" if outcome.allocation is not None else "bound-without-gpu").inc()
+        return ExtenderBindingResult(Error="")
+
+
+@router.post("/preempt", tags=["extender"])
+def preempt(request: Request, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+    """Per candidate node, the fewest lowest-QoS GPU pods to evict; nodes where none would do are left out."""
+    ext = _extender(request)
+    with ext.metrics.latency.labels("preempt").time():
+        try:
+            if not ext.ready:
+                raise RuntimeError(NOT_READY)
+            result: ExtenderPreemptionResult = ext.verbs.preempt(args)
+            return result
+        except Exception:
+            log.exception("preempt failed")
+            ext.metrics.errors.labels("preempt", "internal").inc()
+            return ExtenderPreemptionResult()
+
+
+@router.get("/explain/{namespace}/{name}", tags=["explain"])
+def explain(request: Request, namespace: str, name: str) -> JSONResponse:
+    """Why is this pod pending (or where did it go): its request, per-node verdicts, summary, allocation."""
+    ext = _extender(request)
+    try:
+        pod = ext.gateway.get_pod(namespace, name)
+    except GatewayError as exc:
+        return JSONResponse({"detail": f"could not read pod: {exc}"}, status_code=503)
+    if pod is None:
+        return JSONResponse({"detail": f"pod {namespace}/{name} not found"}, status_code=404)
+    return JSONResponse(explain_pod(ext.verbs, ext.gate, pod))
+
+
+@router.post("/explain", tags=["explain"])
+def explain_spec(request: Request, pod: Annotated[dict[str, Any], Body()]) -> JSONResponse:
+    """What would happen if this pod were submitted now: the webhook's verdict and each node's."""
+    return JSONResponse(explain_submission(_extender(request).verbs, pod))
+
+
+@router.get("/healthz", tags=["ops"])
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["ops"])
+def readyz(request: Request) -> JSONResponse:
+    ext = _extender(request)
+    synced = {i.kind.value: i.synced.is_set() for i in ext.informers}
+    return JSONResponse({"ready": ext.ready, "synced": synced}, status_code=200 if ext.ready else 503)
+
+
+@router.get("/metrics", tags=["ops"])
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(_extender(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

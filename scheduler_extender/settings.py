@@ -1,0 +1,82 @@
+"""The extender's settings: one typed object, read from flags and ``TF_EXTENDER_*`` environment variables.
+
+It exists so that every knob an operator may turn (policy, hand-off timeouts, where the API server
+is, where to listen) is named, typed, defaulted and documented in one place, and so that tests
+build an app from an explicit ``Settings(...)`` instead of a module global.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vgpu.names import DEFAULT_POOL, PlacementPolicy
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class Settings(BaseSettings):
+    """Extender configuration. Every field can be set as ``TF_EXTENDER_<FIELD>`` or a ``--<field>`` flag."""
+
+    model_config = SettingsConfigDict(env_prefix="TF_EXTENDER_", env_ignore_empty=True, extra="ignore", frozen=True)
+
+    policy: PlacementPolicy = Field(
+        PlacementPolicy.BINPACK,
+        description="Default placement policy: binpack fills busy GPUs first, spread prefers empty ones. "
+        "A pod may override it with the placement-policy annotation.",
+    )
+    keep_top_nodes: int = Field(
+        0,
+        ge=0,
+        description="When > 0, filter passes only the N best-scoring feasible nodes (the rest are reported "
+        "in FailedNodes as 'not among the N best'); 0 passes every feasible node and leaves the choice to prioritize.",
+    )
+    handoff_wait: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds a bind waits for another pod's hand-off on the same node before it fails "
+        "(the scheduler then retries with backoff). See scheduler_extender/HANDOFF.md.",
+    )
+    handoff_ttl: float = Field(
+        60.0,
+        gt=0,
+        description="Last-resort seconds after bound_at after which a pod without a hand-off receipt "
+        "no longer holds its node's gate.",
+    )
+    reservation_ttl: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a tentative reservation made at filter/prioritize time (for the node the pod "
+        "is expected to be bound to) lives without a bind.",
+    )
+    event_interval: float = Field(
+        60.0,
+        ge=0,
+        description="At most one FailedGpuScheduling event per pod and message within this many seconds.",
+    )
+    kubeconfig: str | None = Field(
+        None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
+    )
+    host: str = Field("0.0.0.0", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    url_prefix: str = Field(
+        "",
+        description="Extra path prefix the verbs are served under as well as '/', matching the "
+        "KubeSchedulerConfiguration urlPrefix (for example '/extender').",
+    )
+    default_pool: str = Field(DEFAULT_POOL, description="Pool of nodes whose inventory names none.")
+    watch_timeout: int = Field(
+        300, gt=0, description="Server-side timeout of one watch request in seconds; the watch then resumes."
+    )
+    backoff_max: float = Field(30.0, gt=0, description="Longest pause between retries after a list/watch error.")
+    log_level: LogLevel = Field("info", description="Log level of the extender's own logs.")
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _normalise_prefix(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and not value.startswith("/"):
+            value = "/" + value
+        return value

@@ -1,0 +1,216 @@
+"""filter, prioritize and preempt: the scheduler's questions answered from the cache by the core.
+
+This is the glue between the wire (``wire.py``), the cluster cache and the pure core: read the pod,
+take a snapshot, call the core, and shape its decision into the exact reply kube-scheduler expects
+(same node form as the request, a score for every node, Meta victims). It makes no scheduling
+decision of its own. Non-GPU pods pass straight through; a pod whose request annotation is corrupt
+gets that error as every node's reason, so the user sees it in the pod's FailedScheduling event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.demand import demand_from_request
+from scheduler_extender.core.filter import FilterResult, filter_nodes
+from scheduler_extender.core.ledger import LedgerRefusal
+from scheduler_extender.core.model import Demand, Snapshot
+from scheduler_extender.core.placement import place
+from scheduler_extender.core.policy import Policies
+from scheduler_extender.core.preempt import Victim, select_victims
+from scheduler_extender.core.scoring import score_nodes, to_extender_scores, top_nodes
+from scheduler_extender.core.summary import summarize
+from scheduler_extender.events import REASON_FAILED, EventRecorder
+from scheduler_extender.objects import ScheduledPod, scheduled_pod
+from scheduler_extender.wire import (
+    ExtenderArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    MetaPod,
+    MetaVictims,
+    NodeList,
+    RawObject,
+    candidate_victims,
+    node_name,
+    pdb_violations,
+)
+from vgpu.catalog import Catalog
+
+NO_POD = "request has no Pod"
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """The nodes of a filter/prioritize request, in order, and the raw Node objects when sent in full."""
+
+    names: tuple[str, ...]
+    items: dict[str, RawObject] | None  # None: nodeCacheCapable (NodeNames form)
+
+
+def offered(args: ExtenderArgs) -> Offered:
+    if args.NodeNames is not None:
+        return Offered(tuple(dict.fromkeys(args.NodeNames)), None)
+    items = {node_name(n): n for n in (args.Nodes.items or []) if node_name(n)} if args.Nodes is not None else {}
+    return Offered(tuple(items), items if args.Nodes is not None else None)
+
+
+def filter_reply(
+    nodes: Offered, passed: Sequence[str], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
+) -> ExtenderFilterResult:
+    """The reply in the request's own form; always an explicit (possibly empty) list."""
+    if nodes.items is None:
+        return ExtenderFilterResult(
+            NodeNames=list(passed), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable, Error=error
+        )
+    return ExtenderFilterResult(
+        Nodes=NodeList(metadata={}, items=[nodes.items[n] for n in passed]),
+        FailedNodes=failed,
+        FailedAndUnresolvableNodes=unresolvable,
+        Error=error,
+    )
+
+
+class Verbs:
+    """The read-side verbs. Thread-safe: state lives in the cache; policies are shared as the core intends."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        catalog: Catalog,
+        policies: Policies,
+        events: EventRecorder,
+        *,
+        keep_top_nodes: int,
+        reservation_ttl: float,
+        on_unschedulable: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.cache = cache
+        self.catalog = catalog
+        self.policies = policies
+        self.events = events
+        self.keep_top_nodes = keep_top_nodes
+        self.reservation_ttl = reservation_ttl
+        self.on_unschedulable = on_unschedulable
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        nodes = offered(args)
+        if args.Pod is None:
+            return filter_reply(nodes, (), {}, {}, NO_POD)
+        pod = scheduled_pod(args.Pod)
+        if not pod.is_gpu_pod:
+            return filter_reply(nodes, nodes.names, {}, {})
+        if pod.request is None:
+            message = pod.request_error or "invalid GPU request"
+            self.events.warn(pod.ref, REASON_FAILED, message)
+            return filter_reply(nodes, (), {}, dict.fromkeys(nodes.names, message))
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, extra=_values(nodes.items))
+        result = filter_nodes(demand, snapshot, nodes.names, self.catalog)
+        passed, failed = list(result.passed), result.failed_messages()
+        if self.keep_top_nodes and len(passed) > self.keep_top_nodes:
+            raw = score_nodes(demand, snapshot, passed, self.policies.for_demand(demand), self.catalog)
+            keep = top_nodes(raw, self.keep_top_nodes)
+            dropped = f"fits, but is not among the {self.keep_top_nodes} best nodes for this pod"
+            failed.update(dict.fromkeys((n for n in passed if n not in keep), dropped))
+            passed = list(keep)
+        if len(passed) == 1:
+            self._reserve_tentatively(pod, demand, snapshot, passed[0])
+        elif not passed:
+            self.on_unschedulable()
+            self.events.warn(pod.ref, REASON_FAILED, summarize(demand, result))
+        return filter_reply(nodes, passed, failed, result.unresolvable_messages())
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        nodes = offered(args)
+        pod = scheduled_pod(args.Pod) if args.Pod is not None else None
+        if pod is None or pod.request is None:
+            return [HostPriority(Host=n, Score=0) for n in nodes.names]
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        snapshot = self.cache.snapshot(extra=_values(nodes.items))
+        raw = score_nodes(demand, snapshot, nodes.names, self.policies.for_demand(demand), self.catalog)
+        scores = to_extender_scores(raw)
+        best = top_nodes(raw, 1)
+        if best:
+            self._reserve_tentatively(pod, demand, snapshot, best[0])
+        return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in nodes.names]
+
+    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        proposed = candidate_victims(args)
+        pdbs = pdb_violations(args)
+        pod = scheduled_pod(args.Pod) if args.Pod is not None else None
+        if pod is None or not pod.is_gpu_pod:
+            return _meta_reply({n: uids for n, uids in proposed.items() if uids}, pdbs)
+        if pod.request is None:
+            return ExtenderPreemptionResult()
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        chosen: dict[str, tuple[str, ...]] = {}
+        for node, uids in proposed.items():
+            victims = self._victims_on(demand, node, uids)
+            if victims:
+                chosen[node] = victims
+        return _meta_reply(chosen, pdbs)
+
+    def explain(
+        self, pod: ScheduledPod, node_names: Sequence[str] | None = None
+    ) -> tuple[Demand, FilterResult, dict[str, int]]:
+        """Filter and score ``pod`` against the given nodes (default: every known node), changing nothing."""
+        assert pod.request is not None
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        snapshot = self.cache.snapshot()
+        names = tuple(node_names) if node_names is not None else tuple(sorted(snapshot.nodes))
+        result = filter_nodes(demand, snapshot, names, self.catalog)
+        raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog)
+        return demand, result, to_extender_scores(raw)
+
+    def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
+        """The scheduler's victims on ``node`` narrowed by the core; () vetoes the node."""
+        view = self.cache.node(node)
+        if view is None:
+            return ()
+        allowed = set(proposed)
+        records = {r.ref.key: r for r in self.cache.records_on(node) if r.ref.uid in allowed}
+        candidates = [
+            Victim(pod_key=key, qos=r.allocation.qos, grants=r.allocation.gpus)
+            for key, r in records.items()
+            if r.allocation is not None
+        ]
+        selected = select_victims(demand, view, candidates, self.catalog)
+        if selected is None:
+            return ()
+        gpu_victims = {records[key].ref.uid for key in selected}
+        if not gpu_victims:
+            return tuple(proposed)  # the GPUs fit already: the scheduler's own (CPU/memory) victims stand
+        ours = {r.ref.uid for r in records.values()}
+        return tuple(uid for uid in proposed if uid in gpu_victims or uid not in ours)
+
+    def _reserve_tentatively(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, node: str) -> None:
+        """Hold room on the node this pod will most likely be bound to, until its bind or a TTL."""
+        view = snapshot.nodes.get(node)
+        if view is None or self.cache.base_node(node) is None:
+            return
+        placement = place(demand, view, self.policies.for_demand(demand), self.catalog)
+        if placement is None:
+            return
+        # LedgerRefusal: another pod took the room since the snapshot; bind re-checks and says so.
+        with contextlib.suppress(LedgerRefusal):
+            self.cache.reserve(
+                pod.ref, node, placement.grants, qos=demand.qos, expires_at=self.cache.clock() + self.reservation_ttl
+            )
+
+
+def _values(items: dict[str, RawObject] | None) -> Sequence[RawObject]:
+    return () if items is None else tuple(items.values())
+
+
+def _meta_reply(victims: dict[str, tuple[str, ...]], pdbs: dict[str, int]) -> ExtenderPreemptionResult:
+    return ExtenderPreemptionResult(
+        NodeNameToMetaVictims={
+            node: MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=pdbs.get(node, 0))
+            for node, uids in victims.items()
+        }
+    )

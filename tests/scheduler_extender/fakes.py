@@ -1,0 +1,272 @@
+"""An in-memory API server speaking the KubeGateway protocol, with failure injection, and object builders.
+
+The fake keeps Nodes and Pods as raw JSON with resourceVersions and an event log, so the real
+informers list and watch it exactly as they do the API server (including 410 Gone after a
+compaction), and the binder's patches and Bindings change the same objects the cache then sees.
+``auto_receipt`` plays the device plugin: after a Binding it writes the hand-off receipt.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from scheduler_extender.gateway import (
+    GatewayError,
+    GoneError,
+    Kind,
+    Listing,
+    PodEvent,
+    RawObject,
+    WatchEvent,
+)
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import inventory as inventory_contract
+from vgpu.contract import resolved as resolved_contract
+from vgpu.contract.allocation import Handoff
+from vgpu.contract.inventory import GpuInfo, Health, NodeInventory
+from vgpu.names import LABEL_ENABLED, EnforcementBackend, Qos, SystemAnnotation
+from vgpu.request import GpuRequest
+
+GI = 1024**3
+
+
+class FakeGateway:
+    """Thread-safe fake API server for Nodes and Pods."""
+
+    def __init__(self, *, auto_receipt: bool = False) -> None:
+        self._cond = threading.Condition()
+        self.objects: dict[Kind, dict[str, RawObject]] = {Kind.NODE: {}, Kind.POD: {}}
+        self.rv = 1
+        self.log: list[tuple[int, Kind, WatchEvent]] = []
+        self.compacted = 0  # watches from a resourceVersion below this get 410
+        self.events: list[PodEvent] = []
+        self.bindings: list[tuple[str, str, str]] = []
+        self.fail: dict[str, GatewayError] = {}  # operation name -> error to raise (once per entry)
+        self.calls: list[str] = []
+        self.auto_receipt = auto_receipt
+        self.closed = False
+
+    # --- test controls ----------------------------------------------------------------------------
+    def put(self, kind: Kind, obj: RawObject) -> RawObject:
+        with self._cond:
+            key = _key(obj)
+            event_type = "MODIFIED" if key in self.objects[kind] else "ADDED"
+            return self._store(kind, obj, event_type)
+
+    def delete(self, kind: Kind, key: str) -> None:
+        with self._cond:
+            obj = self.objects[kind].pop(key)
+            self._emit(kind, "DELETED", obj)
+
+    def compact(self) -> None:
+        """Forget history: watches from older resourceVersions get 410 Gone."""
+        with self._cond:
+            self.compacted = self.rv + 1
+            self.log.clear()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def pod(self, namespace: str, name: str) -> RawObject:
+        with self._cond:
+            return copy.deepcopy(self.objects[Kind.POD][f"{namespace}/{name}"])
+
+    def write_receipt(self, namespace: str, name: str) -> None:
+        """What the device plugin does after Allocate."""
+        with self._cond:
+            pod = self.objects[Kind.POD][f"{namespace}/{name}"]
+            alloc = allocation_contract.decode(pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION])
+            receipt = Handoff(
+                pod_uid=alloc.pod_uid, node=alloc.node, devices=(("main", ("dev-0",)),), at="2026-01-01T00:00:00Z"
+            )
+            self._patch(pod, {SystemAnnotation.HANDOFF: allocation_contract.encode_handoff(receipt)})
+
+    # --- KubeGateway ------------------------------------------------------------------------------
+    def list(self, kind: Kind) -> Listing:
+        self._maybe_fail(f"list-{kind}")
+        with self._cond:
+            return Listing(items=copy.deepcopy(list(self.objects[kind].values())), resource_version=str(self.rv))
+
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        self._maybe_fail(f"watch-{kind}")
+        since = int(resource_version)
+        deadline = time.monotonic() + min(timeout_seconds, 2)
+        while True:
+            with self._cond:
+                if since < self.compacted:
+                    raise GoneError()
+                pending = [(rv, e) for rv, k, e in self.log if k is kind and rv > since]
+                if not pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.closed:
+                        return
+                    self._cond.wait(min(left, 0.05))
+                    continue
+            for rv, event in pending:
+                since = rv
+                yield WatchEvent(event.type, copy.deepcopy(event.object))
+
+    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+        self._maybe_fail("get")
+        with self._cond:
+            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+        self.calls.append(f"patch {namespace}/{name} {sorted(changes)}")
+        self._maybe_fail("patch" if any(v is not None for v in changes.values()) else "unpatch")
+        with self._cond:
+            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
+            if pod is None:
+                raise GatewayError("pods not found", 404)
+            if pod["metadata"]["uid"] != uid:
+                raise GatewayError("Precondition failed: UID", 409)
+            self._patch(pod, changes)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self.calls.append(f"bind {namespace}/{name} {node}")
+        self._maybe_fail("bind")
+        with self._cond:
+            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
+            if pod is None:
+                raise GatewayError("pods not found", 404)
+            if pod["metadata"]["uid"] != uid or pod["spec"].get("nodeName"):
+                raise GatewayError("pod is already assigned / UID mismatch", 409)
+            pod = copy.deepcopy(pod)
+            pod["spec"]["nodeName"] = node
+            self._store(Kind.POD, pod, "MODIFIED")
+            self.bindings.append((namespace, name, node))
+        if self.auto_receipt and SystemAnnotation.ALLOCATION in pod["metadata"].get("annotations", {}):
+            self.write_receipt(namespace, name)
+
+    def record_event(self, event: PodEvent) -> None:
+        self._maybe_fail("event")
+        with self._cond:
+            self.events.append(event)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _maybe_fail(self, op: str) -> None:
+        error = self.fail.pop(op, None)
+        if error is not None:
+            raise error
+
+    def _patch(self, pod: RawObject, changes: Mapping[str, str | None]) -> None:
+        pod = copy.deepcopy(pod)
+        annotations = pod["metadata"].setdefault("annotations", {})
+        for k, v in changes.items():
+            if v is None:
+                annotations.pop(k, None)
+            else:
+                annotations[k] = v
+        self._store(Kind.POD, pod, "MODIFIED")
+
+    def _store(self, kind: Kind, obj: RawObject, event_type: str) -> RawObject:
+        obj = copy.deepcopy(obj)
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        self.objects[kind][_key(obj)] = obj
+        self._emit(kind, event_type, obj)
+        return obj
+
+    def _emit(self, kind: Kind, event_type: str, obj: RawObject) -> None:
+        if event_type == "DELETED":
+            self.rv += 1
+        self.log.append((self.rv, kind, WatchEvent(event_type, copy.deepcopy(obj))))  # type: ignore[arg-type]
+        self._cond.notify_all()
+
+
+def _key(obj: RawObject) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else str(meta["name"])
+
+
+# --- builders -------------------------------------------------------------------------------------
+def make_node(
+    name: str,
+    gpus: int = 2,
+    *,
+    model: str = "NVIDIA A100-SXM4-80GB",
+    tflops: int = 312_000,
+    vram: int = 80 * GI,
+    pool: str = "default-pool",
+    inventory: str | None = None,
+    unhealthy: tuple[int, ...] = (),
+) -> RawObject:
+    if inventory is None:
+        inv = NodeInventory(
+            node=name,
+            pool=pool,
+            gpus=tuple(
+                GpuInfo(
+                    uuid=f"GPU-{name}-{i}",
+                    index=i,
+                    model=model,
+                    tflops=tflops,
+                    vram=vram,
+                    health=Health.UNHEALTHY if i in unhealthy else Health.HEALTHY,
+                )
+                for i in range(gpus)
+            ),
+            slices_per_gpu=4,
+            backend=EnforcementBackend.HAMI_CORE,
+            heartbeat="2026-01-01T00:00:00Z",
+        )
+        inventory = inventory_contract.encode(inv)
+    return {"metadata": {"name": name, "labels": {}, "annotations": {SystemAnnotation.NODE_INVENTORY: inventory}}}
+
+
+def gpu_request(
+    tflops: int = 10_000,
+    vram: int = 4 * GI,
+    *,
+    count: int = 1,
+    qos: Qos = Qos.MEDIUM,
+    model: str | None = None,
+    **kw: Any,
+) -> GpuRequest:
+    return GpuRequest(
+        pool=kw.pop("pool", "default-pool"),
+        containers=("main",),
+        gpu_count=count,
+        tflops_request=tflops,
+        tflops_limit=kw.pop("tflops_limit", tflops),
+        vram_request=vram,
+        vram_limit=kw.pop("vram_limit", vram),
+        qos=qos,
+        gpu_model=model,
+        **kw,
+    )
+
+
+def make_pod(
+    name: str,
+    request: GpuRequest | None = None,
+    *,
+    namespace: str = "default",
+    uid: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    priority: int = 0,
+) -> RawObject:
+    ann = dict(annotations or {})
+    labels = {}
+    if request is not None:
+        ann[SystemAnnotation.RESOLVED_REQUEST] = resolved_contract.encode(request)
+        labels[LABEL_ENABLED] = "true"
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{namespace}-{name}",
+            "labels": labels,
+            "annotations": ann,
+        },
+        "spec": {"containers": [{"name": "main", "image": "x"}], "priority": priority, "schedulerName": "x"},
+        "status": {"phase": "Pending"},
+    }
