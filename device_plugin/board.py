@@ -1,0 +1,147 @@
+"""The node's GPUs and their health, the one source for ListAndWatch, Allocate and the inventory.
+
+Discovery turns probe devices into inventory :class:`~vgpu.contract.inventory.GpuInfo` (TFLOPS from
+the shared catalog; an unknown model gets a configurable default and a warning, never a crash).
+The :class:`HealthMonitor` drives the pure :mod:`device_plugin.health` machine from XID events and
+periodic checks (blocking probe calls in a thread) and publishes flips here; each change bumps a
+generation and wakes every ListAndWatch stream and the inventory publisher, like grpc's health
+servicer wakes its Watch streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from device_plugin.health import HealthBoard, HealthPolicy
+from device_plugin.probe import GpuDevice, GpuProbe
+from device_plugin.slices import Slice, slices
+from vgpu.catalog import Catalog
+from vgpu.contract.inventory import GpuInfo, Health
+
+log = logging.getLogger(__name__)
+
+
+def discover(devices: tuple[GpuDevice, ...], catalog: Catalog, default_tflops: int) -> tuple[GpuInfo, ...]:
+    """Inventory entries for probed GPUs; unknown models get ``default_tflops`` (milli) and a warning."""
+    found = []
+    for d in devices:
+        model = catalog.lookup(d.name)
+        if model is None:
+            log.warning(
+                "GPU %d (%s) %r is not in the GPU catalog; advertising %s milli-TFLOPS "
+                "(set --default-tflops or a catalog override)",
+                d.index,
+                d.uuid,
+                d.name,
+                default_tflops,
+            )
+        found.append(
+            GpuInfo(
+                uuid=d.uuid,
+                index=d.index,
+                model=model.key if model is not None else d.name,
+                tflops=model.tflops_milli if model is not None else default_tflops,
+                vram=d.memory,
+                numa=d.numa,
+                mig=d.mig,
+            )
+        )
+    return tuple(found)
+
+
+class DeviceBoard:
+    """GPUs with live health; mutated on the event loop only."""
+
+    def __init__(self, gpus: tuple[GpuInfo, ...], slices_per_gpu: int, policy: HealthPolicy) -> None:
+        self.slices_per_gpu = slices_per_gpu
+        self._gpus = gpus
+        self.health = HealthBoard.fresh((g.uuid for g in gpus), policy)
+        self.generation = 0
+        self._changed = asyncio.Event()
+        slices(gpus, slices_per_gpu)  # fail at start if an ID would be too long
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        return self._gpus
+
+    def by_uuid(self) -> Mapping[str, GpuInfo]:
+        return {g.uuid: g for g in self._gpus}
+
+    def slices(self) -> tuple[Slice, ...]:
+        return slices(self._gpus, self.slices_per_gpu)
+
+    def set_health(self, board: HealthBoard, flipped: frozenset[str]) -> None:
+        self.health = board
+        if not flipped:
+            return
+        for uuid in sorted(flipped):
+            state = board.states[uuid]
+            log.warning("GPU %s is now %s %s", uuid, "healthy" if state.healthy else "unhealthy", state.reason)
+        self._gpus = tuple(
+            dataclasses.replace(g, health=Health.HEALTHY if board.healthy(g.uuid) else Health.UNHEALTHY)
+            for g in self._gpus
+        )
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changes(self) -> AsyncIterator[tuple[Slice, ...]]:
+        """The full slice list now, then again after every change; never ends by itself."""
+        seen = -1
+        while True:
+            changed = self._changed
+            if self.generation != seen:
+                seen = self.generation
+                yield self.slices()
+            await changed.wait()
+
+    async def wait_change(self, generation: int, timeout_s: float) -> None:
+        """Return when the generation moved past ``generation`` or after ``timeout_s``."""
+        if self.generation != generation:
+            return
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            return
+
+
+class HealthMonitor:
+    """Feeds XID events and periodic checks into the board's health machine."""
+
+    def __init__(
+        self,
+        probe: GpuProbe,
+        board: DeviceBoard,
+        *,
+        check_interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._probe, self._board = probe, board
+        self._interval = check_interval_s
+        self._clock = clock
+
+    def _check_all(self) -> dict[str, str | None]:
+        results: dict[str, str | None] = {}
+        for gpu in self._board.gpus():
+            try:
+                results[gpu.uuid] = self._probe.check(gpu.uuid)
+            except Exception as exc:  # a probe that cannot even ask is itself a fault
+                results[gpu.uuid] = f"health check failed: {exc}"
+        return results
+
+    async def run(self) -> None:
+        next_check = self._clock()
+        while True:
+            wait = max(0.0, next_check - self._clock())
+            events = await asyncio.to_thread(self._probe.wait_xid, min(wait, self._interval))
+            for event in events:
+                board, flipped = self._board.health.xid(event.uuid, event.xid, self._clock())
+                self._board.set_health(board, flipped)
+            if self._clock() >= next_check:
+                results = await asyncio.to_thread(self._check_all)
+                board, flipped = self._board.health.checked(results, self._clock())
+                self._board.set_health(board, flipped)
+                next_check = self._clock() + self._interval

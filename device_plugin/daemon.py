@@ -1,0 +1,126 @@
+"""Wires the plugin's parts together and runs them until asked to stop.
+
+One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
+keeper, the servicer and its socket lifecycle, the inventory publisher and metrics, so that the CLI
+and the component tests run the very same assembly (tests swap only the probe, the Kubernetes
+gateway and the PodResources source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from device_plugin.allocator import Allocator, AllocatorConfig
+from device_plugin.board import DeviceBoard, HealthMonitor, discover
+from device_plugin.envs import EnforcementPaths
+from device_plugin.gateway import KubeGateway
+from device_plugin.handoff import HandoffKeeper
+from device_plugin.health import HealthPolicy
+from device_plugin.kubelet_api import PodDevices, list_pod_devices
+from device_plugin.lifecycle import PluginServer, SocketConfig
+from device_plugin.metrics import GpuCollector, PluginMetrics
+from device_plugin.pod_cache import PodCache, PodFeed
+from device_plugin.probe import GpuProbe
+from device_plugin.publisher import InventoryPublisher
+from device_plugin.server import DevicePluginServicer
+from vgpu.catalog import Catalog, builtin
+from vgpu.names import EnforcementBackend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginConfig:
+    node: str
+    sockets: SocketConfig = field(default_factory=SocketConfig)
+    podresources_socket: Path | None = None
+    slices_per_gpu: int = 16
+    backend: EnforcementBackend = EnforcementBackend.NONE
+    paths: EnforcementPaths = field(default_factory=EnforcementPaths)
+    default_tflops: int = 0  # milli-TFLOPS for models missing from the catalog
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    health_check_s: float = 5.0
+    pool: str | None = None
+    heartbeat_s: float = 30.0
+    lookup_wait_s: float = 2.0
+    reconcile_s: float = 10.0
+    cache_sync_s: float = 30.0
+    metrics_port: int = 0  # 0: no /metrics server
+    catalog: Catalog = field(default_factory=builtin)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: PluginConfig,
+        probe: GpuProbe,
+        gateway: KubeGateway,
+        *,
+        pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.probe, self.gateway = probe, gateway
+        self.metrics = metrics or PluginMetrics()
+        gpus = discover(probe.devices(), config.catalog, config.default_tflops)
+        self.board = DeviceBoard(gpus, config.slices_per_gpu, config.health)
+        self.cache = PodCache()
+        self.feed = PodFeed(gateway, config.node, self.cache)
+        if pod_devices is None and config.podresources_socket is not None:
+            socket = config.podresources_socket
+
+            async def from_kubelet() -> PodDevices:
+                return await list_pod_devices(socket)
+
+            pod_devices = from_kubelet
+        self.keeper = HandoffKeeper(gateway, self.cache, config.node, self.metrics, pod_devices=pod_devices)
+        allocator_config = AllocatorConfig(
+            node=config.node, backend=config.backend, paths=config.paths, lookup_wait_s=config.lookup_wait_s
+        )
+        self.allocator = Allocator(allocator_config, self.cache, self.board, self.keeper, self.metrics)
+        self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
+        self.server = PluginServer(self.servicer, config.sockets, self.metrics)
+        self.monitor = HealthMonitor(probe, self.board, check_interval_s=config.health_check_s)
+        self.publisher = InventoryPublisher(
+            gateway,
+            self.board,
+            self.metrics,
+            node=config.node,
+            backend=config.backend,
+            pool=config.pool,
+            heartbeat_s=config.heartbeat_s,
+        )
+
+    def pods_by_uid(self) -> dict[str, tuple[str, str]]:
+        return {p.uid: (p.namespace, p.name) for p in self.cache.pods()}
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Run every part until ``stopping`` is set; the server removes its socket on the way out."""
+        self.feed.start(asyncio.get_running_loop())
+        if self.config.metrics_port:
+            self.metrics.registry.register(GpuCollector(self.probe, self.board.gpus, self.pods_by_uid))
+            self.metrics.serve(self.config.metrics_port)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.cache.synced.wait(), self.config.cache_sync_s)
+        if not self.cache.synced.is_set():
+            log.warning("pod cache not synced after %.0fs; serving anyway", self.config.cache_sync_s)
+        background: list[Coroutine[Any, Any, None]] = [
+            self.monitor.run(),
+            self.publisher.run(),
+            self.keeper.run(self.allocator, self.config.reconcile_s),
+        ]
+        tasks = [asyncio.create_task(c) for c in background]
+        try:
+            await self.server.run(stopping)
+        finally:
+            self.feed.stop()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.keeper.drain()

@@ -1,0 +1,90 @@
+"""The real :class:`~device_plugin.gateway.KubeGateway`: the one device-plugin module importing ``kubernetes``.
+
+Pods are read as raw JSON (``_preload_content=False`` and the watch's ``raw_object``) so that the
+plugin reduces exactly what the API server sent, the same shape the fake gateway serves in tests.
+Every call blocks; callers run them in threads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes import config as _config
+from kubernetes import watch as _watch
+from kubernetes.client.exceptions import ApiException
+
+from device_plugin.gateway import Json, WatchExpired, WatchKind
+
+_WATCH_TIMEOUT_S = 60
+# The client's config loaders and watch helper are untyped; use them through Any.
+config: Any = _config
+watch: Any = _watch
+_KINDS: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def _load(kubeconfig: str | None) -> None:
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class KubeApi:
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        _load(kubeconfig)
+        self._api = client.ApiClient()
+        self._core = client.CoreV1Api(self._api)
+
+    def _plain(self, obj: Any) -> Json:
+        sanitize: Any = self._api.sanitize_for_serialization
+        return cast(Json, sanitize(obj))
+
+    def list_pods(self, node: str) -> tuple[list[Json], str]:
+        response: Any = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        data = json.loads(response.data)
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_pods(self, node: str, resource_version: str, stop: threading.Event) -> Iterator[tuple[WatchKind, Json]]:
+        w = watch.Watch()
+        try:
+            for event in w.stream(
+                self._core.list_pod_for_all_namespaces,
+                field_selector=f"spec.nodeName={node}",
+                resource_version=resource_version,
+                timeout_seconds=_WATCH_TIMEOUT_S,
+                allow_watch_bookmarks=True,
+            ):
+                if stop.is_set():
+                    return
+                kind, raw = event["type"], event["raw_object"]
+                if kind == "ERROR":
+                    if raw.get("code") == 410:
+                        raise WatchExpired(raw.get("message", "resource version expired"))
+                    raise RuntimeError(f"pod watch error: {raw}")
+                if kind in _KINDS:
+                    yield cast(WatchKind, kind), raw
+        except ApiException as exc:
+            if exc.status == 410:
+                raise WatchExpired(str(exc.reason)) from None
+            raise
+        finally:
+            w.stop()
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Json:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        return self._plain(self._core.patch_namespaced_pod(name, namespace, body))
+
+    def get_node(self, name: str) -> Json:
+        return self._plain(self._core.read_node(name))
+
+    def patch_node(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+        self._core.patch_node(name, {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}})

@@ -1,0 +1,125 @@
+"""The real GPU probe over NVML: the one module of the device plugin that imports pynvml.
+
+Keeping NVML behind :class:`~device_plugin.probe.GpuProbe` means every other module is tested
+without a GPU, and a driver quirk is handled in one place: optional queries (NUMA node, MIG mode,
+power, temperature) degrade to ``None`` instead of failing discovery, and XID events come from a
+blocking ``nvmlEventSetWait`` that the caller runs in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from device_plugin.probe import GpuDevice, GpuSample, ProcessUsage, XidEvent
+
+log = logging.getLogger(__name__)
+_SYS_PCI = Path("/sys/bus/pci/devices")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _optional(query: Any, *args: Any) -> Any:
+    """The value of an NVML query, or None when the GPU or driver does not support it."""
+    try:
+        return query(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+class NvmlProbe:
+    """A :class:`~device_plugin.probe.GpuProbe` over the NVIDIA driver."""
+
+    def __init__(self) -> None:
+        pynvml.nvmlInit()
+        self._lock = threading.Lock()
+        self._events: Any = None
+
+    def devices(self) -> tuple[GpuDevice, ...]:
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            mig = _optional(pynvml.nvmlDeviceGetMigMode, handle)
+            found.append(
+                GpuDevice(
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    index=index,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    memory=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    numa=self._numa(handle),
+                    mig=mig is not None and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+                )
+            )
+        return tuple(found)
+
+    def _numa(self, handle: Any) -> int | None:
+        node = _optional(pynvml.nvmlDeviceGetNumaNodeId, handle)
+        if node is not None and node >= 0:
+            return int(node)
+        pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)
+        if pci is None:
+            return None
+        bus_id = _text(pci.busId).lower()[-12:]  # NVML pads the domain to 8 digits; sysfs uses 4
+        try:
+            value = int((_SYS_PCI / bus_id / "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return value if value >= 0 else None
+
+    def _event_set(self) -> Any:
+        """Register every GPU for critical XID events once; GPUs that refuse are logged, not fatal."""
+        if self._events is None:
+            self._events = pynvml.nvmlEventSetCreate()
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._events)
+                except pynvml.NVMLError as exc:
+                    log.warning("GPU %d does not report XID events (%s); only periodic checks apply", index, exc)
+        return self._events
+
+    def wait_xid(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        with self._lock:
+            events = self._event_set()
+        try:
+            data = pynvml.nvmlEventSetWait_v2(events, int(timeout_s * 1000))
+        except pynvml.NVMLError_Timeout:
+            return ()
+        uuid = _optional(pynvml.nvmlDeviceGetUUID, data.device)
+        return (XidEvent(uuid=_text(uuid) if uuid is not None else "", xid=int(data.eventData)),)
+
+    def check(self, uuid: str) -> str | None:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError as exc:
+            return f"NVML: {exc}"
+        return None
+
+    def sample(self, uuid: str) -> GpuSample:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+        util = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        power = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+        procs = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
+        return GpuSample(
+            uuid=uuid,
+            utilization=None if util is None else int(util.gpu),
+            memory_used=None if memory is None else int(memory.used),
+            temperature=_optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+            power_watts=None if power is None else power / 1000.0,
+            processes=tuple(ProcessUsage(pid=int(p.pid), memory_used=int(p.usedGpuMemory or 0)) for p in procs),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._events is not None:
+                _optional(pynvml.nvmlEventSetFree, self._events)
+                self._events = None
+        _optional(pynvml.nvmlShutdown)

@@ -1,0 +1,77 @@
+"""The seam between the device plugin and the GPUs it manages: what a GPU is, and how it is probed.
+
+Everything above this module (slices, health, inventory, metrics) talks to a :class:`GpuProbe`, so
+the same plugin runs on real NVML (:mod:`device_plugin.nvml_backend`, the one module that imports
+pynvml) and on a file-described fake (:mod:`device_plugin.fake_probe`) in tests, the demo and the
+end-to-end tier, where no GPU exists. The values are plain frozen dataclasses; probes block, so
+callers run them in a thread, never on the gRPC event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuDevice:
+    """One physical GPU as the driver reports it. ``memory`` in bytes; ``name`` is NVML's product name."""
+
+    uuid: str
+    index: int
+    name: str
+    memory: int
+    numa: int | None = None
+    mig: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """A critical-error event from the driver: XID ``xid`` on GPU ``uuid``."""
+
+    uuid: str
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """One compute process on a GPU and the device memory (bytes) it holds."""
+
+    pid: int
+    memory_used: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample:
+    """Live figures for one GPU; ``None`` where the driver does not report them."""
+
+    uuid: str
+    utilization: int | None = None  # percent of time a kernel ran
+    memory_used: int | None = None  # bytes
+    temperature: int | None = None  # degrees Celsius
+    power_watts: float | None = None
+    processes: tuple[ProcessUsage, ...] = ()
+
+
+class GpuProbe(Protocol):
+    """What the plugin needs from a GPU driver. Every method may block."""
+
+    def devices(self) -> tuple[GpuDevice, ...]:
+        """Every GPU on this node, in index order."""
+        ...
+
+    def wait_xid(self, timeout_s: float) -> tuple[XidEvent, ...]:
+        """Block up to ``timeout_s`` for critical-error events; an empty tuple when none came."""
+        ...
+
+    def check(self, uuid: str) -> str | None:
+        """A periodic health check of one GPU: ``None`` when healthy, else what is wrong."""
+        ...
+
+    def sample(self, uuid: str) -> GpuSample:
+        """Utilisation, memory, temperature, power and processes of one GPU, for metrics."""
+        ...
+
+    def close(self) -> None:
+        """Release driver resources."""
+        ...
