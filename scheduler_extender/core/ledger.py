@@ -227,11 +227,8 @@ class Ledger:
                 u = usage[grant.uuid]
                 if u.pods == 1:
                     del usage[grant.uuid]
-                else:
+                else:  # several pods share it, so none holds it whole
                     usage[grant.uuid] = GpuUsage(
-                        tflops=u.tflops - grant.tflops_request,
-                        vram=u.vram - grant.vram_request,
-                        pods=u.pods - 1,
-                        whole=u.whole and not entry.whole,
+                        tflops=u.tflops - grant.tflops_request, vram=u.vram - grant.vram_request, pods=u.pods - 1
                     )
         return Ledger._of(entries, usage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from scheduler_extender.core.demand import demand_from_request
 from vgpu.names import Annotation as A
@@ -12,7 +13,7 @@ from vgpu.request import PodView, resolve
 
 
 def test_a_resolved_pod_request_becomes_the_demand_the_core_decides_on() -> None:
-    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    affinity: dict[str, Any] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
     req = resolve(
         PodView(
             name="p",
