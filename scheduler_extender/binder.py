@@ -114,9 +114,8 @@ class Binder:
             bound_at=rfc3339(self.clock()),
         )
         try:
-            self.gateway.patch_pod_annotations(
-                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: allocation_contract.encode(allocation)}
-            )
+            written = {SystemAnnotation.ALLOCATION.value: allocation_contract.encode(allocation)}
+            self.gateway.patch_pod_annotations(ref.namespace, ref.name, ref.uid, written)
         except GatewayError as exc:
             self._undo(ref, node, annotated=False)
             raise BindError(f"could not record the GPU allocation on pod {ref.key}: {exc}", "annotate") from None
@@ -167,19 +166,23 @@ class Binder:
             return placement
 
     def _undo(self, ref: PodRef, node: str, *, annotated: bool) -> str:
-        """Roll back after a failed API call; returns a note for the Error if cleaning up failed too."""
-        note = ""
+        """Roll back after a failed API call; returns a note for the Error if cleaning up failed too.
+
+        If the allocation could not be removed from the pod, it still exists, so it must still be
+        counted: the reservation and the gate then stay, and go when the pod does (or the TTL).
+        """
         if annotated:
             try:
                 self.gateway.patch_pod_annotations(
-                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: None}
+                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION.value: None}
                 )
             except GatewayError as exc:
                 if exc.status != 404:  # a deleted pod carries no annotation to remove
-                    note = (
-                        f" (and removing its allocation annotation failed: {exc}; the cache drops it when the pod goes)"
+                    log.error("rollback of %s: could not remove its allocation: %s", ref.key, exc)
+                    return (
+                        f" (and removing its allocation annotation failed: {exc}; "
+                        "its GPUs stay accounted until the pod is deleted)"
                     )
-                    log.error("rollback of %s: %s", ref.key, exc)
         self.cache.release(ref.key, ref.uid)
         self.gate.release(node, ref.uid)
-        return note
+        return ""

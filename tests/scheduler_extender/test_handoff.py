@@ -1,0 +1,167 @@
+"""The per-node hand-off gate: one pod in hand-off per node; waits end on receipt, deletion, finish or TTL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from scheduler_extender.gateway import Kind
+from scheduler_extender.handoff import GateBusy, HandoffGate
+from scheduler_extender.objects import PodRecord, PodRef
+from tests.scheduler_extender.conftest import Running
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.names import Qos
+
+GRANT = GpuGrant(uuid="g", index=0, tflops_request=1, tflops_limit=1, vram_request=1, vram_limit=1, gpu_tflops=1)
+
+
+def record(
+    uid: str,
+    *,
+    node: str = "n1",
+    receipt: bool = False,
+    phase: str = "Pending",
+    deleting: bool = False,
+    bound_at: float | None = None,
+    allocated: bool = True,
+) -> PodRecord:
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bound_at if bound_at is not None else time.time()))
+    alloc = PodAllocation(
+        pod_uid=uid, node=node, pool="p", qos=Qos.MEDIUM, containers=("main",), gpus=(GRANT,), bound_at=at
+    )
+    return PodRecord(
+        ref=PodRef(namespace="default", name=uid, uid=uid),
+        node_name=node,
+        phase=phase,
+        deleting=deleting,
+        allocation=alloc if allocated else None,
+        allocation_error=None,
+        receipt=receipt,
+    )
+
+
+def acquire_in_thread(gate: HandoffGate, uid: str, wait: float) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+
+    def target() -> None:
+        try:
+            out.append(gate.acquire("n1", uid, f"default/{uid}", wait))
+        except GateBusy as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize(
+    "release",
+    [
+        pytest.param(lambda g: g.observe(record("a", receipt=True)), id="receipt"),
+        pytest.param(lambda g: g.forget("a"), id="deleted"),
+        pytest.param(lambda g: g.observe(record("a", deleting=True)), id="terminating"),
+        pytest.param(lambda g: g.observe(record("a", phase="Failed")), id="failed"),
+        pytest.param(lambda g: g.observe(record("a", phase="Succeeded")), id="succeeded"),
+        pytest.param(lambda g: g.observe(record("a", allocated=False)), id="allocation-removed"),
+    ],
+)
+def test_waiting_bind_proceeds_as_soon_as_the_holder_is_released(release: Callable[[HandoffGate], None]) -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a"))
+    thread, out = acquire_in_thread(gate, "b", wait=5)
+    time.sleep(0.1)
+    assert thread.is_alive() and not out  # waiting
+    released_at = time.monotonic()
+    release(gate)
+    thread.join(2)
+    assert out and isinstance(out[0], float) and 0.05 < out[0] < 1.0
+    assert time.monotonic() - released_at < 0.5  # event-driven, not polled
+    assert [h.uid for h in gate.holders("n1")] == ["b"]
+
+
+def test_wait_is_bounded_and_names_the_holder() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a"))
+    start = time.monotonic()
+    with pytest.raises(GateBusy, match=r"handing GPUs over to pod default/a .* gave up after 0\.2"):
+        gate.acquire("n1", "b", "default/b", 0.2)
+    assert 0.2 <= time.monotonic() - start < 1.0
+    assert [h.uid for h in gate.holders("n1")] == ["a"]
+
+
+def test_ttl_counted_from_bound_at_releases_a_stuck_holder() -> None:
+    gate = HandoffGate(ttl=0.5)
+    gate.observe(record("a", bound_at=time.time() - 0.2))  # second resolution: held ~0.2-1.2 s more at most
+    waited = gate.acquire("n1", "b", "default/b", wait=3)
+    assert waited < 1.3
+    assert [h.uid for h in gate.holders("n1")] == ["b"]
+
+
+def test_other_nodes_and_the_same_pod_are_not_blocked() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a"))
+    assert gate.acquire("n2", "b", "default/b", 0.01) < 0.01
+    assert gate.acquire("n1", "a", "default/a", 0.01) < 0.01  # a retried bind of the holder itself
+
+
+def test_an_in_flight_bind_is_not_released_by_a_stale_event() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.acquire("n1", "a", "default/a", 0.01)
+    gate.observe(record("a", allocated=False))  # an older event of the pod, before our patch landed
+    with pytest.raises(GateBusy):
+        gate.acquire("n1", "b", "default/b", 0.05)
+    gate.release("n1", "a")
+    assert gate.acquire("n1", "b", "default/b", 0.05) < 0.05
+
+
+def test_relist_rebuilds_observed_holds_and_keeps_binds_in_flight() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("old"))
+    gate.acquire("n2", "flying", "default/flying", 0.01)
+    gate.replace([record("new", node="n3")])
+    assert gate.holders("n1") == ()
+    assert [h.uid for h in gate.holders("n2")] == ["flying"]
+    assert [h.uid for h in gate.holders("n3")] == ["new"]
+
+
+def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
+    for name in ("a", "b"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(vram=GI)))
+    app = run(handoff_wait=5.0)
+    assert app.post("/bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-default-a", "Node": "n1"}) == {
+        "Error": ""
+    }
+    replies: list[dict[str, str]] = []
+    thread = threading.Thread(
+        target=lambda: replies.append(
+            app.post("/bind", {"PodName": "b", "PodNamespace": "default", "PodUID": "uid-default-b", "Node": "n1"})
+        )
+    )
+    thread.start()
+    time.sleep(0.3)
+    assert not replies  # b waits while a is in hand-off
+    fake.write_receipt("default", "a")
+    thread.join(3)
+    assert replies == [{"Error": ""}]
+    text = app.client.get("/metrics").text
+    assert "tf_extender_bind_gate_wait_seconds_count 2.0" in text
+    assert 'tf_extender_bind_gate_wait_seconds_bucket{le="0.1"} 1.0' in text  # b waited ≥ 0.3 s
+
+
+def test_bind_gives_up_with_a_clear_error_after_handoff_wait(run: Callable[..., Running], fake: FakeGateway) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
+    for name in ("a", "b"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(vram=GI)))
+    app = run(handoff_wait=0.3)
+    app.post("/bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-default-a", "Node": "n1"})
+    reply = app.post("/bind", {"PodName": "b", "PodNamespace": "default", "PodUID": "uid-default-b", "Node": "n1"})
+    assert "node n1 is still handing GPUs over to pod default/a" in reply["Error"]
+    assert app.ext.cache.entry("default/b") is None
+    assert 'tf_extender_binds_total{result="gate"} 1.0' in app.client.get("/metrics").text
