@@ -1,0 +1,214 @@
+"""Test doubles at the plugin's own seams: an in-memory Kubernetes gateway, pod and allocation builders,
+and a fake GPU file. Pods are API-shaped JSON, as the real gateway serves them."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from device_plugin.gateway import Json, WatchKind
+from vgpu.contract.allocation import GpuGrant, PodAllocation, encode
+from vgpu.names import RESOURCE_VGPU, Qos, SystemAnnotation
+
+NODE = "node-a"
+GPU0 = "GPU-00000000-0000-0000-0000-00000000a100"
+GPU1 = "GPU-11111111-1111-1111-1111-11111111a100"
+A100_TFLOPS = 312_000  # milli, from the shared catalog
+A100_VRAM = 81920 * 1024 * 1024
+GIB = 1024**3
+
+
+def gpu_file(path: Path, *, fail: Mapping[str, str] | None = None, events: Sequence[tuple[str, int]] = ()) -> Path:
+    """Two A100s on NUMA 0 and 1; ``fail`` makes a GPU's check fail; ``events`` are XIDs."""
+    fail = fail or {}
+    doc = {
+        "gpus": [
+            {
+                "uuid": uuid,
+                "index": i,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "memoryMiB": 81920,
+                "numa": i,
+                **({"fail": fail[uuid]} if uuid in fail else {}),
+                "utilization": 30 + i,
+                "memoryUsedMiB": 1024,
+                "temperature": 40,
+                "powerWatts": 90.5,
+                "processes": [{"pid": 1000 + i, "memoryUsedMiB": 512}],
+            }
+            for i, uuid in enumerate((GPU0, GPU1))
+        ],
+        "events": [{"uuid": u, "xid": x} for u, x in events],
+    }
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def grant(uuid: str = GPU0, *, index: int = 0, tflops: int = 10_000, vram: int = 4 * GIB, **kw: int) -> GpuGrant:
+    values = {
+        "tflops_request": tflops,
+        "tflops_limit": tflops,
+        "vram_request": vram,
+        "vram_limit": vram,
+        "gpu_tflops": A100_TFLOPS,
+    }
+    values.update(kw)
+    return GpuGrant(uuid=uuid, index=index, **values)
+
+
+def allocation(
+    uid: str, *, node: str = NODE, containers: Sequence[str] = ("main",), gpus: Sequence[GpuGrant] = ()
+) -> str:
+    return encode(
+        PodAllocation(
+            pod_uid=uid,
+            node=node,
+            pool="default-pool",
+            qos=Qos.MEDIUM,
+            containers=tuple(containers),
+            gpus=tuple(gpus) or (grant(),),
+            bound_at="2026-11-22T03:05:46Z",
+        )
+    )
+
+
+_uids = itertools.count(1)
+
+
+def make_pod(
+    name: str,
+    *,
+    uid: str | None = None,
+    node: str = NODE,
+    containers: Sequence[tuple[str, int]] = (("main", 1),),
+    init: Sequence[tuple[str, int]] = (),
+    alloc: str | None = None,
+    handoff: str | None = None,
+    phase: str = "Pending",
+    namespace: str = "default",
+) -> dict[str, Any]:
+    uid = uid or f"00000000-0000-4000-8000-{next(_uids):012d}"
+
+    def spec(cname: str, count: int) -> dict[str, Any]:
+        res = {"limits": {RESOURCE_VGPU: str(count)}} if count else {}
+        return {"name": cname, "image": "busybox", "resources": res}
+
+    annotations = {}
+    if alloc is not None:
+        annotations[SystemAnnotation.ALLOCATION.value] = alloc
+    if handoff is not None:
+        annotations[SystemAnnotation.HANDOFF.value] = handoff
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "initContainers": [spec(c, n) for c, n in init],
+            "containers": [spec(c, n) for c, n in containers],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def uid_of(pod: Json) -> str:
+    return str(pod["metadata"]["uid"])
+
+
+class FakeKube:
+    """A :class:`~device_plugin.gateway.KubeGateway` over dicts, with a real watch stream."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]] = (), node_labels: Mapping[str, str] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._version = itertools.count(1)
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.node: dict[str, Any] = {"metadata": {"name": NODE, "labels": dict(node_labels or {}), "annotations": {}}}
+        self.node_patches: list[tuple[dict[str, str], dict[str, str]]] = []
+        self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
+        self.fail_pod_patches = 0
+        self._watchers: list[queue.Queue[tuple[WatchKind, dict[str, Any]]]] = []
+        for pod in pods:
+            self.put(pod, notify=False)
+
+    def _stamp(self, pod: dict[str, Any]) -> dict[str, Any]:
+        pod["metadata"]["resourceVersion"] = str(next(self._version))
+        return copy.deepcopy(pod)
+
+    def _emit(self, kind: WatchKind, pod: dict[str, Any]) -> None:
+        for w in self._watchers:
+            w.put((kind, copy.deepcopy(pod)))
+
+    def put(self, pod: dict[str, Any], *, notify: bool = True) -> None:
+        with self._lock:
+            kind: WatchKind = "MODIFIED" if uid_of(pod) in self.pods else "ADDED"
+            self.pods[uid_of(pod)] = self._stamp(copy.deepcopy(pod))
+            if notify:
+                self._emit(kind, self.pods[uid_of(pod)])
+
+    def annotate(self, uid: str, key: str, value: str) -> None:
+        with self._lock:
+            self.pods[uid]["metadata"]["annotations"][key] = value
+            self._stamp(self.pods[uid])
+            self._emit("MODIFIED", self.pods[uid])
+
+    def delete(self, uid: str) -> None:
+        with self._lock:
+            pod = self.pods.pop(uid)
+            self._emit("DELETED", pod)
+
+    def annotation(self, uid: str, key: str) -> str | None:
+        with self._lock:
+            value = self.pods[uid]["metadata"]["annotations"].get(key)
+            return None if value is None else str(value)
+
+    # --- KubeGateway ------------------------------------------------------------------------------
+
+    def list_pods(self, node: str) -> tuple[list[Json], str]:
+        with self._lock:
+            items = [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
+            watcher: queue.Queue[tuple[WatchKind, dict[str, Any]]] = queue.Queue()
+            self._watchers.append(watcher)  # subscribe under the lock: no event between list and watch is lost
+            self._pending_watcher = watcher
+            return list(items), "1"
+
+    def watch_pods(self, node: str, resource_version: str, stop: threading.Event) -> Iterator[tuple[WatchKind, Json]]:
+        watcher = self._pending_watcher
+        try:
+            while not stop.is_set():
+                try:
+                    kind, pod = watcher.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if pod["spec"]["nodeName"] == node:
+                    yield kind, pod
+        finally:
+            with self._lock:
+                if watcher in self._watchers:
+                    self._watchers.remove(watcher)
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Json:
+        with self._lock:
+            if self.fail_pod_patches:
+                self.fail_pod_patches -= 1
+                raise RuntimeError("injected API failure")
+            pod = next(p for p in self.pods.values() if p["metadata"]["name"] == name)
+            pod["metadata"]["annotations"].update(annotations)
+            self.pod_patches.append((namespace, name, dict(annotations)))
+            out = self._stamp(pod)
+            self._emit("MODIFIED", pod)
+            return out
+
+    def get_node(self, name: str) -> Json:
+        with self._lock:
+            return copy.deepcopy(self.node)
+
+    def patch_node(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+        with self._lock:
+            self.node["metadata"]["labels"].update(labels)
+            self.node["metadata"]["annotations"].update(annotations)
+            self.node_patches.append((dict(labels), dict(annotations)))

@@ -1,0 +1,85 @@
+"""A test kubelet: the Registration server on ``kubelet.sock`` and a client of the plugin's socket.
+
+It does what kubelet 1.36 was recorded doing (reference/kubelet-captures/run2): on Register it checks
+the version and resource name, dials the plugin back, calls GetDevicePluginOptions and opens
+ListAndWatch *before* Register returns; on restart it deletes every socket in the directory and
+creates a new ``kubelet.sock``. Every ListAndWatch message lands in a queue for assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from protos.gen.deviceplugin.v1beta1 import api_pb2 as dp
+from protos.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from vgpu.names import RESOURCE_VGPU
+
+Devices = list[tuple[str, str]]  # (ID, health)
+
+
+class TestKubelet(dp_grpc.RegistrationServicer):
+    __test__ = False  # not a pytest class
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.dir = plugin_dir
+        self.registrations: asyncio.Queue[dp.RegisterRequest] = asyncio.Queue()
+        self.requests: list[dp.RegisterRequest] = []
+        self.lists: asyncio.Queue[dp.ListAndWatchResponse] = asyncio.Queue()
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self.stub: dp_grpc.DevicePluginAsyncStub | None = None
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server()
+        dp_grpc.add_RegistrationServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{self.dir / 'kubelet.sock'}")
+        await self._server.start()
+
+    async def Register(self, request: dp.RegisterRequest, context: Any) -> dp.Empty:
+        if request.version != "v1beta1" or request.resource_name != RESOURCE_VGPU:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad registration {request}")
+        await self._close_plugin()
+        self._channel = grpc.aio.insecure_channel(f"unix://{self.dir / request.endpoint}")
+        self.stub = dp_grpc.DevicePluginStub(self._channel)  # type: ignore[assignment]
+        assert self.stub is not None
+        await asyncio.wait_for(self.stub.GetDevicePluginOptions(dp.Empty()), 10)
+        self._watch = asyncio.create_task(self._pipe(self.stub))
+        self.requests.append(request)
+        await self.registrations.put(request)
+        return dp.Empty()
+
+    async def _pipe(self, stub: dp_grpc.DevicePluginAsyncStub) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for response in stub.ListAndWatch(dp.Empty()):
+                await self.lists.put(response)
+
+    async def _close_plugin(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def allocate(self, *ids: str) -> dp.AllocateResponse:
+        assert self.stub is not None, "no plugin registered"
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(ids))])
+        return await self.stub.Allocate(request, timeout=10)
+
+    async def next_list(self, timeout: float = 5.0) -> Devices:
+        response = await asyncio.wait_for(self.lists.get(), timeout)
+        return [(d.ID, d.health) for d in response.devices]
+
+    async def stop(self) -> None:
+        """Stop like a restarting kubelet: close everything and delete every socket in the directory."""
+        await self._close_plugin()
+        if self._server is not None:
+            await self._server.stop(0)
+        for sock in self.dir.glob("*.sock"):
+            sock.unlink()

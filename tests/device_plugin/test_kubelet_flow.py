@@ -1,0 +1,259 @@
+"""The plugin as a kubelet sees it: real unix sockets, a test kubelet, the fake GPU file and fake API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from device_plugin.health import HealthPolicy
+from device_plugin.slices import slice_id
+from tests.device_plugin.fakes import (
+    GIB,
+    GPU0,
+    GPU1,
+    FakeKube,
+    allocation,
+    gpu_file,
+    grant,
+    make_pod,
+    uid_of,
+)
+from tests.device_plugin.harness import plugin, run
+from tests.device_plugin.kubelet import TestKubelet
+from vgpu.contract.allocation import decode_handoff
+from vgpu.contract.inventory import decode as decode_inventory
+from vgpu.names import RESOURCE_VGPU, Env, SystemAnnotation
+
+HANDOFF = SystemAnnotation.HANDOFF.value
+ALLOC = SystemAnnotation.ALLOCATION.value
+
+
+async def receipt(kube: FakeKube, uid: str, timeout: float = 5.0) -> dict[str, tuple[str, ...]]:
+    deadline = time.monotonic() + timeout
+    while (text := kube.annotation(uid, HANDOFF)) is None:
+        assert time.monotonic() < deadline, f"no hand-off receipt on {uid}"
+        await asyncio.sleep(0.01)
+    return dict(decode_handoff(text).devices)
+
+
+def test_registers_and_lists_every_slice_with_numa(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        kube = FakeKube()
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
+            devices = await kubelet.next_list()
+            assert sorted(devices) == sorted((slice_id(g, n), "Healthy") for g in (GPU0, GPU1) for n in range(4))
+            assert all(len(d) <= 63 for d, _ in devices)
+            assert (tmp_path / "tf-vgpu.sock").exists()
+        assert not (tmp_path / "tf-vgpu.sock").exists(), "graceful shutdown removes our socket"
+
+    run(scenario())
+
+
+def test_registration_request_matches_the_api(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with plugin(tmp_path, FakeKube(), gpu_file(tmp_path / "gpus.yaml")) as (_, kubelet):
+            (request,) = kubelet.requests
+            assert request.version == "v1beta1"
+            assert request.endpoint == "tf-vgpu.sock"  # a file name relative to the plugin dir
+            assert request.resource_name == RESOURCE_VGPU
+            assert request.options.get_preferred_allocation_available
+
+    run(scenario())
+
+
+def test_list_and_watch_follows_faults_and_recovery_and_inventory_follows(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        kube = FakeKube()
+        gpus = gpu_file(tmp_path / "gpus.yaml")
+        async with plugin(tmp_path, kube, gpus, health=HealthPolicy(recovery_s=0.3)) as (_daemon, kubelet):
+            assert all(h == "Healthy" for _, h in await kubelet.next_list())
+            gpu_file(gpus, fail={GPU1: "fell off the bus"})
+            devices = dict(await kubelet.next_list())
+            assert {d for d, h in devices.items() if h == "Unhealthy"} == {slice_id(GPU1, n) for n in range(4)}
+            await until(lambda: inventory_health(kube).get(GPU1) == "Unhealthy")
+            gpu_file(gpus)  # clean again: healthy after the recovery interval
+            devices = dict(await kubelet.next_list())
+            assert all(h == "Healthy" for h in devices.values())
+            await until(lambda: inventory_health(kube).get(GPU1) == "Healthy")
+            gpu_file(gpus, events=[(GPU0, 79)])  # a critical XID
+            devices = dict(await kubelet.next_list())
+            assert {d for d, h in devices.items() if h == "Unhealthy"} == {slice_id(GPU0, n) for n in range(4)}
+
+    run(scenario())
+
+
+def inventory_health(kube: FakeKube) -> dict[str, str]:
+    text = kube.get_node("node-a")["metadata"]["annotations"].get(SystemAnnotation.NODE_INVENTORY.value)
+    if text is None:
+        return {}
+    return {g.uuid: g.health.value for g in decode_inventory(text).gpus}
+
+
+async def until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_allocate_serves_pods_in_flight_even_before_their_allocation_arrives(tmp_path: Path) -> None:
+    one = make_pod("one")
+    two = make_pod("two", containers=[("main", 2)])
+    done = make_pod("done", alloc="x", handoff="y")  # already handed off: never a candidate
+    failed = make_pod("failed", phase="Failed")
+    elsewhere = make_pod("elsewhere", node="node-b")
+    kube = FakeKube([one, two, done, failed, elsewhere])
+    for pod in (failed, elsewhere):
+        kube.annotate(uid_of(pod), ALLOC, allocation(uid_of(pod), node=pod["spec"]["nodeName"]))
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
+            calls = asyncio.gather(
+                kubelet.allocate(slice_id(GPU1, 0)),
+                kubelet.allocate(slice_id(GPU0, 1), slice_id(GPU1, 1)),
+            )
+            await asyncio.sleep(0.1)  # the extender's annotations reach the watch after Allocate began
+            kube.annotate(uid_of(one), ALLOC, allocation(uid_of(one), gpus=[grant(GPU0, tflops=31_200)]))
+            both = [grant(GPU0, tflops=156_000, vram=8 * GIB), grant(GPU1, index=1, tflops=156_000, vram=8 * GIB)]
+            kube.annotate(uid_of(two), ALLOC, allocation(uid_of(two), gpus=both))
+            r_one, r_two = await calls
+            env_one = dict(r_one.container_responses[0].envs)
+            env_two = dict(r_two.container_responses[0].envs)
+            # The physical GPU is the extender's choice, not the slice kubelet picked (GPU1's).
+            assert env_one[Env.NVIDIA_VISIBLE_DEVICES] == GPU0
+            assert json.loads(env_one[Env.TF_UP_LIMIT]) == {GPU0: 10}
+            assert json.loads(env_one[Env.TF_MEM_LIMIT]) == {GPU0: 4 * GIB}
+            assert env_one[Env.TF_POD_NAME] == "one"
+            assert env_two[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
+            assert json.loads(env_two[Env.TF_UP_LIMIT]) == {GPU0: 50, GPU1: 50}
+            assert await receipt(kube, uid_of(one)) == {"main": (slice_id(GPU1, 0),)}
+            assert await receipt(kube, uid_of(two)) == {"main": (slice_id(GPU0, 1), slice_id(GPU1, 1))}
+
+    run(scenario())
+
+
+def test_init_and_app_containers_are_served_in_kubelet_order(tmp_path: Path) -> None:
+    # The capture's vgpu-multi pod: init gets vgpu-3, app a reuses it, app b gets vgpu-0.
+    multi = make_pod("vgpu-multi", init=[("init", 1)], containers=[("a", 1), ("b", 1), ("nogpu", 0)])
+    multi["metadata"]["annotations"][ALLOC] = allocation(uid_of(multi), containers=("a", "b", "init"))
+    kube = FakeKube([multi])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
+            names = []
+            for ids in ([slice_id(GPU0, 3)], [slice_id(GPU0, 3)], [slice_id(GPU0, 0)]):
+                response = await kubelet.allocate(*ids)
+                names.append(response.container_responses[0].envs[Env.TF_CONTAINER_NAME])
+            assert names == ["init", "a", "b"]
+            assert await receipt(kube, uid_of(multi)) == {
+                "init": (slice_id(GPU0, 3),),
+                "a": (slice_id(GPU0, 3),),
+                "b": (slice_id(GPU0, 0),),
+            }
+
+    run(scenario())
+
+
+ERROR_CASES = {
+    "missing": ([], "no pod on node node-a awaits an allocation of 1"),
+    "forged-uid": (
+        [make_pod("forged", uid="11111111-0000-4000-8000-000000000001")],
+        "is for pod UID 99999999-0000-4000-8000-000000000009 but this pod's UID is",
+    ),
+    "wrong-node": ([make_pod("moved")], "allocation is for node node-b but this is node node-a"),
+    "unknown-gpu": ([make_pod("ghost")], "names GPU GPU-ffffffff, which node node-a does not have"),
+    "over-capacity": ([make_pod("greedy")], "TFLOPS limit 400 exceeds the GPU's capacity 312"),
+    "ambiguous": ([make_pod("twin-a"), make_pod("twin-b")], "ambiguous: 2 pods on node node-a"),
+}
+
+
+def _allocation_for(case: str, uid: str) -> str:
+    if case == "forged-uid":
+        return allocation("99999999-0000-4000-8000-000000000009")
+    if case == "wrong-node":
+        return allocation(uid, node="node-b")
+    if case == "unknown-gpu":
+        return allocation(uid, gpus=[grant("GPU-ffffffff")])
+    if case == "over-capacity":
+        return allocation(uid, gpus=[grant(GPU0, tflops=400_000)])
+    return allocation(uid)
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_allocate_errors_say_exactly_why(tmp_path: Path, case: str) -> None:
+    pods, expected = ERROR_CASES[case]
+    pods = copy.deepcopy(pods)
+    for pod in pods:
+        pod["metadata"]["annotations"][ALLOC] = _allocation_for(case, uid_of(pod))
+    kube = FakeKube(pods)
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.1) as (_, kubelet):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.allocate(slice_id(GPU0, 0))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert expected in (err.value.details() or "")
+            assert all(kube.annotation(uid_of(p), HANDOFF) is None for p in pods)
+
+    run(scenario())
+
+
+def test_kubelet_restart_reregisters_within_two_seconds_and_keeps_allocations(tmp_path: Path) -> None:
+    first = make_pod("first")
+    first["metadata"]["annotations"][ALLOC] = allocation(uid_of(first))
+    second = make_pod("second", containers=[("main", 2)])
+    kube = FakeKube([first, second])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
+            await kubelet.allocate(slice_id(GPU0, 0))
+            await receipt(kube, uid_of(first))
+            await kubelet.stop()  # deletes every socket, like kubelet's device manager on start
+            restarted = TestKubelet(tmp_path)
+            began = time.monotonic()
+            await restarted.start()
+            request = await asyncio.wait_for(restarted.registrations.get(), 2.0)
+            assert time.monotonic() - began <= 2.0
+            assert request.resource_name == RESOURCE_VGPU and request.endpoint == "tf-vgpu.sock"
+            assert len(await restarted.next_list()) == 8
+            both = [grant(GPU0), grant(GPU1, index=1)]
+            kube.annotate(uid_of(second), ALLOC, allocation(uid_of(second), gpus=both))
+            response = await restarted.allocate(slice_id(GPU0, 2), slice_id(GPU1, 2))
+            assert response.container_responses[0].envs[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
+            assert await receipt(kube, uid_of(first)) == {"main": (slice_id(GPU0, 0),)}
+            await restarted.stop()
+
+    run(scenario())
+
+
+def test_plugin_restart_serves_new_pods_and_reallocation_of_recorded_ones(tmp_path: Path) -> None:
+    old = make_pod("old")
+    old["metadata"]["annotations"][ALLOC] = allocation(uid_of(old), gpus=[grant(GPU1, index=1)])
+    new = make_pod("new")
+    kube = FakeKube([old, new])
+
+    async def scenario() -> None:
+        kubelet = TestKubelet(tmp_path)
+        await kubelet.start()
+        gpus = gpu_file(tmp_path / "gpus.yaml")
+        async with plugin(tmp_path, kube, gpus, kubelet=kubelet):
+            await kubelet.allocate(slice_id(GPU1, 3))
+            await receipt(kube, uid_of(old))
+        assert not (tmp_path / "tf-vgpu.sock").exists()
+        async with plugin(tmp_path, kube, gpus, kubelet=kubelet):
+            # After a node reboot the kubelet re-allocates the recorded IDs: same pod, same answer.
+            again = await kubelet.allocate(slice_id(GPU1, 3))
+            assert again.container_responses[0].envs[Env.TF_POD_NAME] == "old"
+            kube.annotate(uid_of(new), ALLOC, allocation(uid_of(new)))
+            fresh = await kubelet.allocate(slice_id(GPU0, 0))
+            assert fresh.container_responses[0].envs[Env.TF_POD_NAME] == "new"
+            assert await receipt(kube, uid_of(new)) == {"main": (slice_id(GPU0, 0),)}
+        await kubelet.stop()
+
+    run(scenario())
