@@ -1,0 +1,243 @@
+"""The cluster cache's event → state transitions, and the informer's list/watch/relist loop around it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.core.ledger import LedgerRefusal
+from scheduler_extender.gateway import GatewayError, Kind, WatchEvent
+from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.informer import Backoff, Informer
+from scheduler_extender.objects import PodRef
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.names import Qos, SystemAnnotation
+
+
+def grant(node: str, index: int = 0, vram: int = 4 * GI) -> GpuGrant:
+    return GpuGrant(
+        uuid=f"GPU-{node}-{index}",
+        index=index,
+        tflops_request=1000,
+        tflops_limit=1000,
+        vram_request=vram,
+        vram_limit=vram,
+        gpu_tflops=312_000,
+    )
+
+
+def allocated_pod(name: str, node: str, *grants: GpuGrant, phase: str = "Running", **kw: Any) -> dict[str, Any]:
+    pod = make_pod(name, gpu_request(), **kw)
+    uid = pod["metadata"]["uid"]
+    alloc = PodAllocation(
+        pod_uid=uid,
+        node=node,
+        pool="default-pool",
+        qos=Qos.LOW,
+        containers=("main",),
+        gpus=grants or (grant(node),),
+        bound_at="2026-01-01T00:00:00Z",
+    )
+    pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION] = allocation_contract.encode(alloc)
+    pod["spec"]["nodeName"] = node
+    pod["status"]["phase"] = phase
+    return pod
+
+
+@pytest.fixture
+def cache() -> ClusterCache:
+    return ClusterCache(default_pool="default-pool", gate=HandoffGate(ttl=60), clock=lambda: 1000.0)
+
+
+def vram_used(cache: ClusterCache, node: str) -> list[int]:
+    view = cache.node(node)
+    assert view is not None
+    return [g.vram_used for g in view.gpus]
+
+
+def test_allocations_from_pods_are_committed_on_their_gpus(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1"), make_node("n2")])
+    cache.replace(Kind.POD, [allocated_pod("a", "n1"), allocated_pod("b", "n1", grant("n1", 1, 8 * GI)), make_pod("x")])
+    assert vram_used(cache, "n1") == [4 * GI, 8 * GI] and vram_used(cache, "n2") == [0, 0]
+    assert {k: e.state.value for k, e in cache.entries().items()} == {
+        "default/a": "committed",
+        "default/b": "committed",
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda p: {**p, "status": {"phase": "Succeeded"}}, id="succeeded"),
+        pytest.param(lambda p: {**p, "status": {"phase": "Failed"}}, id="failed"),
+        pytest.param(lambda p: {**p, "metadata": {**p["metadata"], "annotations": {}}}, id="allocation-removed"),
+    ],
+)
+def test_finished_or_unallocated_pods_give_their_gpus_back(cache: ClusterCache, change: Any) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    pod = allocated_pod("a", "n1")
+    cache.apply(Kind.POD, WatchEvent("ADDED", pod))
+    assert vram_used(cache, "n1") == [4 * GI, 0]
+    cache.apply(Kind.POD, WatchEvent("MODIFIED", change(pod)))
+    assert vram_used(cache, "n1") == [0, 0] and cache.entries() == {}
+
+
+def test_deleted_pod_releases_only_its_own_entry(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    old = allocated_pod("a", "n1", uid="old")
+    cache.apply(Kind.POD, WatchEvent("ADDED", old))
+    new = allocated_pod("a", "n1", grant("n1", 1), uid="new")  # same name, recreated (a StatefulSet pod)
+    cache.apply(Kind.POD, WatchEvent("ADDED", new))
+    cache.apply(Kind.POD, WatchEvent("DELETED", old))
+    assert vram_used(cache, "n1") == [0, 4 * GI]
+
+
+def test_terminating_pod_still_holds_gpus_until_gone(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    pod = allocated_pod("a", "n1")
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    cache.apply(Kind.POD, WatchEvent("ADDED", pod))
+    assert vram_used(cache, "n1") == [4 * GI, 0]
+    assert cache.gate.holders("n1") == ()  # but it no longer holds the hand-off gate
+
+
+def test_pod_seen_before_its_node_is_accounted_when_the_node_arrives(cache: ClusterCache) -> None:
+    cache.replace(Kind.POD, [allocated_pod("a", "n1")])
+    assert cache.conflicts()
+    cache.apply(Kind.NODE, WatchEvent("ADDED", make_node("n1")))
+    assert vram_used(cache, "n1") == [4 * GI, 0] and not cache.conflicts()
+
+
+def test_allocation_beyond_capacity_is_a_conflict_not_a_crash(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1", vram=10 * GI)])
+    cache.replace(
+        Kind.POD, [allocated_pod("a", "n1", grant("n1", 0, 8 * GI)), allocated_pod("b", "n1", grant("n1", 0, 8 * GI))]
+    )
+    assert sum(vram_used(cache, "n1")) == 8 * GI
+    assert "over-commit" in next(iter(cache.conflicts().values()))
+
+
+@pytest.mark.parametrize(
+    ("inventory", "error"),
+    [("{not json", "not valid JSON"), ('{"version":"v9"}', "unsupported"), ('{"version":"v1"}', "missing")],
+)
+def test_corrupt_inventory_becomes_the_nodes_reason(cache: ClusterCache, inventory: str, error: str) -> None:
+    cache.apply(Kind.NODE, WatchEvent("ADDED", make_node("n1", inventory=inventory)))
+    view = cache.node("n1")
+    assert view is not None and view.gpus == () and error in (view.inventory_error or "")
+
+
+def test_inventory_copied_from_another_node_is_rejected(cache: ClusterCache) -> None:
+    node = make_node("n2")
+    node["metadata"]["name"] = "n1"
+    cache.apply(Kind.NODE, WatchEvent("ADDED", node))
+    assert "written for node 'n2'" in (cache.node("n1").inventory_error or "")  # type: ignore[union-attr]
+
+
+def test_allocation_written_for_another_uid_is_ignored(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    pod = allocated_pod("a", "n1")
+    pod["metadata"]["uid"] = "copied"
+    cache.apply(Kind.POD, WatchEvent("ADDED", pod))
+    assert vram_used(cache, "n1") == [0, 0]
+
+
+def test_tentative_reservation_counts_until_it_expires_or_is_replaced(cache: ClusterCache) -> None:
+    now = [1000.0]
+    cache.clock = lambda: now[0]
+    cache.replace(Kind.NODE, [make_node("n1")])
+    ref = PodRef(namespace="default", name="p", uid="u")
+    cache.reserve(ref, "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=1030.0)
+    assert [g.vram_used for g in cache.snapshot().nodes["n1"].gpus] == [4 * GI, 0]
+    cache.reserve(ref, "n1", (grant("n1", 1),), qos=Qos.MEDIUM, expires_at=1030.0)  # a newer guess replaces it
+    assert [g.vram_used for g in cache.snapshot().nodes["n1"].gpus] == [0, 4 * GI]
+    assert [g.vram_used for g in cache.snapshot(drop_tentative_of="default/p").nodes["n1"].gpus] == [0, 0]
+    cache.reserve(ref, "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=1030.0)
+    now[0] = 1031.0
+    assert [g.vram_used for g in cache.snapshot().nodes["n1"].gpus] == [0, 0] and cache.entries() == {}
+
+
+def test_reserve_refuses_over_commit_and_changes_nothing(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1", vram=6 * GI)])
+    cache.reserve(PodRef(namespace="d", name="a", uid="a"), "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=None)
+    with pytest.raises(LedgerRefusal):
+        cache.reserve(PodRef(namespace="d", name="b", uid="b"), "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=None)
+    assert set(cache.entries()) == {"d/a"} and vram_used(cache, "n1") == [4 * GI, 0]
+
+
+def test_node_deleted_and_readded(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    cache.replace(Kind.POD, [allocated_pod("a", "n1")])
+    cache.apply(Kind.NODE, WatchEvent("DELETED", make_node("n1")))
+    assert cache.node("n1") is None
+    cache.apply(Kind.NODE, WatchEvent("ADDED", make_node("n1")))
+    assert vram_used(cache, "n1") == [4 * GI, 0]
+
+
+# --- the informer loop ------------------------------------------------------------------------------
+def informer(fake: FakeGateway, cache: ClusterCache, kind: Kind) -> Informer:
+    return Informer(fake, kind, cache, watch_timeout=1, backoff_max=0.05, stop=threading.Event())
+
+
+def test_informer_lists_then_watches_from_the_list_version(cache: ClusterCache) -> None:
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1"))
+    loop = informer(fake, cache, Kind.NODE)
+    fake.put(Kind.NODE, make_node("n2"))  # after the informer exists, before it lists: in the list
+    loop.run(iterations=1)
+    assert loop.synced.is_set() and {n.name for n in cache.nodes()} == {"n1", "n2"}
+    fake.put(Kind.NODE, make_node("n3"))
+    fake.close()
+    loop.run(iterations=1)
+    assert {n.name for n in cache.nodes()} == {"n1", "n2", "n3"}
+    assert loop.resource_version == str(fake.rv)
+
+
+def test_informer_relists_after_410_gone_and_drops_what_vanished(cache: ClusterCache) -> None:
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1"))
+    fake.put(Kind.POD, allocated_pod("a", "n1"))
+    nodes, pods = informer(fake, cache, Kind.NODE), informer(fake, cache, Kind.POD)
+    fake.close()
+    nodes.run(iterations=1)
+    pods.run(iterations=1)
+    assert cache.entries()
+    fake.delete(Kind.POD, "default/a")
+    fake.compact()  # the deletion event is lost to history
+    pods.run(iterations=1)  # watch → 410
+    assert pods.resource_version is None
+    pods.run(iterations=1)  # relist
+    assert cache.entries() == {} and vram_used(cache, "n1") == [0, 0]
+
+
+def test_informer_backs_off_and_resumes_after_errors(cache: ClusterCache) -> None:
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1"))
+    errors: list[str] = []
+    loop = Informer(
+        fake,
+        Kind.NODE,
+        cache,
+        watch_timeout=1,
+        backoff_max=0.05,
+        stop=threading.Event(),
+        on_error=lambda kind, reason: errors.append(reason),
+    )
+    fake.fail["list-Node"] = GatewayError("unavailable", 503)
+    fake.close()
+    loop.run(iterations=1)
+    assert errors == ["HTTP 503"] and not loop.synced.is_set()
+    loop.run(iterations=1)
+    assert loop.synced.is_set() and cache.node("n1") is not None
+
+
+def test_backoff_doubles_to_a_cap_and_resets() -> None:
+    backoff = Backoff(maximum=2.0, initial=0.5)
+    assert [backoff.next() for _ in range(4)] == [0.5, 1.0, 2.0, 2.0]
+    backoff.reset()
+    assert backoff.next() == 0.5

@@ -1,0 +1,285 @@
+"""filter, prioritize, preempt and explain through the HTTP API against a fake cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scheduler_extender.app import create_app
+from scheduler_extender.gateway import GatewayError, Kind, Listing
+from scheduler_extender.settings import Settings
+from tests.scheduler_extender.conftest import Running, wait_for
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_cache import allocated_pod, grant
+from vgpu.names import LABEL_ENABLED, Qos, SystemAnnotation
+
+
+@pytest.fixture
+def cluster(fake: FakeGateway) -> FakeGateway:
+    fake.put(Kind.NODE, make_node("big", gpus=2, vram=80 * GI))
+    fake.put(Kind.NODE, make_node("small", gpus=2, vram=8 * GI))
+    fake.put(Kind.NODE, make_node("t4", gpus=1, model="Tesla T4", vram=16 * GI, tflops=65_000))
+    fake.put(Kind.NODE, make_node("broken", inventory="{oops"))
+    fake.put(Kind.NODE, {"metadata": {"name": "cpu-only"}})
+    return fake
+
+
+def args(pod: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": list(names)}
+
+
+ALL = ("big", "small", "t4", "broken", "cpu-only", "ghost")
+
+
+def test_filter_passes_fitting_nodes_and_gives_every_other_a_reason(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=12 * GI, model="A100")), *ALL))
+    assert reply["NodeNames"] == ["big"] and reply["Error"] == ""
+    assert "VRAM" in reply["FailedAndUnresolvableNodes"]["small"] or "VRAM" in reply["FailedNodes"].get("small", "")
+    unresolvable = reply["FailedAndUnresolvableNodes"]
+    assert "T4" in unresolvable["t4"]
+    assert "corrupt GPU inventory" in unresolvable["broken"]
+    assert "no GPU" in unresolvable["cpu-only"]
+    assert "unknown" in unresolvable["ghost"]
+
+
+def test_filter_capacity_shortage_is_resolvable(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    cluster.put(Kind.POD, allocated_pod("hog", "small", grant("small", 0, 6 * GI), grant("small", 1, 6 * GI)))
+    app = run()
+    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "small"))
+    assert reply["NodeNames"] == [] and "insufficient VRAM" in reply["FailedNodes"]["small"]
+
+
+def test_unschedulable_pod_gets_one_rate_limited_event_with_the_summary(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+    pod = make_pod("p", gpu_request(vram=200 * GI))
+    for _ in range(3):
+        assert app.post("/filter", args(pod, *ALL))["NodeNames"] == []
+    wait_for(lambda: cluster.events, what="event")
+    app.ext.events.stop()
+    assert len(cluster.events) == 1
+    event = cluster.events[0]
+    assert (event.reason, event.type, event.pod_uid) == ("FailedGpuScheduling", "Warning", "uid-default-p")
+    assert event.message.startswith("0/6 nodes: ")
+    assert "tf_extender_unschedulable_total 3.0" in app.client.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("annotations", "labels", "message"),
+    [
+        ({SystemAnnotation.RESOLVED_REQUEST: '{"version":"v1"}'}, {}, "invalid tensor-fusion.ai/resolved-request"),
+        ({}, {LABEL_ENABLED: "true"}, "the tensor-fusion admission webhook did not process it"),
+    ],
+)
+def test_invalid_request_is_every_nodes_unresolvable_reason(
+    run: Callable[..., Running], cluster: FakeGateway, annotations: dict[str, str], labels: dict[str, str], message: str
+) -> None:
+    app = run()
+    pod = make_pod("p", annotations=annotations)
+    pod["metadata"]["labels"] = labels
+    reply = app.post("/filter", args(pod, "big", "small"))
+    assert reply["NodeNames"] == [] and reply["Error"] == ""
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"big", "small"}
+    assert all(message in m for m in reply["FailedAndUnresolvableNodes"].values())
+    assert app.post("/prioritize", args(pod, "big", "small")) == [
+        {"Host": "big", "Score": 0},
+        {"Host": "small", "Score": 0},
+    ]
+
+
+def test_non_cache_form_is_answered_with_the_node_objects(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    app = run()
+    items = [cluster.objects[Kind.NODE][n] for n in ("big", "small")]
+    body = {
+        "Pod": make_pod("p", gpu_request(vram=12 * GI)),
+        "Nodes": {"metadata": {}, "items": items},
+        "NodeNames": None,
+    }
+    reply = app.post("/filter", body)
+    assert reply["NodeNames"] is None and reply["Nodes"]["items"] == [items[0]]
+
+
+def test_non_cache_form_judges_nodes_the_watch_has_not_delivered(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+    fresh = make_node("fresh", gpus=1, vram=80 * GI)
+    body = {
+        "Pod": make_pod("p", gpu_request(vram=12 * GI)),
+        "Nodes": {"metadata": {}, "items": [fresh]},
+        "NodeNames": None,
+    }
+    assert app.post("/filter", body)["Nodes"]["items"] == [fresh]
+
+
+def test_keep_top_nodes_passes_only_the_best(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
+    app = run(keep_top_nodes=1)
+    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2"))
+    assert reply["NodeNames"] == ["big2"]  # binpack: the fuller node
+    assert "not among the 1 best" in reply["FailedNodes"]["big"]
+
+
+def test_filter_accounts_for_a_pod_whose_bind_has_not_come_yet(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """The scheduler assumed pod a on 'small' (its only node); b's filter arrives before a's bind."""
+    app = run()
+    a = make_pod("a", gpu_request(vram=8 * GI, count=2))
+    b = make_pod("b", gpu_request(vram=4 * GI))
+    assert app.post("/filter", args(a, "small"))["NodeNames"] == ["small"]
+    assert app.post("/filter", args(b, "small"))["NodeNames"] == []
+    assert app.post("/filter", args(a, "small"))["NodeNames"] == ["small"]  # a's own hold never blocks a
+    assert "tf_extender_reservations 1.0" in app.client.get("/metrics").text
+
+
+def test_prioritize_holds_room_on_the_best_node(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    app = run()
+    a = make_pod("a", gpu_request(vram=80 * GI, count=2))
+    scores = app.post("/prioritize", args(a, "big", "small", "ghost"))
+    assert scores == [{"Host": "big", "Score": 10}, {"Host": "small", "Score": 0}, {"Host": "ghost", "Score": 0}]
+    assert app.post("/filter", args(make_pod("b", gpu_request(vram=GI)), "big"))["NodeNames"] == []
+
+
+def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
+    pod = make_pod("p", gpu_request(vram=4 * GI))
+    binpack = run()
+    assert binpack.post("/prioritize", args(pod, "big", "big2")) == [
+        {"Host": "big", "Score": 0},
+        {"Host": "big2", "Score": 10},
+    ]
+    spread = run(policy="spread")
+    assert spread.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2"))[0]["Score"] == 10
+
+
+def preempt_args(pod: dict[str, Any], victims: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        "Pod": pod,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in victims.items()
+        },
+    }
+
+
+def test_preempt_keeps_the_fewest_lower_qos_victims_and_vetoes_hopeless_nodes(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    cluster.put(Kind.POD, allocated_pod("low1", "small", grant("small", 0, 6 * GI)))
+    cluster.put(Kind.POD, allocated_pod("low2", "small", grant("small", 1, 3 * GI)))
+    crit = allocated_pod("crit", "big", grant("big", 0, 80 * GI), grant("big", 1, 80 * GI))
+    crit["metadata"]["annotations"][SystemAnnotation.ALLOCATION] = crit["metadata"]["annotations"][
+        SystemAnnotation.ALLOCATION
+    ].replace('"low"', '"critical"')
+    cluster.put(Kind.POD, crit)
+    app = run()
+    pod = make_pod("hi", gpu_request(vram=7 * GI, qos=Qos.HIGH))
+    reply = app.post(
+        "/preempt",
+        preempt_args(
+            pod, {"small": ["uid-default-low1", "uid-default-low2", "uid-default-web"], "big": ["uid-default-crit"]}
+        ),
+    )
+    # small: evicting low2 (3Gi) frees GPU 1 enough; the scheduler's non-GPU victim 'web' stays in the plan
+    assert reply == {
+        "NodeNameToMetaVictims": {
+            "small": {"Pods": [{"UID": "uid-default-low2"}, {"UID": "uid-default-web"}], "NumPDBViolations": 0}
+        }
+    }
+
+
+def test_preempt_echoes_the_plan_for_pods_without_gpu(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    app = run()
+    body = preempt_args(make_pod("web"), {"small": ["u1"], "big": []})
+    assert app.post("/preempt", body) == {
+        "NodeNameToMetaVictims": {"small": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 0}}
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "expected"),
+    [
+        ("/filter", b"{", {"Error"}),
+        ("/filter", b'{"Pod": 3, "NodeNames": "x"}', {"Error"}),
+        ("/filter", b'{"NodeNames": ["a"]}', {"Error"}),
+        ("/bind", b"[1,2]", {"Error"}),
+        ("/bind", b'{"PodName": 7}', {"Error"}),
+        ("/prioritize", b"nonsense", None),
+        ("/preempt", b'{"NodeNameToMetaVictims": {"a": {"Pods": [{"x": 1}]}}}', None),
+    ],
+)
+def test_malformed_bodies_get_http_200(
+    run: Callable[..., Running], cluster: FakeGateway, path: str, raw: bytes, expected: set[str] | None
+) -> None:
+    app = run()
+    reply = app.client.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200
+    body = reply.json()
+    if expected is not None:
+        assert body["Error"]
+    elif path == "/prioritize":
+        assert body == []
+    else:
+        assert body == {"NodeNameToMetaVictims": {}}
+
+
+class NeverSynced(FakeGateway):
+    def list(self, kind: Kind) -> Listing:
+        raise GatewayError("forbidden", 403)
+
+
+def test_not_ready_until_the_first_lists_land() -> None:
+    gateway = NeverSynced()
+    with TestClient(create_app(Settings(backoff_max=0.05), gateway)) as client:
+        assert client.get("/readyz").status_code == 503 and client.get("/healthz").status_code == 200
+        reply = client.post("/filter", json=args(make_pod("p", gpu_request()), "n1")).json()
+        assert "not synced" in reply["Error"]
+        assert (
+            "not synced"
+            in client.post("/bind", json={"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": "n"}).json()[
+                "Error"
+            ]
+        )
+        gateway.close()
+
+
+def test_explain_a_pending_pod_and_a_submission(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    cluster.put(Kind.POD, make_pod("p", gpu_request(vram=12 * GI)))
+    app = run()
+    assert app.client.get("/readyz").json()["ready"] is True
+    answer = app.client.get("/explain/default/p").json()
+    assert answer["schedulable"] is True and answer["summary"].startswith("2/5 nodes")
+    assert {n: v["verdict"] for n, v in answer["nodes"].items()} == {
+        "big": "fits",
+        "t4": "fits",
+        "small": "unresolvable",  # 8Gi GPUs can never hold 12Gi
+        "broken": "unresolvable",
+        "cpu-only": "unresolvable",
+    }
+    assert answer["nodes"]["small"]["reason"] == "GPU-small-0 has 8Gi VRAM in all, pod requests 12Gi per GPU"
+    assert app.client.get("/explain/default/nope").status_code == 404
+    spec = {
+        "metadata": {
+            "name": "q",
+            "labels": {LABEL_ENABLED: "true"},
+            "annotations": {"tensor-fusion.ai/vram-request": "100Gi"},
+        },
+        "spec": {"containers": [{"name": "main"}]},
+    }
+    what_if = app.client.post("/explain", json=spec).json()
+    assert what_if["schedulable"] is False and what_if["summary"].startswith("0/5 nodes")
+    bad = {**spec, "metadata": {**spec["metadata"], "annotations": {"tensor-fusion.ai/vram-request": "lots"}}}
+    assert app.client.post("/explain", json=bad).json()["admitted"] is False
+    assert app.ext.cache.entries() == {}  # explaining reserves nothing
