@@ -14,7 +14,9 @@ node in ``FailedNodes`` is one where freeing room really could help.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
 
 from scheduler_extender.core.affinity import node_affinity_matches
 from scheduler_extender.core.model import Demand, GpuState, NodeState
@@ -23,25 +25,41 @@ from vgpu.catalog import Catalog
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 R = ReasonCode
+# Rejection messages repeat the same few figures across a thousand nodes; the exact (Fraction-based)
+# humanisers are pure, so memoise them.
+_bytes = lru_cache(maxsize=4096)(humanize_bytes)
+_tflops = lru_cache(maxsize=4096)(humanize_tflops)
 
 
 class ModelMatcher:
     """``Catalog.matches`` for one requested model, memoised per product name (None: every GPU matches)."""
 
-    __slots__ = ("_catalog", "_memo", "_short", "requested")
+    __slots__ = ("_catalog", "_mismatch", "_short", "memo", "requested")
 
     def __init__(self, catalog: Catalog, requested: str | None) -> None:
         self._catalog = catalog
         self.requested = requested
-        self._memo: dict[str, bool] = {}
+        self.memo: dict[str, bool] = {}  # product name -> matches; read directly in hot loops
         self._short: dict[str, str] = {}
+        self._mismatch: dict[tuple[str, ...], Reason] = {}
 
     def __call__(self, product: str) -> bool:
-        hit = self._memo.get(product)
+        hit = self.memo.get(product)
         if hit is None:
             hit = self.requested is None or self._catalog.matches(self.requested, product)
-            self._memo[product] = hit
+            self.memo[product] = hit
         return hit
+
+    def mismatch(self, node: NodeState) -> Reason:
+        """The wrong-model reason for a node none of whose GPUs match (shared by nodes with the same models)."""
+        key = tuple(g.model for g in node.gpus)
+        reason = self._mismatch.get(key)
+        if reason is None:
+            models = tuple(sorted({self.short(m) for m in key}))
+            reason = self._mismatch[key] = Reason(
+                code=R.GPU_MODEL, message=f"no {self.requested} GPU on node (it has {', '.join(models)})", values=models
+            )
+        return reason
 
     def short(self, product: str) -> str:
         """The catalog key for a product name (``A100-80GB``), or the name itself when unknown."""
@@ -55,8 +73,12 @@ class ModelMatcher:
 def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatcher) -> NodeState:
     """The node narrowed to its healthy GPUs of the demanded model (the same object if none is dropped)."""
     match = catalog if isinstance(catalog, ModelMatcher) else ModelMatcher(catalog, demand.gpu_model)
-    keep = tuple(g for g in node.gpus if g.healthy and match(g.model))
-    return node if len(keep) == len(node.gpus) else replace(node, gpus=keep)
+    memo = match.memo
+    for g in node.gpus:
+        ok = memo.get(g.model)
+        if not g.healthy or not (match(g.model) if ok is None else ok):
+            return replace(node, gpus=tuple(g for g in node.gpus if g.healthy and match(g.model)))
+    return node
 
 
 def gpu_fits(demand: Demand, gpu: GpuState) -> bool:
@@ -94,18 +116,24 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     gpus = node.gpus
     if not gpus:
         return Reason(code=R.NO_GPUS, message="node has no GPUs")
-    fitting = 0
+    need = demand.gpu_count
     t, v = demand.tflops, demand.vram
     whole = demand.whole_gpu
+    memo = match.memo
     for g in gpus:
-        if not g.healthy or g.whole or not match(g.model):
+        if not g.healthy or g.whole:
+            continue
+        ok = memo.get(g.model)
+        if not (match(g.model) if ok is None else ok):
             continue
         if whole:
             if g.pods == 0 and g.tflops_used == 0 and g.vram_used == 0:
-                fitting += 1
+                need -= 1
         elif g.tflops - g.tflops_used >= t and g.vram - g.vram_used >= v:
-            fitting += 1
-    if fitting < demand.gpu_count:
+            need -= 1
+        if need == 0:
+            break
+    else:
         return _explain(demand, node, match)
     if node.cpu_free is not None and demand.cpu > node.cpu_free:
         return Reason(
@@ -129,27 +157,32 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
 
 def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
     count = demand.gpu_count
-    matched = [g for g in node.gpus if match(g.model)]
-    if not matched:
-        models = tuple(sorted({match.short(g.model) for g in node.gpus}))
-        return Reason(
-            code=R.GPU_MODEL,
-            message=f"no {match.requested} GPU on node (it has {', '.join(models)})",
-            values=models,
-        )
-    healthy = [g for g in matched if g.healthy]
-    model = match.short(matched[0].model)
+    t, v = demand.tflops, demand.vram
+    matched = big = 0
+    first: GpuState | None = None
+    healthy: list[GpuState] = []
+    for g in node.gpus:  # one pass: this runs for every rejected node
+        if not match(g.model):
+            continue
+        matched += 1
+        first = first or g
+        if g.healthy:
+            healthy.append(g)
+            if g.tflops >= t and g.vram >= v:
+                big += 1
+    if first is None:
+        return match.mismatch(node)
+    model = match.short(first.model)
     if len(healthy) < count:
         return Reason(
             code=R.TOO_FEW_GPUS,
-            message=f"node has {len(healthy)} healthy {model} GPUs of {len(matched)}, pod needs {count}",
+            message=f"node has {len(healthy)} healthy {model} GPUs of {matched}, pod needs {count}",
             requested=count,
             free=len(healthy),
             gpu_model=model,
         )
-    too_small = _too_small(demand, healthy, match)
-    if too_small is not None:
-        return too_small
+    if big < count and not demand.whole_gpu:
+        return _too_small(demand, healthy, match)
     if demand.whole_gpu:
         idle = sum(1 for g in healthy if gpu_fits(demand, g))
         return Reason(
@@ -169,14 +202,14 @@ def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
             free=len(shared),
             gpu_model=model,
         )
-    by_vram = sorted(shared, key=lambda g: g.vram_free, reverse=True)
-    if by_vram[count - 1].vram_free < demand.vram:
-        enough = sum(1 for g in shared if g.vram_free >= demand.vram)
-        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", demand.vram, by_vram[count - 1], enough, count, match)
-    by_tflops = sorted(shared, key=lambda g: g.tflops_free, reverse=True)
-    if by_tflops[count - 1].tflops_free < demand.tflops:
-        enough = sum(1 for g in shared if g.tflops_free >= demand.tflops)
-        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", demand.tflops, by_tflops[count - 1], enough, count, match)
+    limiting = _nth_most_free(shared, count, _vram_free)
+    if _vram_free(limiting) < demand.vram:
+        enough = sum(1 for g in shared if _vram_free(g) >= demand.vram)
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", demand.vram, limiting, enough, count, match)
+    limiting = _nth_most_free(shared, count, _tflops_free)
+    if _tflops_free(limiting) < demand.tflops:
+        enough = sum(1 for g in shared if _tflops_free(g) >= demand.tflops)
+        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", demand.tflops, limiting, enough, count, match)
     both = sum(1 for g in shared if gpu_fits(demand, g))
     return Reason(
         code=R.INSUFFICIENT_GPUS,
@@ -190,11 +223,24 @@ def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
     )
 
 
+def _vram_free(g: GpuState) -> int:
+    return g.vram - g.vram_used
+
+
+def _tflops_free(g: GpuState) -> int:
+    return g.tflops - g.tflops_used
+
+
+def _nth_most_free(gpus: list[GpuState], n: int, free: Callable[[GpuState], int]) -> GpuState:
+    """The GPU that limits a pod needing ``n`` GPUs: the n-th largest by free room."""
+    return max(gpus, key=free) if n == 1 else sorted(gpus, key=free, reverse=True)[n - 1]
+
+
 def _insufficient(
     code: ReasonCode, what: str, requested: int, gpu: GpuState, enough: int, count: int, match: ModelMatcher
 ) -> Reason:
-    free = gpu.vram_free if code is R.INSUFFICIENT_VRAM else gpu.tflops_free
-    show = humanize_bytes if code is R.INSUFFICIENT_VRAM else humanize_tflops
+    free = _vram_free(gpu) if code is R.INSUFFICIENT_VRAM else _tflops_free(gpu)
+    show = _bytes if code is R.INSUFFICIENT_VRAM else _tflops
     tail = f" (pod needs {count} GPUs, only {enough} with enough)" if count > 1 else ""
     return Reason(
         code=code,
@@ -205,13 +251,9 @@ def _insufficient(
     )
 
 
-def _too_small(demand: Demand, healthy: list[GpuState], match: ModelMatcher) -> Reason | None:
+def _too_small(demand: Demand, healthy: list[GpuState], match: ModelMatcher) -> Reason:
     """A capacity (not usage) misfit: no amount of freeing room would make the GPUs big enough."""
-    if demand.whole_gpu:
-        return None
     count = demand.gpu_count
-    if sum(1 for g in healthy if g.tflops >= demand.tflops and g.vram >= demand.vram) >= count:
-        return None
     gpu = sorted(healthy, key=lambda g: g.vram, reverse=True)[count - 1]
     if gpu.vram < demand.vram:
         what, free, requested = "VRAM", humanize_bytes(gpu.vram), humanize_bytes(demand.vram)
