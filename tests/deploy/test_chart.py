@@ -1,0 +1,122 @@
+"""The rendered chart (deploy/manifests, kept fresh by deploy/check.sh) and the standalone scheduler
+config carry the names vgpu/names.py defines and the settings the design depends on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler_extender.webhook.app import MUTATE_PATH
+from vgpu.names import LABEL_ENABLED, QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, Qos, SystemAnnotation
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def objects() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((DEPLOY / "manifests").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    return docs
+
+
+def one(kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [o for o in objects() if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, (kind, name_suffix, len(found))
+    return found[0]
+
+
+def chart_scheduler_config() -> dict[str, Any]:
+    doc = yaml.safe_load(one("ConfigMap", "scheduler-config")["data"]["config.yaml"])
+    assert isinstance(doc, dict)
+    return doc
+
+
+def standalone_scheduler_config() -> dict[str, Any]:
+    doc = yaml.safe_load((DEPLOY / "scheduler-config.yaml").read_text(encoding="utf-8"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_scheduler_config_routes_our_pods_to_the_extender() -> None:
+    for config in (chart_scheduler_config(), standalone_scheduler_config()):
+        assert config["percentageOfNodesToScore"] == 100
+        assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+        for profile in config["profiles"]:  # ignoredByScheduler needs NodeResourcesFit args in every profile
+            assert "NodeResourcesFit" in [c["name"] for c in profile["pluginConfig"]]
+        (extender,) = config["extenders"]
+        assert extender["managedResources"] == [{"name": RESOURCE_VGPU, "ignoredByScheduler": True}]
+        assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+        verbs = (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"], extender["preemptVerb"])
+        assert verbs == ("filter", "prioritize", "bind", "preempt")
+        assert extender["weight"] > 0 and extender["httpTimeout"] == "10s"
+
+
+def test_standalone_config_equals_the_charts_apart_from_the_placeholders() -> None:
+    chart, alone = chart_scheduler_config(), standalone_scheduler_config()
+    assert alone["clientConnection"] == {"kubeconfig": "__KUBECONFIG__"}
+    assert alone["extenders"][0]["urlPrefix"] == "__EXTENDER_URL__"
+    assert chart["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8080/extender"
+    for doc in (chart, alone):
+        doc.pop("clientConnection", None)
+        doc.pop("leaderElection")
+        doc["extenders"][0].pop("urlPrefix")
+    assert chart == alone
+
+
+def test_webhook_fails_closed_for_opted_in_pods_only() -> None:
+    (hook,) = one("MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "NoneOnDryRun"
+    assert hook["admissionReviewVersions"] == ["v1"] and hook["clientConfig"]["service"]["path"] == MUTATE_PATH
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert hook["objectSelector"]["matchExpressions"] == [
+        {"key": LABEL_ENABLED, "operator": "Exists"},
+        {"key": LABEL_ENABLED, "operator": "NotIn", "values": ["false"]},
+    ]
+    assert "tensor-fusion-system" in hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert hook["timeoutSeconds"] <= 10
+
+
+def test_priority_classes_match_qos() -> None:
+    classes = {o["metadata"]["name"]: o["value"] for o in objects() if o["kind"] == "PriorityClass"}
+    assert classes == {q.priority_class: QOS_PRIORITY_VALUE[q] for q in Qos}
+
+
+def test_admission_policy_protects_every_system_annotation() -> None:
+    text = (DEPLOY / "manifests" / "admission-policy.yaml").read_text(encoding="utf-8")
+    for key in SystemAnnotation:
+        assert f"'{key.value}'" in text, key
+    assert f"'{RESOURCE_VGPU}'" in text and f"'{LABEL_ENABLED}'" in text
+    bindings = [o for o in objects() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    policies = {o["metadata"]["name"] for o in objects() if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert {b["spec"]["policyName"] for b in bindings} == policies and len(policies) == 2
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+
+
+def test_device_plugin_mounts_only_the_kubelet_dirs() -> None:
+    spec = one("DaemonSet")["spec"]["template"]["spec"]
+    assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+    }
+    (container,) = spec["containers"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "privileged" not in container["securityContext"]
+
+
+def test_every_workload_runs_as_an_existing_service_account_with_bound_roles() -> None:
+    accounts = {o["metadata"]["name"] for o in objects() if o["kind"] == "ServiceAccount"}
+    used = {
+        o["spec"]["template"]["spec"]["serviceAccountName"]
+        for o in objects()
+        if o["kind"] in ("Deployment", "DaemonSet")
+    }
+    bound = {s["name"] for o in objects() if o["kind"].endswith("Binding") and "subjects" in o for s in o["subjects"]}
+    assert used == accounts == bound
+
+
+def test_webhook_and_extender_run_non_root() -> None:
+    for name in ("scheduler", "webhook"):
+        pod = one("Deployment", name)["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
