@@ -1,0 +1,199 @@
+"""Hand-off receipts kept true against PodResources, the node inventory publisher, metrics, the fake
+GPU file and the command line — each through its own seam with fakes, no cluster or GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from device_plugin.board import DeviceBoard, discover
+from device_plugin.fake_probe import FakeProbe, FakeProbeError
+from device_plugin.handoff import HandoffKeeper
+from device_plugin.health import HealthPolicy
+from device_plugin.kubelet_api import PodDevices
+from device_plugin.main import config_from, parser
+from device_plugin.metrics import GpuCollector, PluginMetrics
+from device_plugin.pod_cache import PodCache
+from device_plugin.probe import GpuDevice
+from device_plugin.publisher import InventoryPublisher, label_value
+from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, allocation, gpu_file, make_pod, uid_of
+from tests.device_plugin.harness import run
+from vgpu.catalog import builtin
+from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
+from vgpu.contract.inventory import decode
+from vgpu.names import (
+    LABEL_NODE_GPU_COUNT,
+    LABEL_NODE_GPU_MODEL,
+    LABEL_NODE_POOL,
+    EnforcementBackend,
+    SystemAnnotation,
+)
+
+HANDOFF = SystemAnnotation.HANDOFF.value
+
+
+class Book:
+    def __init__(self) -> None:
+        self.adopted: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+
+    def served_counts(self) -> Mapping[str, int]:
+        return {u: len(d) for u, d in self.adopted.items()}
+
+    def adopt(self, uid: str, done: Iterable[tuple[str, tuple[str, ...]]]) -> None:
+        self.adopted[uid] = list(done)
+
+
+def _keeper(kube: FakeKube, truth: PodDevices) -> tuple[HandoffKeeper, PodCache]:
+    cache = PodCache()
+    cache.replace(kube.list_pods("node-a")[0])
+
+    async def pod_devices() -> PodDevices:
+        return truth
+
+    keeper = HandoffKeeper(kube, cache, "node-a", PluginMetrics(), pod_devices=pod_devices, now=lambda: "T")
+    return keeper, cache
+
+
+def test_reconcile_rewrites_a_wrong_receipt_writes_a_missing_one_and_adopts_partial_pods() -> None:
+    wrong = make_pod("wrong", alloc=allocation("x"))
+    wrong["metadata"]["annotations"][HANDOFF] = encode_handoff(
+        Handoff(pod_uid=uid_of(wrong), node="node-a", devices=(("main", ("s-9",)),), at="old")
+    )
+    unwritten = make_pod("unwritten", alloc=allocation("y"))
+    partial = make_pod("partial", alloc=allocation("z"), init=[("init", 1)])
+    kube = FakeKube([wrong, unwritten, partial])
+    truth = {
+        ("default", "wrong"): {"main": ("s-1",)},
+        ("default", "unwritten"): {"main": ("s-2",)},
+        ("default", "partial"): {"init": ("s-3",)},
+    }
+
+    async def scenario() -> None:
+        keeper, _ = _keeper(kube, truth)
+        book = Book()
+        await keeper.reconcile_once(book)
+        assert dict(decode_handoff(kube.annotation(uid_of(wrong), HANDOFF) or "").devices) == {"main": ("s-1",)}
+        assert dict(decode_handoff(kube.annotation(uid_of(unwritten), HANDOFF) or "").devices) == {"main": ("s-2",)}
+        assert kube.annotation(uid_of(partial), HANDOFF) is None
+        assert book.adopted == {uid_of(partial): [("init", ("s-3",))]}
+        patches = len(kube.pod_patches)
+        await keeper.reconcile_once(book)  # everything agrees now: no further patch
+        assert len(kube.pod_patches) == patches
+
+    run(scenario())
+
+
+def test_a_failed_receipt_patch_is_retried_by_reconcile() -> None:
+    pod = make_pod("p", alloc=allocation("u"))
+    kube = FakeKube([pod])
+    kube.fail_pod_patches = 1
+
+    async def scenario() -> None:
+        keeper, cache = _keeper(kube, {})
+        record = cache.get(uid_of(pod))
+        assert record is not None
+        keeper.record(record, (("main", ("s-1",)),))
+        await keeper.drain()
+        assert kube.annotation(uid_of(pod), HANDOFF) is None
+        await keeper.reconcile_once(Book())
+        assert dict(decode_handoff(kube.annotation(uid_of(pod), HANDOFF) or "").devices) == {"main": ("s-1",)}
+
+    run(scenario())
+
+
+def _board(tmp_path: Path) -> DeviceBoard:
+    gpus = discover(FakeProbe(gpu_file(tmp_path / "gpus.yaml")).devices(), builtin(), 0)
+    return DeviceBoard(gpus, 4, HealthPolicy())
+
+
+def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) -> None:
+    kube = FakeKube(node_labels={LABEL_NODE_POOL: "training"})
+    clock = [0.0]
+
+    async def scenario() -> None:
+        board = _board(tmp_path)
+        publisher = InventoryPublisher(
+            kube,
+            board,
+            PluginMetrics(),
+            node="node-a",
+            backend=EnforcementBackend.HAMI_CORE,
+            heartbeat_s=30,
+            now=lambda: f"beat-{clock[0]}",
+            clock=lambda: clock[0],
+        )
+        assert await publisher.publish_once()
+        labels, annotations = kube.node_patches[-1]
+        assert labels == {
+            LABEL_NODE_POOL: "training",
+            LABEL_NODE_GPU_MODEL: "A100-SXM4-80GB",
+            LABEL_NODE_GPU_COUNT: "2",
+        }
+        inv = decode(annotations[SystemAnnotation.NODE_INVENTORY.value])
+        assert [(g.uuid, g.tflops, g.numa) for g in inv.gpus] == [(GPU0, 312_000, 0), (GPU1, 312_000, 1)]
+        assert (inv.pool, inv.slices_per_gpu, inv.backend, inv.heartbeat) == ("training", 4, "hami-core", "beat-0.0")
+        clock[0] = 10.0
+        assert not await publisher.publish_once()  # nothing changed, heartbeat not due
+        health, flipped = board.health.xid(GPU1, 79, 10.0)
+        board.set_health(health, flipped)
+        assert await publisher.publish_once()
+        assert decode(kube.node_patches[-1][1][SystemAnnotation.NODE_INVENTORY.value]).gpus[1].health == "Unhealthy"
+        clock[0] = 45.0
+        assert await publisher.publish_once()  # heartbeat due
+        assert len(kube.node_patches) == 3
+
+    run(scenario())
+
+
+def test_label_values_are_valid() -> None:
+    assert label_value("NVIDIA GeForce RTX 4090 (rev a)") == "NVIDIA-GeForce-RTX-4090-rev-a"
+    assert len(label_value("x" * 100)) == 63
+
+
+def test_unknown_model_is_usable_with_the_default_tflops(caplog: pytest.LogCaptureFixture) -> None:
+    (gpu,) = discover((GpuDevice(uuid=GPU0, index=0, name="Mystery GPU 9000", memory=1 << 30),), builtin(), 55_000)
+    assert (gpu.model, gpu.tflops) == ("Mystery GPU 9000", 55_000)
+    assert "not in the GPU catalog" in caplog.text
+
+
+def test_metrics_report_gpus_and_map_processes_to_pods(tmp_path: Path) -> None:
+    probe = FakeProbe(gpu_file(tmp_path / "gpus.yaml"))
+    board = _board(tmp_path)
+    metrics = PluginMetrics()
+    pids = {1000: "pod-uid-1"}
+    metrics.registry.register(
+        GpuCollector(probe, board.gpus, lambda: {"pod-uid-1": ("ml", "trainer")}, pid_to_pod=pids.get)
+    )
+    metrics.allocate_seconds.labels("ok").observe(0.002)
+    text = generate_latest(metrics.registry).decode()
+    assert f'tf_gpu_utilization_percent{{gpu="{GPU0}",index="0",model="A100-SXM4-80GB"}} 30.0' in text
+    assert f'tf_gpu_power_watts{{gpu="{GPU1}",index="1",model="A100-SXM4-80GB"}} 90.5' in text
+    assert f'tf_pod_gpu_memory_used_bytes{{gpu="{GPU0}",namespace="ml",pod="trainer"}} 5.36870912e+08' in text
+    assert 'tf_device_plugin_allocate_seconds_count{outcome="ok"} 1.0' in text
+
+
+def test_fake_probe_delivers_new_events_once_and_reports_check_failures(tmp_path: Path) -> None:
+    path = gpu_file(tmp_path / "gpus.yaml", events=[(GPU0, 31)])
+    probe = FakeProbe(path)
+    assert probe.wait_xid(0) == ()  # events present at start are history
+    gpu_file(path, events=[(GPU0, 31), (GPU1, 79)], fail={GPU0: "fell off the bus"})
+    assert [(e.uuid, e.xid) for e in probe.wait_xid(1)] == [(GPU1, 79)]
+    assert probe.wait_xid(0) == ()
+    assert probe.check(GPU0) == "fell off the bus" and probe.check(GPU1) is None
+    path.write_text("gpus: [{uuid: x}]")
+    with pytest.raises(FakeProbeError, match="needs uuid, name and memoryMiB"):
+        probe.devices()
+
+
+def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_PLUGIN_BACKEND", "mps")
+    args = parser().parse_args(
+        ["--node-name", "n1", "--ignored-xids", "13,79", "--default-tflops", "2.5", "--podresources-socket", ""]
+    )
+    config = config_from(args)
+    assert config.node == "n1" and config.backend is EnforcementBackend.MPS
+    assert config.health.ignored_xids == {13, 79} and config.default_tflops == 2500
+    assert config.podresources_socket is None

@@ -1,0 +1,213 @@
+"""Table tests of the pure parts: health machine, env builder, slices, pod records, lookup rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from device_plugin.envs import EnforcementPaths, Target, build, sm_percent
+from device_plugin.health import HEALTHY, GpuHealth, HealthBoard, HealthPolicy, on_check, on_xid
+from device_plugin.lookup import AllocateError, Match, choose, validate
+from device_plugin.pods import from_json
+from device_plugin.slices import SliceIdError, gpu_of, preferred, slice_id, slices
+from tests.device_plugin.fakes import A100_TFLOPS, A100_VRAM, GIB, GPU0, GPU1, allocation, grant, make_pod
+from vgpu.contract.allocation import Handoff, decode, encode_handoff
+from vgpu.contract.inventory import GpuInfo, Health
+from vgpu.names import EnforcementBackend, Env
+
+POLICY = HealthPolicy(recovery_s=10)
+SICK = GpuHealth(healthy=False, reason="XID 79", last_fault=100.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "xid", "expected"),
+    [
+        (HEALTHY, 79, GpuHealth(False, "XID 79", 5.0)),
+        (HEALTHY, 13, HEALTHY),  # application error: ignored by default
+        (HEALTHY, 109, HEALTHY),
+        (SICK, 48, GpuHealth(False, "XID 48", 5.0)),  # a new fault restarts the clock
+    ],
+)
+def test_xid_transitions(state: GpuHealth, xid: int, expected: GpuHealth) -> None:
+    assert on_xid(state, xid, 5.0, POLICY) == expected
+
+
+@pytest.mark.parametrize(
+    ("state", "problem", "now", "healthy"),
+    [
+        (SICK, None, 105.0, False),  # quiet, but not long enough
+        (SICK, None, 110.0, True),  # quiet for the recovery interval: healthy again
+        (SICK, "lost", 120.0, False),
+        (HEALTHY, "lost", 1.0, False),
+        (HEALTHY, None, 1.0, True),
+    ],
+)
+def test_check_transitions(state: GpuHealth, problem: str | None, now: float, healthy: bool) -> None:
+    assert on_check(state, problem, now, POLICY).healthy is healthy
+
+
+def test_ignored_xids_are_configurable_and_board_reports_flips() -> None:
+    board = HealthBoard.fresh([GPU0, GPU1], HealthPolicy(ignored_xids=frozenset({79}), recovery_s=1))
+    board, flipped = board.xid(GPU0, 79, 0.0)
+    assert flipped == frozenset()
+    board, flipped = board.xid(GPU0, 13, 0.0)
+    assert flipped == {GPU0}
+    board, flipped = board.checked({GPU0: None, GPU1: None}, 0.5)
+    assert flipped == frozenset()
+    board, flipped = board.checked({GPU0: None, GPU1: None}, 1.0)
+    assert flipped == {GPU0} and board.healthy(GPU0)
+    _, flipped = board.xid("", 48, 2.0)  # the driver could not tell which GPU: all of them
+    assert flipped == {GPU0, GPU1}
+
+
+@pytest.mark.parametrize(
+    ("limit", "capacity", "percent"),
+    [(10_000, 312_000, 4), (312_000, 312_000, 100), (400_000, 312_000, 100), (1, 312_000, 1), (0, 312_000, 1)],
+)
+def test_sm_percent_is_ceil_clamped(limit: int, capacity: int, percent: int) -> None:
+    assert sm_percent(limit, capacity) == percent
+
+
+TARGET = Target(namespace="ns", pod="p", container="c")
+TWO = decode(allocation("u", gpus=[grant(GPU0, tflops=31_200, vram=4 * GIB), grant(GPU1, index=1, vram=GIB + 1)]))
+
+
+def test_common_env_for_every_backend() -> None:
+    for backend in EnforcementBackend:
+        env = build(TWO, TARGET, backend, EnforcementPaths()).envs
+        assert env[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
+        assert json.loads(env[Env.TF_MEM_LIMIT]) == {GPU0: 4 * GIB, GPU1: GIB + 1}
+        assert json.loads(env[Env.TF_UP_LIMIT]) == {GPU0: 10, GPU1: 4}
+        assert json.loads(env[Env.TF_UP_LIMIT_TFLOPS]) == {GPU0: 31.2, GPU1: 10}
+        assert (env[Env.TF_POD_NAMESPACE], env[Env.TF_POD_NAME], env[Env.TF_CONTAINER_NAME]) == ("ns", "p", "c")
+
+
+@pytest.mark.parametrize(
+    ("backend", "extra", "mounts"),
+    [
+        (EnforcementBackend.NONE, {}, []),
+        (
+            EnforcementBackend.HAMI_CORE,
+            {
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                "CUDA_DEVICE_MEMORY_LIMIT_1": "1024m",
+                "CUDA_DEVICE_SM_LIMIT": "10",
+            },
+            [("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True), ("/etc/ld.so.preload", "/opt/hami/preload", True)],
+        ),
+        (
+            EnforcementBackend.MPS,
+            {
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M,1=1024M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
+                "CUDA_MPS_PIPE_DIRECTORY": "/mps/pipe",
+            },
+            [("/mps/pipe", "/host/mps", False)],
+        ),
+    ],
+)
+def test_backend_specific_env_and_mounts(
+    backend: EnforcementBackend, extra: dict[str, str], mounts: list[tuple[str, str, bool]]
+) -> None:
+    paths = EnforcementPaths(
+        hami_library="/opt/hami/libvgpu.so",
+        hami_preload="/opt/hami/preload",
+        mps_pipe_host="/host/mps",
+        mps_pipe_container="/mps/pipe",
+    )
+    grant_ = build(TWO, TARGET, backend, paths)
+    backend_keys = {k for k in grant_.envs if k.startswith(("CUDA_DEVICE", "CUDA_MPS"))}
+    assert {k: grant_.envs[k] for k in backend_keys} == extra
+    assert [(m.container_path, m.host_path, m.read_only) for m in grant_.mounts] == mounts
+
+
+def test_slice_ids_round_trip_and_stay_short() -> None:
+    assert gpu_of(slice_id(GPU0, 15)) == GPU0
+    with pytest.raises(SliceIdError):
+        slice_id("MIG-" + "x" * 60, 1)
+    with pytest.raises(SliceIdError):
+        gpu_of("vgpu-3")
+    gpus = [
+        GpuInfo(uuid=GPU1, index=1, model="m", tflops=1, vram=1, numa=1, health=Health.UNHEALTHY),
+        GpuInfo(uuid=GPU0, index=0, model="m", tflops=1, vram=1, numa=0),
+    ]
+    got = [(s.id, s.healthy, s.numa) for s in slices(gpus, 2)]
+    assert got == [
+        (slice_id(GPU0, 0), True, 0),
+        (slice_id(GPU0, 1), True, 0),
+        (slice_id(GPU1, 0), False, 1),
+        (slice_id(GPU1, 1), False, 1),
+    ]
+
+
+def test_preferred_allocation_favours_the_granted_gpus_then_packs() -> None:
+    available = [slice_id(GPU0, 0), slice_id(GPU1, 0), slice_id(GPU1, 1), slice_id(GPU0, 1), slice_id(GPU1, 2)]
+    assert preferred(available, [], 1, favour=[GPU0]) == [slice_id(GPU0, 0)]
+    assert preferred(available, [], 2) == [slice_id(GPU1, 0), slice_id(GPU1, 1)]  # GPU1 has most free slices
+    assert preferred(available, [], 2, favour=[GPU0, GPU1]) == [slice_id(GPU0, 0), slice_id(GPU1, 0)]
+    assert preferred(available, [slice_id(GPU0, 1)], 2, favour=[GPU0]) == [slice_id(GPU0, 1), slice_id(GPU0, 0)]
+
+
+def test_pod_record_orders_init_containers_first_and_skips_non_gpu_ones() -> None:
+    pod = from_json(make_pod("p", init=[("init", 1)], containers=[("a", 1), ("side", 0), ("b", 2)]))
+    assert pod.vgpu_containers == (("init", 1), ("a", 1), ("b", 2))
+    assert pod.active and pod.allocation is None
+
+
+GPUS = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=A100_TFLOPS, vram=A100_VRAM)}
+
+
+def test_choose_serves_the_next_unserved_container_and_rejects_ambiguity() -> None:
+    a = from_json(make_pod("a", alloc="{}", containers=[("x", 1), ("y", 1)]))
+    b = from_json(make_pod("b", alloc="{}", containers=[("z", 2)]))
+    assert choose([a, b], "node-a", ("d1",), {}) == Match(a, "x", again=False)
+    assert choose([a, b], "node-a", ("d1",), {a.uid: 1}) == Match(a, "y", again=False)
+    assert isinstance(choose([a, b], "node-a", ("d1",), {a.uid: 2}), AllocateError)
+    assert choose([a, b], "node-a", ("d1", "d2"), {}) == Match(b, "z", again=False)
+    twin = from_json(make_pod("twin", alloc="{}"))
+    result = choose([a, twin], "node-a", ("d1",), {})
+    assert isinstance(result, AllocateError) and not result.waitable and "a" in str(result) and "twin" in str(result)
+
+
+def test_choose_serves_a_recorded_container_again_only_with_the_same_ids() -> None:
+    uid = "00000000-0000-4000-8000-0000000000aa"
+    receipt = encode_handoff(Handoff(pod_uid=uid, node="node-a", devices=(("main", ("d1", "d2")),), at="t"))
+    done = from_json(make_pod("done", uid=uid, alloc="{}", handoff=receipt, containers=[("main", 2)]))
+    assert choose([done], "node-a", ("d2", "d1"), {}) == Match(done, "main", again=True)
+    missing = choose([done], "node-a", ("d1", "d3"), {})
+    assert isinstance(missing, AllocateError) and missing.waitable
+
+
+@pytest.mark.parametrize(
+    ("alloc", "containers", "message"),
+    [
+        ("not json", [("main", 1)], "allocation annotation is invalid"),
+        (allocation("U", containers=("other",)), [("main", 1)], "allocation is for containers ['other']"),
+        (allocation("U"), [("main", 2)], "container main requests 2 tensor-fusion.ai/vgpu but the allocation grants 1"),
+        (
+            allocation("U", gpus=[grant(GPU0, tflops_request=20_000)]),
+            [("main", 1)],
+            "TFLOPS request 20 exceeds its limit 10",
+        ),
+        (
+            allocation("U", gpus=[grant(GPU0, vram=100 * GIB)]),
+            [("main", 1)],
+            "vram limit 100Gi exceeds the GPU's capacity",
+        ),
+        (allocation("U", gpus=[grant(GPU0), grant(GPU0)]), [("main", 2)], "lists a GPU twice"),
+    ],
+)
+def test_validate_names_the_broken_rule(alloc: str, containers: list[tuple[str, int]], message: str) -> None:
+    pod = from_json(make_pod("p", uid="U", alloc=alloc, containers=containers))
+    with pytest.raises(AllocateError) as err:
+        validate(pod, "node-a", GPUS)
+    assert message in str(err.value)
+
+
+def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> None:
+    pod = from_json(make_pod("p", uid="U", alloc=allocation("U")))
+    assert validate(pod, "node-a", GPUS).gpus[0].uuid == GPU0
+    sick = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=1, vram=1, health=Health.UNHEALTHY)}
+    with pytest.raises(AllocateError, match="unhealthy on node node-a"):
+        validate(pod, "node-a", sick)
