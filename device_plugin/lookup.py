@@ -12,17 +12,23 @@ allocation unusable becomes an :class:`AllocateError` whose text the kubelet sho
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from device_plugin.pods import PodRecord
-from vgpu.contract.allocation import PodAllocation, decode, decode_handoff
+from vgpu.contract.allocation import Handoff, PodAllocation, decode, decode_handoff
 from vgpu.contract.inventory import GpuInfo, Health
 from vgpu.errors import DomainError
 from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 RESOURCE_NOUN = f"{RESOURCE_VGPU} devices"
+
+# Annotation texts are immutable and decode to frozen values: decode each once, not on every Allocate
+# (a node reboot re-allocates every pod at once, and each lookup scans every receipt on the node).
+_receipt = functools.lru_cache(maxsize=4096)(decode_handoff)
+_allocation = functools.lru_cache(maxsize=4096)(decode)
 
 
 class AllocateError(Exception):
@@ -66,7 +72,7 @@ def recorded(pods: Iterable[PodRecord], node: str, ids: Iterable[str]) -> Match 
         if pod.node != node or pod.handoff is None or not pod.active:
             continue
         try:
-            receipt = decode_handoff(pod.handoff)
+            receipt: Handoff = _receipt(pod.handoff)
         except DomainError:
             continue
         for container, got in receipt.devices:
@@ -108,7 +114,7 @@ def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo]) -> PodAlloc
     if pod.allocation is None:
         raise AllocateError(f"{where}: has no tensor-fusion allocation")
     try:
-        alloc = decode(pod.allocation)
+        alloc = _allocation(pod.allocation)
     except DomainError as exc:
         raise AllocateError(f"{where}: allocation annotation is invalid: {exc}") from None
     if alloc.pod_uid != pod.uid:
