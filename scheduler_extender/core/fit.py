@@ -131,10 +131,11 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
                 need -= 1
         elif g.tflops - g.tflops_used >= t and g.vram - g.vram_used >= v:
             need -= 1
-        if need == 0:
+        if need <= 0:
             break
     else:
-        return _explain(demand, node, match)
+        if need > 0:  # a CPU-only demand (gpu_count 0, trace replay) needs no GPU
+            return _explain(demand, node, match)
     if node.cpu_free is not None and demand.cpu > node.cpu_free:
         return Reason(
             code=R.INSUFFICIENT_CPU,
