@@ -103,16 +103,16 @@ def shape_key(demand: Demand) -> _Key:
 
 
 class _Class:
-    """Nodes in one state: their indices, a lazy min-heap of (rank, index), cached scores per shape."""
+    """Nodes in one state: their indices and a lazy min-heap of (rank, index)."""
 
-    __slots__ = ("cid", "full", "heap", "members", "scores")
+    __slots__ = ("alive", "cid", "full", "heap", "members")
 
     def __init__(self, cid: str, full: bool) -> None:
         self.cid = cid
         self.full = full  # at max_pods: fits nothing
+        self.alive = True
         self.members: set[int] = set()
         self.heap: list[tuple[int, int]] = []
-        self.scores: dict[_Key, float | None] = {}
 
     def best(self) -> tuple[int, int]:
         """(rank, index) of the member that wins ties."""
@@ -120,6 +120,20 @@ class _Class:
         while heap[0][1] not in self.members:
             heapq.heappop(heap)
         return heap[0]
+
+
+class _Verdicts:
+    """For one demand shape: the feasible classes with their raw scores, and how far it has looked.
+
+    A class is a fixed state, so its verdict never changes: each class is judged once per shape
+    (when first needed) and infeasible ones are never visited again.
+    """
+
+    __slots__ = ("feasible", "upto")
+
+    def __init__(self) -> None:
+        self.upto = 0  # classes created before this index have been judged
+        self.feasible: dict[_Class, float] = {}
 
 
 class Cluster:
@@ -135,6 +149,7 @@ class Cluster:
         self.classes: dict[_Key, _Class] = {}
         self.reps: dict[str, NodeState] = {}  # class id → a member, for score_nodes
         self.by_id: dict[str, _Class] = {}
+        self.created: list[_Class] = []  # every class ever made, in creation order
         self._of: list[_Key] = []
         self._next = 0
         for i in range(len(nodes)):
@@ -151,6 +166,7 @@ class Cluster:
         if cls is None:
             cls = self.classes[key] = _Class(f"c{self._next}", full)
             self.by_id[cls.cid] = cls
+            self.created.append(cls)
             self._next += 1
         cls.members.add(i)
         heapq.heappush(cls.heap, (self.ranks[i], i))
@@ -165,6 +181,7 @@ class Cluster:
             del self.classes[key]
             del self.reps[cls.cid]
             del self.by_id[cls.cid]
+            cls.alive = False
         elif self.reps[cls.cid] is self.nodes[i]:
             self.reps[cls.cid] = self.nodes[next(iter(cls.members))]
 
@@ -205,27 +222,33 @@ class Replay:
         self.config = config
         self._revision = policy.revision if isinstance(policy, Revisioned) else 0
         self._index = {n.name: i for i, n in enumerate(cluster.nodes)}
+        self._verdicts: dict[_Key, _Verdicts] = {}
 
     def _raw(self, demand: Demand) -> dict[str, float]:
-        """Raw score per feasible class id (cached per class and demand shape)."""
+        """Raw score per feasible class id; new classes are judged through :func:`score_nodes`."""
         if isinstance(self.policy, Revisioned) and self.policy.revision != self._revision:
             self._revision = self.policy.revision
-            for cls in self.cluster.classes.values():
-                cls.scores.clear()
+            self._verdicts.clear()
         key = shape_key(demand)
-        classes = self.cluster.classes.values()
-        missing = [c.cid for c in classes if key not in c.scores and not c.full]
-        if missing:
-            fresh = score_nodes(demand, Snapshot(nodes=self.cluster.reps), missing, self.policy, self.catalog)
-            by_id = self.cluster.by_id
-            for cid in missing:
-                by_id[cid].scores[key] = fresh.get(cid)
-        raw: dict[str, float] = {}
-        for c in classes:
-            score = c.scores.get(key)
-            if score is not None:
-                raw[c.cid] = score
-        return raw
+        verdicts = self._verdicts.get(key)
+        if verdicts is None:
+            verdicts = self._verdicts[key] = _Verdicts()
+        created = self.cluster.created
+        if verdicts.upto < len(created):
+            fresh = [c for c in created[verdicts.upto :] if c.alive and not c.full]
+            verdicts.upto = len(created)
+            if fresh:
+                snapshot = Snapshot(nodes=self.cluster.reps)
+                scores = score_nodes(demand, snapshot, [c.cid for c in fresh], self.policy, self.catalog)
+                for c in fresh:
+                    score = scores.get(c.cid)
+                    if score is not None:
+                        verdicts.feasible[c] = score
+        feasible = verdicts.feasible
+        dead = [c for c in feasible if not c.alive]
+        for c in dead:
+            del feasible[c]
+        return {c.cid: s for c, s in feasible.items()}
 
     def choose(self, demand: Demand) -> int | None:
         """The index of the node kube-scheduler would pick, or None when no node fits."""
