@@ -17,8 +17,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # What a verb answers when its body could not even be parsed.
 _NEUTRAL: dict[str, object] = {
-    "filter": {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}},
+    "filter": {"Nodes": None, "NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}},
     "bind": {},
     "prioritize": [],
     "preempt": {"NodeNameToMetaVictims": {}},
@@ -141,16 +143,26 @@ def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], 
 
     verbs = {f"/{v}": v for v in _NEUTRAL} | {f"{settings.url_prefix}/{v}": v for v in _NEUTRAL}
 
+    def neutral(verb: str, problem: str) -> Response:
+        extender.metrics.errors.labels(verb, "invalid-body").inc()
+        body = _NEUTRAL[verb]
+        if isinstance(body, dict) and verb in ("filter", "bind"):
+            body = {**body, "Error": f"invalid {verb} request: {problem}"}
+        return JSONResponse(body, status_code=200)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
         verb = verbs.get(request.url.path)
         if verb is None:
             return JSONResponse({"detail": _describe(exc)}, status_code=422)
-        extender.metrics.errors.labels(verb, "invalid-body").inc()
-        body = _NEUTRAL[verb]
-        if isinstance(body, dict) and verb in ("filter", "bind"):
-            body = {**body, "Error": f"invalid {verb} request: {_describe(exc)}"}
-        return JSONResponse(body, status_code=200)
+        return neutral(verb, _describe(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def unreadable_body(request: Request, exc: StarletteHTTPException) -> Response:
+        verb = verbs.get(request.url.path)
+        if verb is None or request.method != "POST":
+            return await http_exception_handler(request, exc)
+        return neutral(verb, str(exc.detail))
 
     return app
 
