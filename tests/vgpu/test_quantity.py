@@ -86,3 +86,8 @@ def test_bytes_round_trip(count: int) -> None:
 def test_arbitrary_text_parses_or_raises_domain_error(text: str) -> None:
     with contextlib.suppress(DomainError):
         assert quantity.parse(text) >= 0
+
+
+def test_absurdly_long_numbers_are_rejected_not_crashing() -> None:
+    with pytest.raises(DomainError, match="not a Kubernetes quantity"):
+        quantity.parse("9" * 10_000)
