@@ -279,10 +279,16 @@ class ClusterCache:
             self._release(key)
         try:
             ledger = self._ledger(alloc.node).reserve(key, base, alloc.gpus, None, qos=alloc.qos).commit(key)
-        except LedgerRefusal as refusal:
-            self._conflicts[uid] = str(refusal.reason)
-            log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)
-            return
+        except LedgerRefusal:
+            # A written allocation is a fact; tentative reservations on that node are only guesses.
+            for guess in [k for k in self._tentative if self._entry_node.get(k) == alloc.node]:
+                self._release(guess)
+            try:
+                ledger = self._ledger(alloc.node).reserve(key, base, alloc.gpus, None, qos=alloc.qos).commit(key)
+            except LedgerRefusal as refusal:
+                self._conflicts[uid] = str(refusal.reason)
+                log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)
+                return
         self._conflicts.pop(uid, None)
         self._put(alloc.node, ledger)
         self._entry_node[key] = alloc.node

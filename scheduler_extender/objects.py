@@ -46,6 +46,7 @@ class ScheduledPod:
     ref: PodRef
     request: GpuRequest | None
     request_error: str | None  # the resolved-request annotation is present but corrupt
+    request_text: str | None  # the annotation as written: equal texts mean equal requests
     priority: int
     nominated_node: str | None
 
@@ -135,6 +136,7 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         ref=pod_ref(pod),
         request=request,
         request_error=error,
+        request_text=raw,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         nominated_node=nominated if isinstance(nominated, str) and nominated else None,
     )

@@ -9,6 +9,7 @@ neutral answer, because kube-scheduler cannot read anything from a 5xx.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -39,46 +40,51 @@ router = APIRouter()
 NOT_READY = "the GPU extender is starting: its cluster cache has not synced yet; the scheduler will retry"
 
 
+def _json(result: ExtenderFilterResult) -> Response:
+    """Serialised once by pydantic's core (thousands of node names: no second validation pass)."""
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
 def _extender(request: Request) -> Extender:
     extender: Extender = request.app.state.extender
     return extender
 
 
-@router.post("/filter", tags=["extender"])
-def filter_(request: Request, args: ExtenderArgs) -> ExtenderFilterResult:
+@router.post("/filter", tags=["extender"], response_model=ExtenderFilterResult)
+def filter_(request: Request, args: ExtenderArgs) -> Response:
     """Which of the offered nodes can hold the pod's GPU request, with a reason for each that cannot."""
     ext = _extender(request)
     with ext.metrics.latency.labels("filter").time():
         if not ext.ready:
             ext.metrics.errors.labels("filter", "not-ready").inc()
-            return ExtenderFilterResult(NodeNames=[], Error=NOT_READY)
+            return _json(ExtenderFilterResult(NodeNames=[], Error=NOT_READY))
         try:
-            result: ExtenderFilterResult = ext.verbs.filter(args)
+            result = ext.verbs.filter(args)
         except Exception as exc:
             log.exception("filter failed")
             ext.metrics.errors.labels("filter", "internal").inc()
-            return ExtenderFilterResult(
-                NodeNames=[], Error=f"GPU extender filter failed: {exc.__class__.__name__}: {exc}"
-            )
+            error = f"GPU extender filter failed: {exc.__class__.__name__}: {exc}"
+            return _json(ExtenderFilterResult(NodeNames=[], Error=error))
         if result.Error:
             ext.metrics.errors.labels("filter", "request").inc()
-        return result
+        return _json(result)
 
 
-@router.post("/prioritize", tags=["extender"])
-def prioritize(request: Request, args: ExtenderArgs) -> list[HostPriority]:
+@router.post("/prioritize", tags=["extender"], response_model=list[HostPriority])
+def prioritize(request: Request, args: ExtenderArgs) -> Response:
     """A 0–10 score for every offered node (nodes that cannot hold the pod get 0)."""
     ext = _extender(request)
     with ext.metrics.latency.labels("prioritize").time():
         try:
             if not ext.ready:
                 raise RuntimeError(NOT_READY)
-            scores: list[HostPriority] = ext.verbs.prioritize(args)
-            return scores
+            scores = ext.verbs.prioritize(args)
         except Exception:
             log.exception("prioritize failed")
             ext.metrics.errors.labels("prioritize", "internal").inc()
-            return [HostPriority(Host=n, Score=0) for n in offered(args).names]
+            scores = dict.fromkeys(offered(args).names, 0)
+        body = json.dumps([{"Host": host, "Score": score} for host, score in scores.items()], separators=(",", ":"))
+        return Response(body, media_type="application/json")
 
 
 @router.post("/bind", tags=["extender"])

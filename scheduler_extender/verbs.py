@@ -21,16 +21,17 @@ from scheduler_extender.core.model import Demand, Snapshot
 from scheduler_extender.core.placement import place
 from scheduler_extender.core.policy import Policies
 from scheduler_extender.core.preempt import Victim, select_victims
+from scheduler_extender.core.reasons import Reason
 from scheduler_extender.core.scoring import score_nodes, to_extender_scores, top_nodes
 from scheduler_extender.core.summary import summarize
 from scheduler_extender.events import REASON_FAILED, EventRecorder
+from scheduler_extender.memo import NodeMemo
 from scheduler_extender.objects import ScheduledPod, scheduled_pod
 from scheduler_extender.wire import (
     ExtenderArgs,
     ExtenderFilterResult,
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
-    HostPriority,
     MetaPod,
     MetaVictims,
     NodeList,
@@ -96,6 +97,8 @@ class Verbs:
         self.keep_top_nodes = keep_top_nodes
         self.reservation_ttl = reservation_ttl
         self.on_unschedulable = on_unschedulable
+        self.verdicts: NodeMemo[Reason | None] = NodeMemo()
+        self.scores: NodeMemo[float | None] = NodeMemo()
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         nodes = offered(args)
@@ -110,10 +113,10 @@ class Verbs:
             return filter_reply(nodes, (), {}, dict.fromkeys(nodes.names, message))
         demand = demand_from_request(pod.request, pod_key=pod.ref.key)
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, extra=_values(nodes.items))
-        result = filter_nodes(demand, snapshot, nodes.names, self.catalog)
+        result = self._filter(pod, demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
         if self.keep_top_nodes and len(passed) > self.keep_top_nodes:
-            raw = score_nodes(demand, snapshot, passed, self.policies.for_demand(demand), self.catalog)
+            raw = self._score(pod, demand, snapshot, passed)
             keep = top_nodes(raw, self.keep_top_nodes)
             dropped = f"fits, but is not among the {self.keep_top_nodes} best nodes for this pod"
             failed.update(dict.fromkeys((n for n in passed if n not in keep), dropped))
@@ -125,19 +128,20 @@ class Verbs:
             self.events.warn(pod.ref, REASON_FAILED, summarize(demand, result))
         return filter_reply(nodes, passed, failed, result.unresolvable_messages())
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+    def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
+        """A 0–10 score for every offered node, in the offered order."""
         nodes = offered(args)
         pod = scheduled_pod(args.Pod) if args.Pod is not None else None
         if pod is None or pod.request is None:
-            return [HostPriority(Host=n, Score=0) for n in nodes.names]
+            return dict.fromkeys(nodes.names, 0)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key)
         snapshot = self.cache.snapshot(extra=_values(nodes.items))
-        raw = score_nodes(demand, snapshot, nodes.names, self.policies.for_demand(demand), self.catalog)
+        raw = self._score(pod, demand, snapshot, nodes.names)
         scores = to_extender_scores(raw)
         best = top_nodes(raw, 1)
         if best:
             self._reserve_tentatively(pod, demand, snapshot, best[0])
-        return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in nodes.names]
+        return {n: scores.get(n, 0) for n in nodes.names}
 
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = candidate_victims(args)
@@ -166,6 +170,32 @@ class Verbs:
         result = filter_nodes(demand, snapshot, names, self.catalog)
         raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog)
         return demand, result, to_extender_scores(raw)
+
+    def _filter(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
+        """The core's filter, asked only about nodes whose state changed since it last judged this request."""
+        key = pod.request_text
+        hits, misses = self.verdicts.split(key, names, snapshot.nodes)
+        fresh = filter_nodes(demand, snapshot, misses, self.catalog).reasons() if misses else {}
+        computed = {n: fresh.get(n) for n in misses}
+        self.verdicts.store(key, computed, snapshot.nodes)
+        verdicts = {**hits, **computed}
+        return FilterResult(
+            passed=tuple(n for n in names if verdicts[n] is None),
+            failed={n: r for n in names if (r := verdicts[n]) is not None and not r.unresolvable},
+            unresolvable={n: r for n in names if (r := verdicts[n]) is not None and r.unresolvable},
+        )
+
+    def _score(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> dict[str, float]:
+        """The core's raw scores (absent: does not fit), memoised per node state unless locality is involved."""
+        policy = self.policies.for_demand(demand)
+        if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
+            return score_nodes(demand, snapshot, names, policy, self.catalog)
+        key = (pod.request_text, policy.name, getattr(policy, "revision", None))
+        hits, misses = self.scores.split(key, names, snapshot.nodes)
+        fresh = score_nodes(demand, snapshot, misses, policy, self.catalog) if misses else {}
+        self.scores.store(key, {n: fresh.get(n) for n in misses}, snapshot.nodes)
+        merged = {**hits, **{n: fresh.get(n) for n in misses}}
+        return {n: s for n in names if (s := merged.get(n)) is not None}
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
         """The scheduler's victims on ``node`` narrowed by the core; () vetoes the node."""

@@ -162,6 +162,13 @@ def test_tentative_reservation_counts_until_it_expires_or_is_replaced(cache: Clu
     assert [g.vram_used for g in cache.snapshot().nodes["n1"].gpus] == [0, 0] and cache.entries() == {}
 
 
+def test_a_written_allocation_displaces_tentative_reservations(cache: ClusterCache) -> None:
+    cache.replace(Kind.NODE, [make_node("n1", vram=6 * GI)])
+    cache.reserve(PodRef(namespace="d", name="guess", uid="g"), "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=2000.0)
+    cache.apply(Kind.POD, WatchEvent("ADDED", allocated_pod("real", "n1")))
+    assert set(cache.entries()) == {"default/real"} and not cache.conflicts()
+
+
 def test_reserve_refuses_over_commit_and_changes_nothing(cache: ClusterCache) -> None:
     cache.replace(Kind.NODE, [make_node("n1", vram=6 * GI)])
     cache.reserve(PodRef(namespace="d", name="a", uid="a"), "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=None)

@@ -283,3 +283,18 @@ def test_explain_a_pending_pod_and_a_submission(run: Callable[..., Running], clu
     bad = {**spec, "metadata": {**spec["metadata"], "annotations": {"tensor-fusion.ai/vram-request": "lots"}}}
     assert app.client.post("/explain", json=bad).json()["admitted"] is False
     assert app.ext.cache.entries() == {}  # explaining reserves nothing
+
+
+def test_memoised_verdicts_follow_node_changes(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    """Replicas share a request text: a verdict is reused only while the node's state is unchanged."""
+    app = run()
+    same = gpu_request(vram=8 * GI, count=2)
+    a, b = make_pod("a", same), make_pod("b", same)
+    assert app.post("/filter", args(b, "small", "big"))["NodeNames"] == ["small", "big"]
+    assert app.post("/filter", args(a, "small"))["NodeNames"] == ["small"]  # a holds all of 'small' now
+    assert app.post("/filter", args(b, "small", "big"))["NodeNames"] == ["big"]
+    cluster.put(Kind.POD, allocated_pod("hog", "big", grant("big", 1, 73 * GI)))  # b still holds 8Gi on GPU 0 and 1
+    app.settle()
+    reply = app.post("/filter", args(b, "small", "big"))
+    assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == {"small", "big"}
+    assert [e["Score"] for e in app.post("/prioritize", args(b, "small", "big"))] == [0, 0]

@@ -1,0 +1,265 @@
+"""Extender latency and memory at cluster scale, over real HTTP.
+
+Starts the extender (uvicorn, in a subprocess) on an in-memory API server holding N nodes × 8 GPUs
+(A100 80Gi / 312 TFLOPS) and 1.25 × GPUs pods with allocations, about 50% of VRAM and TFLOPS
+reserved; then posts filter + prioritize for a 1-GPU pod that fits everywhere (the worst case:
+every node is judged and scored) in the nodeCacheCapable form kube-scheduler uses, and reports
+p50/p99 per verb and for the pair, decisions/s, and the server's RSS after the first list.
+
+    .venv/bin/python benchmarks/extender_latency.py                 # 1,000 and 5,000 nodes
+    .venv/bin/python benchmarks/extender_latency.py --nodes 5000 --rounds 300
+
+Targets: p99 filter+prioritize ≤ 5 ms at 1,000 nodes, ≤ 20 ms at 5,000; RSS ≤ 300 MB at 5,000
+nodes / 40,000 GPUs / 50,000 pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler_extender.gateway import Kind, Listing, PodEvent, RawObject, WatchEvent  # noqa: E402
+from vgpu.contract import allocation as allocation_contract  # noqa: E402
+from vgpu.contract import inventory as inventory_contract  # noqa: E402
+from vgpu.contract import resolved as resolved_contract  # noqa: E402
+from vgpu.contract.allocation import GpuGrant, Handoff, PodAllocation  # noqa: E402
+from vgpu.contract.inventory import GpuInfo, NodeInventory  # noqa: E402
+from vgpu.names import EnforcementBackend, Qos, SystemAnnotation  # noqa: E402
+from vgpu.request import GpuRequest  # noqa: E402
+
+GI = 1024**3
+GPUS_PER_NODE = 8
+GPU_TFLOPS, GPU_VRAM = 312_000, 80 * GI
+POD_TFLOPS, POD_VRAM = 125_000, 32 * GI  # 1.25 pods per GPU on average ≈ 50% of capacity
+
+
+def node_object(i: int) -> RawObject:
+    name = f"node-{i:05d}"
+    inv = NodeInventory(
+        node=name,
+        pool="default-pool",
+        gpus=tuple(
+            GpuInfo(uuid=f"GPU-{i:05d}-{g}", index=g, model="NVIDIA A100-SXM4-80GB", tflops=GPU_TFLOPS, vram=GPU_VRAM)
+            for g in range(GPUS_PER_NODE)
+        ),
+        slices_per_gpu=4,
+        backend=EnforcementBackend.HAMI_CORE,
+        heartbeat="2026-01-01T00:00:00Z",
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name},
+            "annotations": {SystemAnnotation.NODE_INVENTORY.value: inventory_contract.encode(inv)},
+        }
+    }
+
+
+def request(tflops: int, vram: int) -> GpuRequest:
+    return GpuRequest(
+        pool="default-pool",
+        containers=("main",),
+        gpu_count=1,
+        tflops_request=tflops,
+        tflops_limit=tflops,
+        vram_request=vram,
+        vram_limit=vram,
+        qos=Qos.MEDIUM,
+    )
+
+
+def pod_object(j: int, gpus: int, name: str | None = None) -> RawObject:
+    name = name or f"pod-{j:06d}"
+    uid = f"uid-{j:06d}"
+    gpu = j % gpus
+    node = f"node-{gpu // GPUS_PER_NODE:05d}"
+    grant = GpuGrant(
+        uuid=f"GPU-{gpu // GPUS_PER_NODE:05d}-{gpu % GPUS_PER_NODE}",
+        index=gpu % GPUS_PER_NODE,
+        tflops_request=POD_TFLOPS,
+        tflops_limit=POD_TFLOPS,
+        vram_request=POD_VRAM,
+        vram_limit=POD_VRAM,
+        gpu_tflops=GPU_TFLOPS,
+    )
+    alloc = PodAllocation(
+        pod_uid=uid,
+        node=node,
+        pool="default-pool",
+        qos=Qos.MEDIUM,
+        containers=("main",),
+        gpus=(grant,),
+        bound_at="2026-01-01T00:00:00Z",
+    )
+    receipt = Handoff(pod_uid=uid, node=node, devices=(("main", ("dev",)),), at="2026-01-01T00:00:01Z")
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": uid,
+            "labels": {"tensor-fusion.ai/enabled": "true", "app": "bench"},
+            "annotations": {
+                SystemAnnotation.RESOLVED_REQUEST.value: resolved_contract.encode(request(POD_TFLOPS, POD_VRAM)),
+                SystemAnnotation.ALLOCATION.value: allocation_contract.encode(alloc),
+                SystemAnnotation.HANDOFF.value: allocation_contract.encode_handoff(receipt),
+            },
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.invalid/app:1"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+class StaticCluster:
+    """A KubeGateway whose list builds the cluster on demand and whose watch never has news."""
+
+    def __init__(self, nodes: int, pods: int) -> None:
+        self.nodes, self.pods = nodes, pods
+        self.stop = threading.Event()
+
+    def list(self, kind: Kind) -> Listing:
+        gpus = self.nodes * GPUS_PER_NODE
+        if kind is Kind.NODE:
+            return Listing([node_object(i) for i in range(self.nodes)], "1")
+        return Listing([pod_object(j, gpus) for j in range(self.pods)], "1")
+
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        self.stop.wait(timeout_seconds)
+        return iter(())
+
+    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+        return None
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+        return None
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        return None
+
+    def record_event(self, event: PodEvent) -> None:
+        return None
+
+
+def serve(nodes: int, pods: int, port: int) -> None:
+    import uvicorn
+
+    from scheduler_extender.app import create_app
+    from scheduler_extender.settings import Settings
+
+    app = create_app(Settings(port=port), StaticCluster(nodes, pods))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(nodes: int, pods: int, rounds: int) -> dict[str, Any]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, __file__, "--serve", "--nodes", str(nodes), "--pods", str(pods), "--port", str(port)]
+    server = subprocess.Popen(cmd, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        with httpx.Client(base_url=base, timeout=30) as client:
+            while True:
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if server.poll() is not None or time.monotonic() - started > 600:
+                    raise RuntimeError("extender did not become ready")
+                time.sleep(0.2)
+            sync_s = time.monotonic() - started
+            time.sleep(1.0)
+            rss = rss_mb(server.pid)
+            names = [f"node-{i:05d}" for i in range(nodes)]
+            pending = pod_object(10**7, nodes * GPUS_PER_NODE, name="bench-pending")
+            pending["metadata"]["annotations"] = {
+                SystemAnnotation.RESOLVED_REQUEST.value: resolved_contract.encode(request(20_000, 8 * GI))
+            }
+            del pending["spec"]["nodeName"]
+            body = json.dumps({"Pod": pending, "Nodes": None, "NodeNames": names}).encode()
+            headers = {"Content-Type": "application/json"}
+            timings: dict[str, list[float]] = {"filter": [], "prioritize": [], "pair": []}
+            for i in range(rounds + 20):
+                t0 = time.perf_counter()
+                f = client.post("/filter", content=body, headers=headers)
+                t1 = time.perf_counter()
+                p = client.post("/prioritize", content=body, headers=headers)
+                t2 = time.perf_counter()
+                assert f.status_code == 200 and len(f.json()["NodeNames"]) == nodes, f.text[:200]
+                assert p.status_code == 200 and len(p.json()) == nodes
+                if i >= 20:  # warm-up excluded
+                    timings["filter"].append(t1 - t0)
+                    timings["prioritize"].append(t2 - t1)
+                    timings["pair"].append(t2 - t0)
+            rss_after = rss_mb(server.pid)
+    finally:
+        server.terminate()
+        server.wait(10)
+    result: dict[str, Any] = {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "pods": pods, "sync_s": round(sync_s, 1)}
+    for verb, values in timings.items():
+        result[f"{verb}_p50_ms"] = round(statistics.median(values) * 1000, 2)
+        result[f"{verb}_p99_ms"] = round(percentile(values, 0.99) * 1000, 2)
+    result["decisions_per_s"] = round(1 / statistics.mean(timings["pair"]), 1)
+    result["rss_mb_ready"] = round(rss, 1)
+    result["rss_mb_after"] = round(rss_after, 1)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, action="append", help="node counts (default 1000 and 5000)")
+    parser.add_argument("--pods", type=int, help="pods with allocations (default 1.25 × GPUs)")
+    parser.add_argument("--rounds", type=int, default=200, help="filter+prioritize pairs measured per size")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.nodes[0], args.pods, args.port)
+        return
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line),
+        platform.processor(),
+    )
+    print(f"hardware: {cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; client and server on one host")
+    for nodes in args.nodes or [1000, 5000]:
+        pods = args.pods or nodes * GPUS_PER_NODE * 5 // 4
+        print(json.dumps(measure(nodes, pods, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
