@@ -138,20 +138,20 @@ class StaticCluster:
             return Listing([node_object(i) for i in range(self.nodes)], "1")
         return Listing([pod_object(j, gpus) for j in range(self.pods)], "1")
 
-    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG002
         self.stop.wait(timeout_seconds)
         return iter(())
 
-    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+    def get_pod(self, namespace: str, name: str) -> RawObject | None:  # noqa: ARG002
         return None
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:  # noqa: ARG002
         return None
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:  # noqa: ARG002
         return None
 
-    def record_event(self, event: PodEvent) -> None:
+    def record_event(self, event: PodEvent) -> None:  # noqa: ARG002
         return None
 
 
@@ -251,10 +251,8 @@ def main() -> None:
     if args.serve:
         serve(args.nodes[0], args.pods, args.port)
         return
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line),
-        platform.processor(),
-    )
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), platform.processor())
     print(f"hardware: {cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; client and server on one host")
     for nodes in args.nodes or [1000, 5000]:
         pods = args.pods or nodes * GPUS_PER_NODE * 5 // 4
