@@ -1,0 +1,209 @@
+"""The whole local cluster: control plane, deploy/ manifests, our three binaries, GPU nodes.
+
+WHY: one object that a pytest session fixture and ``scripts/demo`` both use, so the demo shows
+exactly what the tests check. It starts things in dependency order and stops them in reverse:
+our components and the kubelet first, then the scheduler and controllers, the API server, etcd.
+Our binaries run from their console scripts with service-account tokens, so the admission
+policies in deploy/ judge them as they would in a cluster.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+
+from vgpu.names import (
+    CRD_GROUP,
+    CRD_VERSION,
+    DEFAULT_POOL,
+    KIND_GPU_POOL,
+    LABEL_NODE_POOL,
+    RESOURCE_VGPU,
+    EnforcementBackend,
+)
+
+from . import deploy
+from .binaries import ensure_binaries
+from .control_plane import ControlPlane
+from .fake_nodes import SLICES_PER_GPU, FakeGpu, add_fake_node, fake_nvml_yaml
+from .kube import api_client, apply, ensure_namespace, eventually, service_account_token, untaint_not_ready
+from .node import KubeletNode
+from .pki import write_kubeconfig
+from .procs import Proc, free_port, tail, tcp_listening, wait_until
+
+VENV_BIN = Path(sys.executable).parent
+REAL_NODE = "tf-e2e-gpu-0"
+TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
+
+
+@dataclass
+class Cluster(AbstractContextManager["Cluster"]):
+    """``with Cluster(gpus=...) as c:`` gives a running cluster; leaving the block stops everything."""
+
+    gpus: tuple[FakeGpu, ...]
+    keep_root: bool = False
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tf-e2e-")))
+    cp: ControlPlane | None = None
+    node: KubeletNode | None = None
+    ours: dict[str, Proc] = field(default_factory=dict)
+    kubeconfigs: dict[str, Path] = field(default_factory=dict)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.dump_logs()
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        if et is not None:
+            self.dump_logs()
+        self.stop()
+
+    def start(self) -> None:
+        bin_dir = ensure_binaries()
+        self.extender_port, self.webhook_port = free_port(), free_port()
+        self.cp = ControlPlane(bin_dir, self.root / "control-plane")
+        node_kubeconfig = self.cp.add_identity(f"system:node:{REAL_NODE}", ("system:nodes",))
+        self.tenant_kubeconfig = self.cp.add_identity(TENANT, ())
+        self.cp.start()
+        self.admin = api_client(self.cp.kubeconfig("admin"))
+        self.core = CoreV1Api(self.admin)
+        ensure_namespace(self.admin, deploy.system_namespace())
+        apply(self.admin, deploy.cluster_objects())
+        for component, (namespace, account) in deploy.service_accounts().items():
+            self.kubeconfigs[component] = self._service_account_kubeconfig(component, namespace, account)
+        self.ensure_pool(DEFAULT_POOL)
+        self._start_webhook()
+        self.start_extender()
+        extender_url = f"http://127.0.0.1:{self.extender_port}{deploy.EXTENDER_PREFIX}"
+        self.cp.start_scheduler(self.kubeconfigs["extender"], extender_url)
+        assert self.cp.pki is not None
+        pool_label = {LABEL_NODE_POOL: DEFAULT_POOL}  # how an operator puts a node in a pool
+        self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
+        self.node.start()
+        self._start_device_plugin()
+        self.wait_node_ready(REAL_NODE)
+
+    def _service_account_kubeconfig(self, component: str, namespace: str, account: str) -> Path:
+        assert self.cp is not None and self.cp.pki is not None
+        token = service_account_token(self.admin, namespace, account)
+        path = self.root / f"kubeconfig-{component}"
+        return write_kubeconfig(path, self.cp.server, self.cp.pki.ca_crt, token, f"{namespace}:{account}")
+
+    def _ours(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.root / "logs" / f"{name}.log").start()
+        self.ours[name] = proc
+        return proc
+
+    def _start_webhook(self) -> None:
+        assert self.cp is not None and self.cp.pki is not None
+        cert, key = self.cp.pki.serving_pair("webhook")
+        proc = self._ours(
+            "tf-webhook",
+            [
+                str(VENV_BIN / "tf-webhook"),
+                "--host=127.0.0.1",
+                f"--port={self.webhook_port}",
+                f"--tls-cert-file={cert}",
+                f"--tls-key-file={key}",
+                f"--kubeconfig={self.kubeconfigs['webhook']}",
+            ],
+        )
+        wait_until("tf-webhook port", lambda: tcp_listening(self.webhook_port), 60, [proc])
+        apply(self.admin, deploy.webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", self.cp.pki.ca_crt))
+
+    def start_extender(self) -> Proc:
+        proc = self._ours(
+            "tf-extender",
+            [
+                str(VENV_BIN / "tf-extender"),
+                "--host=127.0.0.1",
+                f"--port={self.extender_port}",
+                f"--url-prefix={deploy.EXTENDER_PREFIX}",
+                f"--kubeconfig={self.kubeconfigs['extender']}",
+            ],
+        )
+        wait_until("tf-extender port", lambda: tcp_listening(self.extender_port), 60, [proc])
+        return proc
+
+    def _start_device_plugin(self) -> None:
+        assert self.node is not None
+        config = self.root / "fake-nvml.yaml"
+        config.write_text(fake_nvml_yaml(self.gpus))
+        self._ours(
+            "tf-device-plugin",
+            [
+                str(VENV_BIN / "tf-device-plugin"),
+                f"--node-name={REAL_NODE}",
+                f"--fake-gpus={config}",
+                f"--plugin-dir={self.node.device_plugin_dir}",
+                f"--podresources-socket={self.node.pod_resources_socket}",
+                f"--slices-per-gpu={SLICES_PER_GPU}",
+                f"--backend={EnforcementBackend.HAMI_CORE.value}",
+                "--metrics-port=0",
+                f"--kubeconfig={self.kubeconfigs['device-plugin']}",
+            ],
+        )
+
+    def wait_node_ready(self, name: str, timeout: float = 90) -> Any:
+        """Ready, our devices advertised, and the kubelet's initial not-ready taint cleared."""
+
+        def ready() -> Any:
+            n = self.core.read_node(name)
+            conditions = {c.type: c.status for c in (n.status.conditions or [])}
+            vgpu = int((n.status.allocatable or {}).get(RESOURCE_VGPU, "0"))
+            return n if conditions.get("Ready") == "True" and vgpu > 0 else None
+
+        node = eventually(f"node {name} Ready with {RESOURCE_VGPU}", ready, timeout)
+        untaint_not_ready(self.core, name)
+        return node
+
+    def add_fake_node(self, name: str, gpus: tuple[FakeGpu, ...], pool: str = DEFAULT_POOL) -> None:
+        """A Node without a kubelet, in ``pool``, whose inventory the device plugin's identity writes."""
+        self.ensure_pool(pool)
+        add_fake_node(self.admin, api_client(self.kubeconfigs["device-plugin"]), name, gpus, pool)
+
+    def ensure_pool(self, pool: str) -> None:
+        """The GPUPool an operator creates before nodes join it (the default one is deploy/examples/')."""
+        shipped = [d for d in deploy.examples() if d["kind"] == KIND_GPU_POOL and d["metadata"]["name"] == pool]
+        selector = {"nodeSelector": {LABEL_NODE_POOL: pool}}
+        doc = shipped[0] if shipped else {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": KIND_GPU_POOL,
+                                          "metadata": {"name": pool}, "spec": selector}  # fmt: skip
+        apply(self.admin, [doc])
+
+    def namespace(self, name: str) -> str:
+        ensure_namespace(self.admin, name)
+        return name
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.ours.values())):
+            proc.stop()
+        if self.node is not None:
+            self.node.stop()
+        if self.cp is not None:
+            self.cp.stop()
+        leftover = [p.name for p in self.all_procs() if p.alive()]
+        if not self.keep_root and not leftover:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def all_procs(self) -> list[Proc]:
+        procs = list(self.ours.values())
+        procs += self.node.procs if self.node else []
+        procs += self.cp.procs if self.cp else []
+        return procs
+
+    def dump_logs(self, lines: int = 60) -> None:
+        for proc in self.all_procs():
+            print(f"\n----- {proc.name}: {proc.log} (last {lines} lines)\n{tail(proc.log, lines)}", file=sys.stderr)

@@ -1,0 +1,48 @@
+"""Fixtures of the end-to-end tier: one local cluster per session, logs shown when a test fails.
+
+The cluster (see cluster.py) has one real kubelet node with 4 fake A100s driven by our device
+plugin; scenarios add kubelet-less fake GPU nodes for pool, model and capacity cases.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import CoreV1Api
+
+from .cluster import Cluster
+from .fake_nodes import gpus
+from .procs import tail
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the e2e tier runs a real kubelet: it needs root and unshare(1)")
+    with Cluster(gpus=gpus("e2e0", 4)) as running:
+        yield running
+
+
+@pytest.fixture
+def core(cluster: Cluster) -> CoreV1Api:
+    return cluster.core
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    running = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(running, Cluster):
+        for proc in running.all_procs():
+            report.sections.append((f"log of {proc.name} ({proc.log})", tail(proc.log, 80)))

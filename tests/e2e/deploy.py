@@ -1,0 +1,108 @@
+"""The manifests the e2e cluster takes from deploy/, with only the loopback addresses changed.
+
+WHY: the tier must test what operators install — the CRDs, RBAC, admission policies, webhook
+configuration and KubeSchedulerConfiguration shipped in deploy/ — not a copy that can drift.
+Our binaries run as local processes instead of the shipped Deployments/DaemonSet, so those are
+left out, and the webhook configuration's in-cluster Service reference becomes a loopback URL
+with our test CA as its caBundle. Everything else is applied as shipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from .kube import load_docs
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+CRDS = DEPLOY / "crds"
+MANIFESTS = DEPLOY / "manifests"
+EXAMPLES = DEPLOY / "examples"
+SCHEDULER_CONFIG = DEPLOY / "scheduler-config.yaml"
+EXTENDER_PREFIX = "/extender"  # the shipped chart serves the verbs under 127.0.0.1:8080/extender
+
+# Kinds that run our binaries in a real cluster; the harness runs them as processes instead.
+WORKLOAD_KINDS = frozenset({"Deployment", "DaemonSet", "Service", "Pod", "Secret"})
+WEBHOOK_KINDS = frozenset({"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"})
+# The shipped manifests get the webhook certificate from cert-manager; the harness signs its own.
+SKIPPED_GROUPS = ("cert-manager.io/",)
+_FIRST = {"Namespace": 0, "CustomResourceDefinition": 1}
+
+# Which of the shipped ServiceAccounts each of our processes runs as, by a word in its name.
+COMPONENT_ACCOUNT_WORDS = {"extender": ("extender", "scheduler"), "webhook": ("webhook",), "device-plugin": ("plugin",)}
+
+
+def _shipped() -> list[dict[str, Any]]:
+    paths = sorted(CRDS.glob("*.yaml")) + sorted(MANIFESTS.glob("*.yaml"))
+    if not paths:
+        raise FileNotFoundError(f"no manifests under {CRDS} and {MANIFESTS}")
+    return [d for d in load_docs(paths) if not d["apiVersion"].startswith(SKIPPED_GROUPS)]
+
+
+def cluster_objects() -> list[dict[str, Any]]:
+    """CRDs first, then RBAC, policies, priority classes… (the namespace is created separately)."""
+    docs = [d for d in _shipped() if d["kind"] not in WORKLOAD_KINDS | WEBHOOK_KINDS]
+    return sorted(docs, key=lambda d: _FIRST.get(d["kind"], 2))
+
+
+def system_namespace() -> str:
+    """The namespace the shipped ServiceAccounts live in (README: ``kubectl create ns`` it first)."""
+    return str(next(d["metadata"]["namespace"] for d in _shipped() if d["kind"] == "ServiceAccount"))
+
+
+def service_accounts() -> dict[str, tuple[str, str]]:
+    """component -> (namespace, ServiceAccount name) as shipped."""
+    accounts = [d["metadata"] for d in _shipped() if d["kind"] == "ServiceAccount"]
+    found: dict[str, tuple[str, str]] = {}
+    for component, words in COMPONENT_ACCOUNT_WORDS.items():
+        for meta in accounts:
+            if any(w in meta["name"] for w in words):
+                found[component] = (meta["namespace"], meta["name"])
+                break
+        else:
+            raise LookupError(f"deploy/ ships no ServiceAccount for the {component} (names with {words})")
+    return found
+
+
+def webhook_configurations(base_url: str, ca: Path) -> list[dict[str, Any]]:
+    """The shipped webhook configurations, calling ``base_url`` + the shipped path, trusting ``ca``."""
+    bundle = base64.b64encode(ca.read_bytes()).decode()
+    out: list[dict[str, Any]] = []
+    for doc in _shipped():
+        if doc["kind"] not in WEBHOOK_KINDS:
+            continue
+        doc = copy.deepcopy(doc)
+        for hook in doc.get("webhooks", []):
+            shipped = hook.get("clientConfig", {})
+            path = shipped.get("service", {}).get("path") or urlsplit(shipped.get("url", "")).path
+            hook["clientConfig"] = {"url": base_url + path, "caBundle": bundle}
+        out.append(doc)
+    if not out:
+        raise LookupError("deploy/ ships no webhook configuration")
+    return out
+
+
+def scheduler_config(kubeconfig: Path, extender_url: str) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration with its two placeholders filled in, and nothing else."""
+    text = SCHEDULER_CONFIG.read_text()
+    for placeholder in ("__KUBECONFIG__", "__EXTENDER_URL__"):
+        if placeholder not in text:
+            raise LookupError(f"{SCHEDULER_CONFIG} lacks the placeholder {placeholder}")
+    text = text.replace("__KUBECONFIG__", str(kubeconfig)).replace("__EXTENDER_URL__", extender_url)
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config
+
+
+_EXAMPLE_ORDER = {"GPUPool": 0, "WorkloadProfile": 1}
+
+
+def examples() -> list[dict[str, Any]]:
+    """deploy/examples/ in the order its README applies them: pool, profile, then the Deployment."""
+    docs = load_docs(sorted(EXAMPLES.glob("*.yaml")))
+    return sorted(docs, key=lambda d: _EXAMPLE_ORDER.get(d["kind"], 2))

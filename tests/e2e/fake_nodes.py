@@ -1,0 +1,86 @@
+"""Fake GPUs: the device plugin's fake-NVML file, and GPU Nodes that have no kubelet.
+
+WHY: one real kubelet node proves the device-plugin path; pool, model and capacity scenarios
+need several nodes with different GPUs, which cost nothing as plain Node objects. Such a node is
+what the extender would see from a real one: Ready, an allocatable ``tensor-fusion.ai/vgpu``
+count, the device plugin's pool/model labels, and the inventory annotation encoded with the shared
+contract and written with the device plugin's own service-account identity (the admission policy
+lets no one else write it). Pods bound to such a node are scheduled but never run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import yaml
+from kubernetes.client import ApiClient, CoreV1Api
+
+from device_plugin.publisher import node_labels
+from vgpu import catalog
+from vgpu.contract import inventory
+from vgpu.names import RESOURCE_VGPU, EnforcementBackend
+
+MIB = 1024 * 1024
+SLICES_PER_GPU = 16
+
+
+@dataclass(frozen=True, slots=True)
+class FakeGpu:
+    """One fake GPU, by NVML product name (TFLOPS and VRAM come from the catalog)."""
+
+    uuid: str
+    index: int
+    name: str = "NVIDIA A100-SXM4-80GB"
+
+    @property
+    def model(self) -> catalog.GpuModel:
+        found = catalog.builtin().lookup(self.name)
+        if found is None:
+            raise ValueError(f"{self.name!r} is not in the GPU catalog")
+        return found
+
+
+def gpus(prefix: str, count: int, name: str = "NVIDIA A100-SXM4-80GB") -> tuple[FakeGpu, ...]:
+    """``count`` GPUs with recognisable UUIDs: GPU-<prefix>-0000…0, …1, …"""
+    return tuple(FakeGpu(f"GPU-{prefix}-{i:012d}", i, name) for i in range(count))
+
+
+def fake_nvml_yaml(fake: tuple[FakeGpu, ...]) -> str:
+    """The device plugin's fake-NVML file (device_plugin/fake_probe.py format)."""
+    doc = {
+        "gpus": [
+            {"uuid": g.uuid, "index": g.index, "name": g.name, "memoryMiB": g.model.memory_mib, "numa": 0} for g in fake
+        ]
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def add_fake_node(admin: ApiClient, plugin: ApiClient, name: str, fake: tuple[FakeGpu, ...], pool: str) -> None:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    inv = inventory.NodeInventory(
+        node=name,
+        pool=pool,
+        slices_per_gpu=SLICES_PER_GPU,
+        backend=EnforcementBackend.HAMI_CORE,
+        heartbeat=now,
+        gpus=tuple(
+            inventory.GpuInfo(
+                uuid=g.uuid,
+                index=g.index,
+                model=g.model.key,
+                tflops=g.model.tflops_milli,
+                vram=g.model.memory_mib * MIB,
+            )
+            for g in fake
+        ),
+    )
+    core = CoreV1Api(admin)
+    labels = {"kubernetes.io/hostname": name, **node_labels(inv)}
+    core.create_node({"metadata": {"name": name, "labels": labels}})
+    slots = str(len(fake) * SLICES_PER_GPU)
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", RESOURCE_VGPU: slots}
+    ready = {"type": "Ready", "status": "True", "reason": "FakeGpuNode", "lastHeartbeatTime": now,
+             "lastTransitionTime": now}  # fmt: skip
+    core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}})
+    CoreV1Api(plugin).patch_node(name, {"metadata": {"annotations": {inventory.KEY: inventory.encode(inv)}}})

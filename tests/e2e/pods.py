@@ -1,0 +1,74 @@
+"""GPU pods as a user writes them, and what a user reads back from them.
+
+WHY: every scenario creates pods with the TensorFusion interface (the opt-in label plus
+annotations) and then checks the same things: where the pod went, which GPU share the extender
+recorded on it, and which env its container was created with. Keeping the builders and readers
+here keeps each scenario to what it asserts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+
+from vgpu.contract import allocation
+from vgpu.names import LABEL_ENABLED, Annotation, Env
+
+from .node import KubeletNode
+
+IMAGE = "registry.local/cuda-app:1.0"
+
+
+def gpu_pod(
+    name: str,
+    annotations: Mapping[Annotation | str, str],
+    containers: tuple[str, ...] = ("main",),
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod that opts in with the label and asks for a GPU share through annotations."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_ENABLED: "true", **(labels or {})},
+            "annotations": {str(k): v for k, v in annotations.items()},
+        },
+        "spec": {
+            "containers": [{"name": c, "image": IMAGE} for c in containers],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def allocation_of(pod: Any) -> allocation.PodAllocation:
+    """The allocation the extender recorded on the pod at bind."""
+    text = (pod.metadata.annotations or {}).get(allocation.KEY)
+    assert text, f"pod {pod.metadata.name} carries no {allocation.KEY} annotation"
+    return allocation.decode(text)
+
+
+def created_env(node: KubeletNode | None, pod: Any, container: str) -> dict[str, str]:
+    """The env the kubelet created ``container`` of ``pod`` with (latest attempt), from the fake CRI."""
+    assert node is not None, "the cluster has no kubelet node"
+    records = [r for r in node.creates() if r["podUid"] == pod.metadata.uid and r["container"] == container]
+    assert records, f"the runtime never created {pod.metadata.name}/{container}"
+    env: dict[str, str] = records[-1]["env"]
+    return env
+
+
+def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodAllocation) -> None:
+    """The container sees exactly its granted GPUs, each capped at its granted limits."""
+    uuids = [g.uuid for g in alloc.gpus]
+    assert env.get(Env.NVIDIA_VISIBLE_DEVICES) == ",".join(uuids), (env, uuids)
+    mem = json.loads(env[Env.TF_MEM_LIMIT])
+    tflops = json.loads(env[Env.TF_UP_LIMIT_TFLOPS])
+    assert set(mem) == set(uuids) and set(tflops) == set(uuids), (mem, tflops, uuids)
+
+
+def node_of(core: CoreV1Api, namespace: str, name: str) -> str:
+    node: str = core.read_namespaced_pod(name, namespace).spec.node_name
+    return node

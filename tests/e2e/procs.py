@@ -1,0 +1,134 @@
+"""Child processes of the end-to-end cluster: started with their logs on disk, stopped by PID.
+
+WHY: the tier runs a dozen long-lived programs (etcd, the API server, the scheduler, the kubelet,
+the fake runtime, our three binaries). A failed test must leave nothing listening and must show
+what each program said, so every process gets its own log file, a bounded stop (SIGTERM, then
+SIGKILL), and the harness waits for each one to answer before using it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class StartupError(RuntimeError):
+    """A process died or never became ready; the message carries the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class Proc:
+    """One child process with its log file."""
+
+    name: str
+    argv: Sequence[str]
+    log: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> Proc:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"\n=== start: {' '.join(self.argv)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                list(self.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, f"{self.name} was never started"
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self.popen.returncode if self.popen else None
+            raise StartupError(f"{self.name} exited with {code}; last log lines:\n{tail(self.log)}")
+
+    def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        """Signal the process by PID, wait a bounded time, then SIGKILL it."""
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.popen.pid, sig)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        self.stop(timeout=10, sig=signal.SIGKILL)
+
+
+def wait_until(
+    what: str, probe: Callable[[], bool], timeout: float, procs: Sequence[Proc] = (), every: float = 0.2
+) -> None:
+    """Poll ``probe`` until it is true; fail fast if one of ``procs`` died meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for p in procs:
+            p.check_alive()
+        with contextlib.suppress(Exception):
+            if probe():
+                return
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name} ({p.log}):\n{tail(p.log)}" for p in procs)
+            raise StartupError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+        time.sleep(every)
+
+
+def http_ok(url: str, ca: Path | None = None, token: str | None = None) -> bool:
+    """True when ``url`` answers 200 (TLS checked against ``ca`` when given)."""
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def tcp_listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0

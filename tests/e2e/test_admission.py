@@ -1,0 +1,96 @@
+"""What a tenant meets at admission: bad annotations are refused by name; allocations cannot be forged.
+
+The tenant is an ordinary user with the ``edit`` role in one namespace, as in a shared cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from kubernetes.client import ApiException, CoreV1Api, RbacAuthorizationV1Api
+
+from vgpu.contract import allocation
+from vgpu.names import Annotation, Qos
+
+from .cluster import REAL_NODE, TENANT, Cluster
+from .kube import api_client, wait_bound
+from .pods import gpu_pod
+
+NAMESPACE = "e2e-tenant"
+SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
+
+
+@pytest.fixture(scope="module")
+def tenant(cluster: Cluster) -> CoreV1Api:
+    cluster.namespace(NAMESPACE)
+    binding = {
+        "metadata": {"name": "tenant-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    }
+    RbacAuthorizationV1Api(cluster.admin).create_namespaced_role_binding(NAMESPACE, binding)
+    return CoreV1Api(api_client(cluster.tenant_kubeconfig))
+
+
+def forged(pod_uid: str) -> str:
+    return allocation.encode(
+        allocation.PodAllocation(
+            pod_uid=pod_uid,
+            node=REAL_NODE,
+            pool="default-pool",
+            qos=Qos.CRITICAL,
+            containers=("main",),
+            gpus=(
+                allocation.GpuGrant(
+                    uuid="GPU-e2e0-000000000000",
+                    index=0,
+                    tflops_request=312_000,
+                    tflops_limit=312_000,
+                    vram_request=80 << 30,
+                    vram_limit=80 << 30,
+                    gpu_tflops=312_000,
+                ),
+            ),
+            bound_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+    )
+
+
+def test_bad_annotation_is_denied_naming_the_key(tenant: CoreV1Api) -> None:
+    pod = gpu_pod("bad-tflops", {Annotation.TFLOPS_REQUEST: "lots", Annotation.VRAM_REQUEST: "1Gi"})
+    with pytest.raises(ApiException) as denied:
+        tenant.create_namespaced_pod(NAMESPACE, pod)
+    assert denied.value.status in (400, 403, 422)
+    assert Annotation.TFLOPS_REQUEST.value in denied.value.body
+
+
+def test_request_above_limit_is_denied_naming_the_key(tenant: CoreV1Api) -> None:
+    pod = gpu_pod("above-limit", {Annotation.VRAM_REQUEST: "8Gi", Annotation.VRAM_LIMIT: "4Gi"})
+    with pytest.raises(ApiException) as denied:
+        tenant.create_namespaced_pod(NAMESPACE, pod)
+    assert Annotation.VRAM_REQUEST.value in denied.value.body or Annotation.VRAM_LIMIT.value in denied.value.body
+
+
+def test_forged_allocation_on_create_never_reaches_the_pod(tenant: CoreV1Api, core: CoreV1Api) -> None:
+    pod = gpu_pod("forged-create", {**SHARE, allocation.KEY: forged("0000")})
+    try:
+        tenant.create_namespaced_pod(NAMESPACE, pod)
+    except ApiException as denied:
+        assert allocation.KEY in denied.body
+        return
+    # Admitted without it: the webhook stripped the tenant's value, and the extender wrote its own.
+    bound = wait_bound(core, NAMESPACE, "forged-create")
+    stored = (bound.metadata.annotations or {}).get(allocation.KEY)
+    assert stored is not None and allocation.decode(stored).pod_uid == bound.metadata.uid
+
+
+def test_forged_allocation_patch_is_denied(tenant: CoreV1Api, core: CoreV1Api) -> None:
+    tenant.create_namespaced_pod(NAMESPACE, gpu_pod("forged-patch", SHARE))
+    uid = core.read_namespaced_pod("forged-patch", NAMESPACE).metadata.uid
+    with pytest.raises(ApiException) as denied:
+        tenant.patch_namespaced_pod(
+            "forged-patch", NAMESPACE, {"metadata": {"annotations": {allocation.KEY: forged(uid)}}}
+        )
+    assert denied.value.status in (403, 422)
+    assert allocation.KEY in denied.value.body

@@ -1,0 +1,107 @@
+"""Many pods at once onto the one kubelet node (4× A100), with and without the extender crashing.
+
+What an operator checks afterwards: no GPU is promised more TFLOPS or VRAM than it has, every
+running pod's container sees exactly the GPU share recorded on it, and pods still Pending are
+Pending because the node is really full, not because capacity leaked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import CoreV1Api
+
+from vgpu.contract import allocation
+from vgpu.names import Annotation
+from vgpu.quantity import parse_bytes, parse_milli
+
+from .cluster import REAL_NODE, Cluster
+from .kube import eventually
+from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+
+TFLOPS, VRAM = "30", "4Gi"  # 10 pods per A100 by TFLOPS (312), 20 by VRAM
+
+
+def settle(core: CoreV1Api, namespace: str, count: int, timeout: float) -> list[Any]:
+    """Wait until every pod is Running or unbound Pending, and stays so for a few seconds."""
+    last: tuple[int, int] | None = None
+
+    def probe() -> list[Any] | None:
+        nonlocal last
+        pods = core.list_namespaced_pod(namespace).items
+        running = sum(p.status.phase == "Running" for p in pods)
+        waiting = sum(p.status.phase == "Pending" and not p.spec.node_name for p in pods)
+        state = (running, waiting)
+        done = len(pods) == count and running + waiting == count and state == last
+        last = state
+        return pods if done else None
+
+    return eventually(f"{count} pods in {namespace} settled", probe, timeout=timeout, every=4)
+
+
+def node_ledger(core: CoreV1Api) -> dict[str, tuple[int, int]]:
+    """Per GPU UUID on the kubelet node: (TFLOPS milli, VRAM bytes) requested by live pods."""
+    used: dict[str, tuple[int, int]] = {}
+    for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={REAL_NODE}").items:
+        text = (pod.metadata.annotations or {}).get(allocation.KEY)
+        if not text or pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        for grant in allocation.decode(text).gpus:
+            t, v = used.get(grant.uuid, (0, 0))
+            used[grant.uuid] = (t + grant.tflops_request, v + grant.vram_request)
+    return used
+
+
+def check_invariants(cluster: Cluster, core: CoreV1Api, pods: list[Any]) -> None:
+    capacity = {g.uuid: (g.model.tflops_milli, g.model.memory_mib << 20) for g in cluster.gpus}
+    used = node_ledger(core)
+    for uuid, (tflops, vram) in used.items():
+        assert tflops <= capacity[uuid][0] and vram <= capacity[uuid][1], f"{uuid} over-committed: {used[uuid]}"
+    running = [p for p in pods if p.status.phase == "Running"]
+    assert running, "no pod of the burst runs"
+    for pod in running:
+        alloc = allocation_of(pod)
+        assert alloc.pod_uid == pod.metadata.uid and alloc.node == REAL_NODE
+        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), alloc)
+    if len(running) < len(pods):  # someone waits: then no GPU may have room for one more pod
+        room = [u for u, (cap_t, cap_v) in capacity.items() if cap_t - used.get(u, (0, 0))[0] >= parse_milli(TFLOPS)
+                and cap_v - used.get(u, (0, 0))[1] >= parse_bytes(VRAM)]  # fmt: skip
+        assert not room, f"pods are Pending while GPUs {room} have room: capacity leaked"
+
+
+def burst(core: CoreV1Api, namespace: str, count: int) -> None:
+    share = {Annotation.TFLOPS_REQUEST: TFLOPS, Annotation.VRAM_REQUEST: VRAM}
+    for i in range(count):
+        core.create_namespaced_pod(namespace, gpu_pod(f"burst-{i:02d}", share))
+
+
+@pytest.fixture
+def fresh(cluster: Cluster, core: CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of its own, emptied afterwards so the node's GPUs are free for the next scenario."""
+    name = cluster.namespace(f"e2e-{request.node.name.replace('_', '-')[5:40].strip('-')}")
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    eventually(f"pods of {name} gone", lambda: not core.list_namespaced_pod(name).items, timeout=120)
+
+
+@pytest.mark.timeout(420)
+def test_burst_of_50_never_overcommits_and_every_env_matches(cluster: Cluster, core: CoreV1Api, fresh: str) -> None:
+    burst(core, fresh, 50)
+    pods = settle(core, fresh, 50, timeout=300)
+    check_invariants(cluster, core, pods)
+
+
+@pytest.mark.timeout(420)
+def test_extender_killed_mid_burst_loses_and_duplicates_nothing(cluster: Cluster, core: CoreV1Api, fresh: str) -> None:
+    burst(core, fresh, 30)
+    eventually(
+        "a few pods bound", lambda: sum(bool(p.spec.node_name) for p in core.list_namespaced_pod(fresh).items) >= 5
+    )
+    cluster.ours["tf-extender"].kill()
+    time.sleep(3)
+    cluster.start_extender()
+    pods = settle(core, fresh, 30, timeout=300)
+    check_invariants(cluster, core, pods)

@@ -1,0 +1,104 @@
+"""Where pods land and what they get: profiles, GPU model and pool, several GPUs, and a full pool.
+
+Besides the real kubelet node (4× A100, default pool) this module adds kubelet-less nodes:
+pool ``e2e-models`` with an H100 node and a T4 node, and pool ``e2e-small`` with one L4.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client import CoreV1Api
+
+from vgpu.names import (
+    CRD_GROUP,
+    CRD_VERSION,
+    KIND_WORKLOAD_PROFILE,
+    RESOURCE_VGPU,
+    Annotation,
+)
+from vgpu.quantity import parse_bytes, parse_milli
+
+from .cluster import REAL_NODE, Cluster
+from .fake_nodes import FakeGpu, gpus
+from .kube import apply, events_for, eventually, wait_bound, wait_running
+from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+
+NAMESPACE = "e2e-placement"
+H100 = gpus("h100", 2, "NVIDIA H100 80GB HBM3")
+T4 = gpus("t4", 2, "Tesla T4")
+L4 = gpus("l4", 1, "NVIDIA L4")
+
+
+@pytest.fixture(scope="module")
+def ns(cluster: Cluster) -> str:
+    cluster.add_fake_node("e2e-h100", H100, pool="e2e-models")
+    cluster.add_fake_node("e2e-t4", T4, pool="e2e-models")
+    cluster.add_fake_node("e2e-small-0", L4, pool="e2e-small")
+    return cluster.namespace(NAMESPACE)
+
+
+def test_annotation_beats_workload_profile_which_fills_the_rest(cluster: Cluster, core: CoreV1Api, ns: str) -> None:
+    profile = {
+        "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+        "kind": KIND_WORKLOAD_PROFILE,
+        "metadata": {"name": "training", "namespace": ns},
+        "spec": {
+            "resources": {"requests": {"tflops": "5", "vram": "3Gi"}, "limits": {"tflops": "15", "vram": "3Gi"}},
+            "qos": "medium",
+            "gpuCount": 1,
+        },
+    }
+    apply(cluster.admin, [profile], namespace=ns)
+    pod = gpu_pod("profiled", {Annotation.WORKLOAD_PROFILE: "training", Annotation.TFLOPS_REQUEST: "7"})
+    core.create_namespaced_pod(ns, pod)
+    running = wait_running(core, ns, "profiled")
+    grant = allocation_of(running).gpus[0]
+    assert grant.tflops_request == parse_milli("7"), "the pod's own annotation wins"
+    assert grant.tflops_limit == parse_milli("15"), "the profile fills what the pod left out"
+    assert grant.vram_request == grant.vram_limit == parse_bytes("3Gi")
+    assert running.spec.node_name == REAL_NODE
+    assert_env_matches_allocation(created_env(cluster.node, running, "main"), allocation_of(running))
+
+
+@pytest.mark.parametrize(("model", "node", "fleet"), [("H100", "e2e-h100", H100), ("T4", "e2e-t4", T4)])
+def test_gpu_model_and_pool_pick_the_node(
+    core: CoreV1Api, ns: str, model: str, node: str, fleet: tuple[FakeGpu, ...]
+) -> None:
+    name = f"wants-{model.lower()}"
+    annotations = {
+        Annotation.GPUPOOL: "e2e-models",
+        Annotation.GPU_MODEL: model,
+        Annotation.TFLOPS_REQUEST: "10",
+        Annotation.VRAM_REQUEST: "2Gi",
+    }
+    core.create_namespaced_pod(ns, gpu_pod(name, annotations))
+    bound = wait_bound(core, ns, name)
+    assert bound.spec.node_name == node
+    alloc = allocation_of(bound)
+    assert alloc.pool == "e2e-models" and alloc.node == node
+    assert {g.uuid for g in alloc.gpus} <= {g.uuid for g in fleet}
+
+
+def test_gpu_count_two_gets_two_distinct_gpus_in_its_env(cluster: Cluster, core: CoreV1Api, ns: str) -> None:
+    annotations = {Annotation.GPU_COUNT: "2", Annotation.TFLOPS_REQUEST: "20", Annotation.VRAM_REQUEST: "4Gi"}
+    core.create_namespaced_pod(ns, gpu_pod("two-gpus", annotations))
+    running = wait_running(core, ns, "two-gpus")
+    alloc = allocation_of(running)
+    assert len({g.uuid for g in alloc.gpus}) == 2
+    assert running.spec.containers[0].resources.limits[RESOURCE_VGPU] == "2"
+    env = created_env(cluster.node, running, "main")
+    assert_env_matches_allocation(env, alloc)
+
+
+def test_exhausted_pool_leaves_the_pod_pending_with_our_reason(core: CoreV1Api, ns: str) -> None:
+    annotations = {Annotation.GPUPOOL: "e2e-small", Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "40Gi"}
+    core.create_namespaced_pod(ns, gpu_pod("too-big", annotations))
+
+    def explained() -> list[str] | None:
+        lines = [e for e in events_for(core, ns, "too-big") if "vram" in e.lower()]
+        return lines or None
+
+    lines = eventually("an event explaining the missing VRAM", explained, timeout=60)
+    assert any("e2e-small-0" in line or "GPU-l4" in line for line in lines), lines
+    pod = core.read_namespaced_pod("too-big", ns)
+    assert pod.status.phase == "Pending" and not pod.spec.node_name
