@@ -9,6 +9,7 @@ here keeps each scenario to what it asserts.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,12 +62,23 @@ def created_env(node: KubeletNode | None, pod: Any, container: str) -> dict[str,
 
 
 def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodAllocation) -> None:
-    """The container sees exactly its granted GPUs, each capped at its granted limits."""
+    """The container sees exactly its granted GPUs, each capped at its granted limits (design §7).
+
+    The cluster's device plugin runs the hami-core backend, so HAMi's variables are checked too.
+    """
     uuids = [g.uuid for g in alloc.gpus]
     assert env.get(Env.NVIDIA_VISIBLE_DEVICES) == ",".join(uuids), (env, uuids)
     mem = json.loads(env[Env.TF_MEM_LIMIT])
     tflops = json.loads(env[Env.TF_UP_LIMIT_TFLOPS])
-    assert set(mem) == set(uuids) and set(tflops) == set(uuids), (mem, tflops, uuids)
+    percent = json.loads(env[Env.TF_UP_LIMIT])
+    assert set(mem) == set(tflops) == set(percent) == set(uuids), (mem, tflops, percent, uuids)
+    for i, grant in enumerate(alloc.gpus):
+        sm = min(100, max(1, math.ceil(grant.tflops_limit * 100 / grant.gpu_tflops)))
+        assert mem[grant.uuid] == grant.vram_limit, (grant, mem)
+        assert round(float(tflops[grant.uuid]) * 1000) == grant.tflops_limit, (grant, tflops)
+        assert percent[grant.uuid] == sm, (grant, percent)
+        assert env[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] == f"{grant.vram_limit >> 20}m", (grant, env)
+    assert env[Env.HAMI_SM_LIMIT] == str(max(int(v) for v in percent.values())), env
 
 
 def node_of(core: CoreV1Api, namespace: str, name: str) -> str:

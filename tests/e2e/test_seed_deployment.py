@@ -18,20 +18,18 @@ from .cluster import REAL_NODE, Cluster
 from .kube import apply, eventually
 from .pods import allocation_of, assert_env_matches_allocation, created_env
 
-NAMESPACE = "e2e-seed"
-
 
 def test_seed_deployment_runs_two_replicas_each_with_its_own_gpu_share(cluster: Cluster, core: CoreV1Api) -> None:
-    cluster.namespace(NAMESPACE)
     docs = deploy.examples()
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     assert deployments, "deploy/examples/ ships no Deployment"
-    apply(cluster.admin, docs, namespace=NAMESPACE)
+    namespace = deployments[0]["metadata"].get("namespace", "default")
+    apply(cluster.admin, docs, namespace=namespace)
     expected = sum(int(d["spec"].get("replicas", 1)) for d in deployments)
     assert expected == 2
 
     def running() -> list[object] | None:
-        pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_ENABLED}=true").items
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_ENABLED}=true").items
         live = [p for p in pods if p.status.phase == "Running"]
         return live if len(live) == expected else None
 

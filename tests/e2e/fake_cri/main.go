@@ -4,9 +4,9 @@
 // WHY: the end-to-end tier must prove that the env our device plugin answers at Allocate reaches
 // the container. The kubelet hands it to the runtime in CreateContainer, so this runtime appends
 // one JSON line per CreateContainer (pod, container, env, mounts, devices) to -log. Everything
-// else is k8s.io/cri-client's fake RemoteRuntime, unchanged, except that each container gets a
-// real log file (the stock fake leaves the path empty, and the kubelet's log cleanup then works
-// relative to its own working directory).
+// else is k8s.io/cri-client's fake RemoteRuntime, unchanged, except that pulled images have a
+// size (the kubelet rejects size 0) and each container gets a real log file (the stock fake leaves
+// the path empty, and the kubelet's log cleanup then works relative to its own working directory).
 package main
 
 import (
@@ -139,6 +139,8 @@ func main() {
 		log.Fatal(err)
 	}
 	runtime := fake.NewFakeRemoteRuntime()
+	// The kubelet refuses a pulled image whose size is 0, the stock fake's default.
+	runtime.ImageService.SetFakeImageSize(64 << 20)
 	runtime.RuntimeService.FakeStatus = &kubeapi.RuntimeStatus{Conditions: []*kubeapi.RuntimeCondition{
 		{Type: kubeapi.RuntimeReady, Status: true},
 		{Type: kubeapi.NetworkReady, Status: true},
