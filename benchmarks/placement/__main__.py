@@ -1,0 +1,96 @@
+"""``python -m benchmarks.placement``: reproduce the openb comparison table in one command.
+
+``--all`` runs every trace × seeds 42–51 × (BestFit, FGD, ours, ours-raw) plus the floor;
+``--quick`` two traces × two seeds for iteration. Tasks (trace, seed) run in ``--jobs`` processes.
+Prints the hardware, the trace → core mapping, the tables at arrived = 100 % and 130 %, replay
+timings, the per-decision latency of /prioritize over 1,000 nodes, and the total runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.placement.latency import measure, render
+from benchmarks.placement.protocol import SEEDS
+from benchmarks.placement.report import table, timings
+from benchmarks.placement.suite import ALL_POLICIES, DEFAULT_POLICIES, TaskResult, run_task
+from benchmarks.placement.traces import DEFAULT_TRACES, MAPPING_NOTE, NODE_FILE, TRACE_NAMES, pod_file
+
+QUICK_TRACES = ("default", "multigpu50")
+QUICK_SEEDS = (42, 43)
+
+
+def _hardware() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()} on {platform.system()} {platform.release()}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.placement", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--all", action="store_true", help="every trace, seeds 42-51 (the full table)")
+    mode.add_argument("--quick", action="store_true", help="default + multigpu50, seeds 42-43")
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder with the openb CSVs")
+    parser.add_argument("--trace", action="append", choices=TRACE_NAMES, help="only this trace (repeatable)")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], help="comma-separated seeds")
+    parser.add_argument("--policies", default=None, help=f"comma-separated, from {','.join(ALL_POLICIES)}")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes over (trace, seed) tasks")
+    parser.add_argument("--no-latency", action="store_true", help="skip the per-decision latency measurement")
+    parser.add_argument("--json", type=Path, help="also write per-run results here")
+    args = parser.parse_args(argv)
+
+    if not (args.traces / NODE_FILE).is_file():
+        parser.error(f"no openb node list under {args.traces} (use --traces)")
+    traces = args.trace or (list(QUICK_TRACES) if args.quick else list(TRACE_NAMES))
+    seeds = args.seeds or (list(QUICK_SEEDS) if args.quick else list(SEEDS))
+    policies = tuple(args.policies.split(",")) if args.policies else (ALL_POLICIES if args.quick else DEFAULT_POLICIES)
+    traces = [t for t in traces if pod_file(args.traces, t).is_file()]
+
+    start = time.perf_counter()
+    print(f"hardware: {_hardware()}")
+    print(MAPPING_NOTE)
+    print(f"traces {traces}, seeds {seeds}, policies {list(policies)}, jobs {args.jobs}", flush=True)
+    tasks = [(args.traces, t, s, policies) for t in traces for s in seeds]
+    results: list[TaskResult] = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run_task, *task) for task in tasks]
+        for done, future in enumerate(futures, 1):
+            task = future.result()
+            results.append(task)
+            cells = " ".join(f"{r.policy}={r.curve.unallocated(100):.2f}" for r in task.runs)
+            print(f"[{done}/{len(tasks)}] {task.trace} seed {task.seed}: {cells} floor={task.floor100:.2f}", flush=True)
+
+    print("\n## Unallocated GPU % at arrived = 100 %\n")
+    print(table(results, policies, 100))
+    print("\n## Unallocated GPU % at arrived = 130 %\n")
+    print(table(results, policies, 130))
+    print("\n## Replay cost\n")
+    print(timings(results))
+    if not args.no_latency:
+        print("\n## Per-decision latency: score_nodes over 1,000 nodes (openb default, arrived ≈ 80 %)\n")
+        print(render([measure(args.traces, name) for name in ("binpack", "fragmentation")]))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1, default=str))
+    print(f"\ntotal runtime {time.perf_counter() - start:.0f} s on {_hardware()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

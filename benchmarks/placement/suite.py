@@ -1,0 +1,75 @@
+"""Which policies a benchmark run compares, and one (trace, seed) task that runs all of them.
+
+The compared policies, all replayed by :mod:`scheduler_extender.core.replay` on the same pod
+sequence and node ranks:
+
+- ``bestfit`` and ``fgd``: the paper's baselines with the paper's integer scores, highest score
+  wins (:attr:`Selection.RAW`), as they ran as in-tree plugins in the paper's simulator;
+- ``ours``: our default policy through the extender path exactly as shipped — filter, raw scores,
+  ``to_extender_scores`` (0–10) × weight × 10, equal totals to the node rank;
+- ``ours-raw``: the same policy picked by its float score (what 0–10 costs, if anything);
+- ``ours-top1``: the extender path with the filter keeping only the best node (``top_nodes``).
+
+A task also computes the GPU-bin floor of its pod sequence at arrived = 100 % and 130 %.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.placement.baselines import FGD, BestFit, typical_shapes
+from benchmarks.placement.floor import arrived_prefix, floor_unallocated
+from benchmarks.placement.protocol import prepare
+from benchmarks.placement.runner import RunResult, run_one
+from benchmarks.placement.traces import MILLI, NODE_FILE, TracePod, pod_file, read_nodes, read_pods
+from scheduler_extender.core.fragmentation import FragmentationPolicy
+from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.replay import ReplayConfig, Selection
+
+EXTENDER = ReplayConfig(selection=Selection.EXTENDER)
+RAW = ReplayConfig(selection=Selection.RAW)
+TOP1 = ReplayConfig(selection=Selection.EXTENDER, keep=1)
+
+ALL_POLICIES = ("bestfit", "fgd", "ours", "ours-raw", "ours-top1")
+DEFAULT_POLICIES = ("bestfit", "fgd", "ours", "ours-raw")
+
+
+def policy_factory(name: str, pods: Sequence[TracePod]) -> tuple[Callable[[], Policy], ReplayConfig]:
+    if name == "bestfit":
+        return BestFit, RAW
+    if name == "fgd":
+        shapes = typical_shapes(pods)
+        return (lambda: FGD(shapes)), RAW
+    if name == "ours":
+        return FragmentationPolicy, EXTENDER
+    if name == "ours-raw":
+        return FragmentationPolicy, RAW
+    if name == "ours-top1":
+        return FragmentationPolicy, TOP1
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    trace: str
+    seed: int
+    runs: tuple[RunResult, ...]
+    floor100: float
+    floor130: float
+
+
+def run_task(traces: Path, trace: str, seed: int, policies: Sequence[str]) -> TaskResult:
+    """Every policy on one (trace, seed), plus the floor of that pod sequence."""
+    nodes = read_nodes(traces / NODE_FILE)
+    pods = read_pods(pod_file(traces, trace))
+    gpus = sum(n.gpus for n in nodes)
+    runs = []
+    for name in policies:
+        factory, config = policy_factory(name, pods)
+        runs.append(run_one(name, factory, config, trace, nodes, pods, seed))
+    work = prepare(pods, len(nodes), gpus * MILLI, seed)
+    f100 = floor_unallocated(arrived_prefix(work.pods, gpus * MILLI, 100.0), gpus)
+    f130 = floor_unallocated(arrived_prefix(work.pods, gpus * MILLI, 130.0), gpus)
+    return TaskResult(trace, seed, tuple(runs), f100, f130)
