@@ -10,8 +10,11 @@ gets that error as every node's reason, so the user sees it in the pod's FailedS
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_, is_not
+from typing import cast
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.demand import demand_from_request
@@ -141,7 +144,7 @@ class Verbs:
         best = top_nodes(raw, 1)
         if best:
             self._reserve_tentatively(pod, demand, snapshot, best[0])
-        return {n: scores.get(n, 0) for n in nodes.names}
+        return dict(zip(nodes.names, map(scores.get, nodes.names, repeat(0)), strict=True))
 
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = candidate_victims(args)
@@ -173,29 +176,36 @@ class Verbs:
 
     def _filter(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
         """The core's filter, asked only about nodes whose state changed since it last judged this request."""
-        key = pod.request_text
-        hits, misses = self.verdicts.split(key, names, snapshot.nodes)
-        fresh = filter_nodes(demand, snapshot, misses, self.catalog).reasons() if misses else {}
-        computed = {n: fresh.get(n) for n in misses}
-        self.verdicts.store(key, computed, snapshot.nodes)
-        verdicts = {**hits, **computed}
-        return FilterResult(
-            passed=tuple(n for n in names if verdicts[n] is None),
-            failed={n: r for n in names if (r := verdicts[n]) is not None and not r.unresolvable},
-            unresolvable={n: r for n in names if (r := verdicts[n]) is not None and r.unresolvable},
-        )
+
+        def judge(misses: list[str]) -> dict[str, Reason | None]:
+            reasons = filter_nodes(demand, snapshot, misses, self.catalog).reasons()
+            return {n: reasons.get(n) for n in misses}
+
+        verdicts = self.verdicts.values(pod.request_text, names, snapshot.nodes, judge)
+        # C-level passes in the offered order; only rejected nodes are visited one by one.
+        passed = tuple(compress(names, map(is_, verdicts, repeat(None))))
+        failed: dict[str, Reason] = {}
+        unresolvable: dict[str, Reason] = {}
+        if len(passed) < len(names):
+            rejected = compress(zip(names, verdicts, strict=True), map(is_not, verdicts, repeat(None)))
+            for name, reason in cast("Iterator[tuple[str, Reason]]", rejected):
+                (unresolvable if reason.unresolvable else failed)[name] = reason
+        return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
 
     def _score(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> dict[str, float]:
         """The core's raw scores (absent: does not fit), memoised per node state unless locality is involved."""
         policy = self.policies.for_demand(demand)
         if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
             return score_nodes(demand, snapshot, names, policy, self.catalog)
+
+        def score(misses: list[str]) -> dict[str, float | None]:
+            raw = score_nodes(demand, snapshot, misses, policy, self.catalog)
+            return {n: raw.get(n) for n in misses}
+
         key = (pod.request_text, policy.name, getattr(policy, "revision", None))
-        hits, misses = self.scores.split(key, names, snapshot.nodes)
-        fresh = score_nodes(demand, snapshot, misses, policy, self.catalog) if misses else {}
-        self.scores.store(key, {n: fresh.get(n) for n in misses}, snapshot.nodes)
-        merged = {**hits, **{n: fresh.get(n) for n in misses}}
-        return {n: s for n in names if (s := merged.get(n)) is not None}
+        scores = self.scores.values(key, names, snapshot.nodes, score)
+        fitting = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
+        return dict(cast("Iterator[tuple[str, float]]", fitting))
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
         """The scheduler's victims on ``node`` narrowed by the core; () vetoes the node."""

@@ -83,6 +83,9 @@ def to_extender_scores(raw: Mapping[str, float]) -> dict[str, int]:
 
 def top_nodes(raw: Mapping[str, float], keep: int) -> tuple[str, ...]:
     """The ``keep`` best-scored node names, best first (ties broken by name, for determinism)."""
-    if keep <= 0:
+    if keep <= 0 or not raw:
         return ()
+    if keep == 1:  # prioritize's case, every call: two linear passes instead of sorting every node
+        best = max(raw.values())
+        return (min([name for name, score in raw.items() if score == best]),)
     return tuple(sorted(raw, key=lambda name: (-raw[name], name))[:keep])

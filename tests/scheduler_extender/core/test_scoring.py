@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler_extender.core.policy import Binpack, Spread
 from scheduler_extender.core.scoring import ScoreTerms, score_nodes, to_extender_scores, top_nodes
@@ -71,3 +73,16 @@ def test_top_nodes_keeps_the_best_with_full_resolution() -> None:
     assert top_nodes(raw, 2) == ("b", "d")
     assert top_nodes(raw, 10) == ("b", "d", "a", "c")
     assert top_nodes(raw, 0) == ()
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([f"node-{i}" for i in range(12)]),
+        st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0, 1.5]) | st.floats(0, 2, allow_nan=False),
+        max_size=12,
+    ),
+    st.integers(0, 14),
+)
+def test_top_nodes_is_the_best_by_score_then_name_for_every_keep(raw: dict[str, float], keep: int) -> None:
+    # keep=1 (prioritize, every call) takes a linear path; the definition is the full sort.
+    assert top_nodes(raw, keep) == tuple(sorted(raw, key=lambda name: (-raw[name], name))[: max(keep, 0)])
