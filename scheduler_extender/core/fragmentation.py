@@ -43,6 +43,7 @@ COVERAGE: Final = 0.95  # shapes kept: the most frequent covering this share of 
 MAX_SHAPES: Final = 64  # and never more, to bound the per-node cost
 FIRST_REFRESH: Final = 8
 REFRESH_EVERY: Final = 4096
+MEMO_LIMIT: Final = 200_000  # node states whose fragmentation is remembered (~40 MB at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +125,15 @@ class FragmentationPolicy:
         "_cpu_per_gpu",
         "_demand",
         "_gpus_seen",
+        "_last_demand",
+        "_last_shape",
         "_memo",
         "_memory_per_gpu",
         "_mix",
         "_models",
         "_observed",
         "_refreshed",
+        "_scores",
         "_used",
         "revision",
     )
@@ -145,7 +149,10 @@ class FragmentationPolicy:
         self._cpu_per_gpu = 0.0  # the mix's CPU (memory) per GPU: what an idle GPU will need to be used
         self._memory_per_gpu = 0.0
         self._mix: tuple[_Weighted, ...] = ()
-        self._memo: dict[tuple[object, ...], float] = {}
+        self._memo: dict[tuple[object, ...], float] = {}  # node state → fragmentation
+        self._scores: dict[str, tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float]]] = {}
+        self._last_demand: Demand | None = None
+        self._last_shape: Shape | None = None
         self._models: dict[tuple[str, str], bool] = {}
         self.revision = 0
 
@@ -189,6 +196,7 @@ class FragmentationPolicy:
         self._memory_per_gpu = self._used[1] / self._gpus_seen
         self._refreshed = self._observed
         self._memo.clear()
+        self._scores.clear()
         self.revision += 1
 
     # --- fragmentation -------------------------------------------------------------------------
@@ -236,6 +244,8 @@ class FragmentationPolicy:
                 value += w.weight * (stranded if usable >= s.gpu_count else total)
             value += self._starved(node, total)
         if learned:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()  # a long-lived extender sees unboundedly many states
             self._memo[key] = value
         return value
 
@@ -287,9 +297,25 @@ class FragmentationPolicy:
         return best
 
     def score(self, demand: Demand, node: NodeState) -> float:
-        """1 / (1 + e^growth): 0.5 for no change, towards 1 when the pod removes fragmentation."""
-        best = self._best(demand, node)
-        return 0.0 if best is None else 1.0 / (1.0 + exp(min(best[0], 700.0)))
+        """1 / (1 + e^growth): 0.5 for no change, towards 1 when the pod removes fragmentation.
+
+        Memoised per node: an entry holds the node's GPU tuple *object* (immutable, and kept alive
+        by the entry, so identity means same content), its free CPU/memory and the scores by pod
+        shape. The extender's snapshot reuses the objects of unchanged nodes, so a warm /prioritize
+        pays an identity check per node instead of O(shapes × GPUs).
+        """
+        shape = self._last_shape
+        if demand is not self._last_demand or shape is None:
+            shape = shape_of(demand)
+            self._last_demand, self._last_shape = demand, shape
+        entry = self._scores.get(node.name)
+        if entry is None or entry[0] is not node.gpus or entry[1] != (node.cpu_free, node.memory_free):
+            entry = self._scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {})
+        hit = entry[2].get(shape)
+        if hit is None:
+            best = self._best(demand, node)
+            hit = entry[2][shape] = 0.0 if best is None else 1.0 / (1.0 + exp(min(best[0], 700.0)))
+        return hit
 
     def choose_gpus(self, demand: Demand, node: NodeState) -> tuple[GpuState, ...]:
         best = self._best(demand, node)
