@@ -73,6 +73,9 @@ class ModelMatcher:
 def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatcher) -> NodeState:
     """The node narrowed to its healthy GPUs of the demanded model (the same object if none is dropped)."""
     match = catalog if isinstance(catalog, ModelMatcher) else ModelMatcher(catalog, demand.gpu_model)
+    totals = node.totals()  # the common case, all healthy and of matching models, without a GPU loop
+    if totals.all_healthy and all(map(match, totals.models)):
+        return node
     memo = match.memo
     for g in node.gpus:
         ok = memo.get(g.model)

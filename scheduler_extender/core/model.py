@@ -41,6 +41,18 @@ class GpuState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeTotals:
+    """Sums over all of a node's GPUs (healthy or not), and what the eligibility check needs to know."""
+
+    tflops: int
+    vram: int
+    tflops_used: int
+    vram_used: int
+    all_healthy: bool
+    models: tuple[str, ...]  # distinct product names, in GPU order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeState:
     """One node as the extender knows it. ``inventory_error`` is set when its inventory is corrupt."""
 
@@ -52,6 +64,29 @@ class NodeState:
     # Non-GPU resources, used by the trace replay (kube-scheduler checks them in-tree for real pods).
     cpu_free: int | None = None
     memory_free: int | None = None
+    # Lazily filled by totals(); never passed, compared or copied by dataclasses.replace.
+    _totals: NodeTotals | None = field(default=None, init=False, repr=False, compare=False)
+
+    def totals(self) -> NodeTotals:
+        """This state's GPU sums, computed on first use and kept for the life of the (immutable) state.
+
+        Scoring reads them for every fitting node on every cold request; a node's state object only
+        changes when something is reserved or released on it, so most requests find them ready.
+        Filling the cache slot is the one write to a frozen value: idempotent, so a race is harmless.
+        """
+        totals = self._totals
+        if totals is None:
+            gpus = self.gpus
+            totals = NodeTotals(
+                tflops=sum(g.tflops for g in gpus),
+                vram=sum(g.vram for g in gpus),
+                tflops_used=sum(g.tflops_used for g in gpus),
+                vram_used=sum(g.vram_used for g in gpus),
+                all_healthy=all(g.healthy for g in gpus),
+                models=tuple(dict.fromkeys(g.model for g in gpus)),
+            )
+            object.__setattr__(self, "_totals", totals)
+        return totals
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

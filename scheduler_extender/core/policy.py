@@ -54,12 +54,8 @@ PolicyFactory = Callable[[], Policy]
 
 def utilisation_after(demand: Demand, node: NodeState) -> float:
     """The node's reserved fraction (0.7·VRAM + 0.3·TFLOPS) once the pod is added, clamped to [0, 1]."""
-    cap_t = cap_v = used_t = used_v = 0
-    for g in node.gpus:
-        cap_t += g.tflops
-        cap_v += g.vram
-        used_t += g.tflops_used
-        used_v += g.vram_used
+    totals = node.totals()
+    cap_t, cap_v, used_t, used_v = totals.tflops, totals.vram, totals.tflops_used, totals.vram_used
     if demand.whole_gpu:
         share = demand.gpu_count / len(node.gpus) if node.gpus else 0.0
         add_t, add_v = cap_t * share, cap_v * share

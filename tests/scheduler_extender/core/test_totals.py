@@ -1,0 +1,113 @@
+"""NodeState.totals(): the per-state GPU sums scoring reads stay equal to summing the GPUs again.
+
+The sums are cached on the (immutable) state the first time they are read, so these tests check the
+cached value against a fresh recomputation across every way a state is derived — ledger
+transitions, ``dataclasses.replace`` of GPUs, health and model changes — and that the shortcuts
+built on them (``eligible_node``, ``utilisation_after``) decide exactly as the GPU loop does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_extender.core.fit import ModelMatcher, eligible_node
+from scheduler_extender.core.ledger import Ledger, LedgerRefusal
+from scheduler_extender.core.model import GpuState, NodeState, NodeTotals
+from scheduler_extender.core.policy import TFLOPS_WEIGHT, VRAM_WEIGHT, utilisation_after
+from tests.scheduler_extender.core.builders import A100, CATALOG, T4, make_demand, make_gpu, make_node
+from vgpu.contract.allocation import GpuGrant
+
+
+def recomputed(node: NodeState) -> NodeTotals:
+    gpus = node.gpus
+    return NodeTotals(
+        tflops=sum(g.tflops for g in gpus),
+        vram=sum(g.vram for g in gpus),
+        tflops_used=sum(g.tflops_used for g in gpus),
+        vram_used=sum(g.vram_used for g in gpus),
+        all_healthy=all(g.healthy for g in gpus),
+        models=tuple(dict.fromkeys(g.model for g in gpus)),
+    )
+
+
+def loop_eligible(node: NodeState, match: ModelMatcher) -> tuple[GpuState, ...]:
+    return tuple(g for g in node.gpus if g.healthy and match(g.model))
+
+
+def loop_utilisation(tflops: int, vram: int, count: int, node: NodeState) -> float:
+    cap_t = sum(g.tflops for g in node.gpus)
+    cap_v = sum(g.vram for g in node.gpus)
+    used_t = sum(g.tflops_used for g in node.gpus)
+    used_v = sum(g.vram_used for g in node.gpus)
+    v = (used_v + vram * count) / cap_v if cap_v else 1.0
+    t = (used_t + tflops * count) / cap_t if cap_t else 1.0
+    return min(1.0, max(0.0, VRAM_WEIGHT * v + TFLOPS_WEIGHT * t))
+
+
+gpu = st.builds(
+    lambda i, model, healthy, t_used, v_used: make_gpu(
+        f"GPU-{i}", index=i, model=model, healthy=healthy, tflops_used=f"{t_used}", vram_used=f"{v_used}Gi"
+    ),
+    st.integers(0, 7),
+    st.sampled_from([A100, T4, "Unknown GPU"]),
+    st.booleans(),
+    st.integers(0, 312),
+    st.integers(0, 80),
+)
+nodes = st.lists(gpu, max_size=6, unique_by=lambda g: g.uuid).map(lambda gs: make_node("n", gpus=gs))
+
+
+@given(nodes, st.lists(st.tuples(st.integers(0, 5), st.integers(0, 20), st.integers(0, 8)), max_size=8))
+@settings(max_examples=200)
+def test_totals_equal_the_sums_after_any_ledger_transition(node: NodeState, grants: list[tuple[int, int, int]]) -> None:
+    assert node.totals() == recomputed(node)
+    assert node.totals() is node.totals()  # computed once per state
+    ledger = Ledger()
+    for k, (which, tflops, vram) in enumerate(grants):
+        if not node.gpus:
+            break
+        g = node.gpus[which % len(node.gpus)]
+        grant = GpuGrant(
+            uuid=g.uuid,
+            index=g.index,
+            tflops_request=tflops * 1000,
+            tflops_limit=tflops * 1000,
+            vram_request=vram * 2**30,
+            vram_limit=vram * 2**30,
+            gpu_tflops=g.tflops,
+        )
+        with contextlib.suppress(LedgerRefusal):
+            ledger = ledger.reserve(f"ns/p{k}", node, (grant,), None)
+        if k % 3 == 2:
+            ledger = ledger.release(f"ns/p{k - 1}")
+        view = ledger.apply_node(node)
+        node.totals()  # the base's cache must not leak into derived states
+        assert view.totals() == recomputed(view)
+
+
+@given(nodes, st.sampled_from([None, "A100", "T4"]), st.integers(0, 20), st.integers(0, 16), st.integers(1, 3))
+@settings(max_examples=300)
+def test_eligible_view_and_utilisation_match_the_gpu_loop(
+    node: NodeState, model: str | None, tflops: int, vram: int, count: int
+) -> None:
+    demand = make_demand(tflops=f"{tflops}", vram=f"{vram}Gi", count=count, model=model)
+    match = ModelMatcher(CATALOG, model)
+    view = eligible_node(demand, node, match)
+    assert view.gpus == loop_eligible(node, match)
+    if view.gpus == node.gpus:
+        assert view is node
+    assert view.totals() == recomputed(view)
+    assert utilisation_after(demand, view) == loop_utilisation(demand.tflops, demand.vram, count, view)
+
+
+def test_replace_starts_a_fresh_cache() -> None:
+    node = make_node("n", n_gpus=2, vram_used="10Gi")
+    before = node.totals()
+    sicker = replace(node, gpus=(replace(node.gpus[0], healthy=False, vram_used=0), node.gpus[1]))
+    assert sicker.totals() == recomputed(sicker) != before
+    assert sicker.totals().all_healthy is False
+    assert node == replace(node)  # the cache takes no part in equality
