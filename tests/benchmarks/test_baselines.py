@@ -14,7 +14,10 @@ from scheduler_extender.core.model import NodeState
 def node(name: str, used: list[int], cpu: int = 64_000, model: str = "G2") -> NodeState:
     """A trace node whose GPU i has ``used[i]`` milli taken."""
     n = to_node_state(TraceNode(name, cpu, 262_144, len(used), model))
-    gpus = tuple(replace(g, tflops_used=u, vram_used=u * 1024 * 1024, pods=1 if u else 0) for g, u in zip(n.gpus, used))
+    gpus = tuple(
+        replace(g, tflops_used=u, vram_used=u * 1024 * 1024, pods=1 if u else 0)
+        for g, u in zip(n.gpus, used, strict=True)
+    )
     return replace(n, gpus=gpus)
 
 
