@@ -1,0 +1,128 @@
+"""The fragmentation policy on hand-made nodes: what it learns and where it sends pods."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduler_extender.core.fragmentation import FragmentationPolicy
+from scheduler_extender.core.model import Demand, GpuState, NodeState
+from scheduler_extender.core.placement import place
+from scheduler_extender.core.policy import REGISTRY
+from vgpu.catalog import builtin
+
+MIB = 1024 * 1024
+
+
+def gpu(i: int, used: int = 0, vram_used: int | None = None) -> GpuState:
+    v = used if vram_used is None else vram_used
+    return GpuState(
+        uuid=f"g{i}",
+        index=i,
+        model="T4",
+        tflops=1000,
+        vram=1000 * MIB,
+        tflops_used=used,
+        vram_used=v * MIB,
+        pods=1 if used or v else 0,
+    )
+
+
+def node(name: str, used: list[int], cpu: int = 64_000) -> NodeState:
+    return NodeState(
+        name=name, pool="p", gpus=tuple(gpu(i, u) for i, u in enumerate(used)), cpu_free=cpu, memory_free=1 << 40
+    )
+
+
+def demand(milli: int, count: int = 1, cpu: int = 1000) -> Demand:
+    whole = milli >= 1000
+    share = 1000 if whole else milli
+    return Demand(
+        pod_key="ns/p",
+        gpu_count=count if milli else 0,
+        tflops=share,
+        vram=share * MIB,
+        tflops_limit=share,
+        vram_limit=share * MIB,
+        whole_gpu=whole,
+        cpu=cpu,
+    )
+
+
+def learned(*pods: tuple[Demand, int]) -> FragmentationPolicy:
+    """A policy that has observed ``n`` committed pods of each demand (on fresh GPUs)."""
+    policy = FragmentationPolicy()
+    for d, n in pods:
+        for _ in range(n):
+            policy.observe(d, node("x", [0] * 8), tuple(gpu(i) for i in range(max(d.gpu_count, 1)))[: d.gpu_count])
+    return policy
+
+
+def test_registered_by_name() -> None:
+    assert REGISTRY.create("fragmentation").name == "fragmentation"
+
+
+def test_the_mix_weighs_shapes_by_the_gpus_they_ask_for() -> None:
+    # the 8th GPU pod triggers the first refresh; CPU-only pods are counted for CPU, not as shapes
+    policy = learned((demand(0, cpu=4000), 5), (demand(1000, 8), 1), (demand(100), 7))
+    weights = {(s.gpu_count, s.tflops): w for s, w in policy.mix}
+    assert weights[(8, 1000)] == pytest.approx(8 / 8.7)  # one pod, but eight of the 8.7 GPUs asked for
+    assert weights[(1, 100)] == pytest.approx(0.7 / 8.7)
+    assert len(weights) == 2
+
+
+def test_revision_bumps_when_the_observed_count_doubles() -> None:
+    policy = FragmentationPolicy()
+    revisions = []
+    for _ in range(40):
+        policy.observe(demand(500), node("x", [0]), (gpu(0),))
+        revisions.append(policy.revision)
+    assert revisions[6] == 0 and revisions[7] == 1  # 8th pod
+    assert revisions[15] == 2 and revisions[31] == 3  # 16th, 32nd
+
+
+def test_fractional_pods_go_to_partly_used_gpus_when_whole_gpus_are_in_demand() -> None:
+    policy = learned((demand(1000), 20), (demand(300), 5))
+    used, fresh = node("used", [600, 1000]), node("fresh", [0, 0])
+    d = demand(300)
+    assert policy.score(d, used) > policy.score(d, fresh)
+    assert [g.index for g in policy.choose_gpus(d, node("n", [0, 600]))] == [1]
+
+
+def test_gpus_the_nodes_cpu_cannot_feed_count_as_stranded() -> None:
+    # the mix needs 8 cores per GPU; a CPU-only pod should not eat the CPU that feeds idle GPUs
+    policy = learned((demand(1000, cpu=8000), 20), (demand(0, cpu=8000), 5))
+    tight, roomy = node("tight", [0, 0], cpu=20_000), node("roomy", [0, 0], cpu=96_000)
+    cpu_pod = demand(0, cpu=8000)
+    assert policy.score(cpu_pod, roomy) > policy.score(cpu_pod, tight)
+    assert policy.fragmentation(node("t", [0, 0], cpu=8000)) == pytest.approx(1.0)  # feeds one GPU of two
+
+
+def test_a_gpu_is_usable_only_if_compute_and_memory_both_fit() -> None:
+    policy = learned((demand(500), 10))
+    memory_full = replace(node("m", [0]), gpus=(gpu(0, used=100, vram_used=900),))
+    assert policy.fragmentation(memory_full) == pytest.approx(0.5)  # (0.9 + 0.1) / 2 idle, all stranded
+    assert policy.fragmentation(node("ok", [100])) == pytest.approx(0.0)
+
+
+def test_before_any_observation_the_pod_itself_is_the_mix() -> None:
+    policy = FragmentationPolicy()
+    d = demand(400)
+    # on "half" 400 of 500 free would leave 100 that another 400 cannot use; on "fresh" 600 remain
+    assert policy.score(d, node("fresh", [0])) > policy.score(d, node("half", [500]))
+
+
+def test_choices_are_accepted_by_place_for_every_kind_of_pod() -> None:
+    policy = learned((demand(1000, 2), 5), (demand(470), 5))
+    n = node("n", [600, 0, 0, 300])
+    for d in (demand(470), demand(1000, 2), demand(0, cpu=2000)):
+        placement = place(d, n, policy, builtin())
+        assert placement is not None
+        assert len(placement.gpus) == d.gpu_count
+
+
+def test_scores_stay_in_the_unit_interval_and_unfit_nodes_score_zero() -> None:
+    policy = learned((demand(1000), 5))
+    assert 0.0 < policy.score(demand(1000), node("n", [0, 300])) < 1.0
+    assert policy.score(demand(1000, 2), node("n", [0, 300])) == 0.0
