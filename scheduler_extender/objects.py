@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from scheduler_extender.core.model import GpuState, NodeState
@@ -24,6 +25,11 @@ from vgpu.names import LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
 from vgpu.request import GpuRequest
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+# Every filter/prioritize call decodes the pod's request, and replicas carry the same text; the strict
+# decode (schema checks, exact quantities) is ~0.1 ms, so remember it per text. GpuRequest is frozen and
+# nothing mutates its mappings; a text that fails to decode raises each time (exceptions are not kept).
+_decode_request = lru_cache(maxsize=1024)(resolved_contract.decode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,7 +130,7 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
     raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
     if raw is not None:
         try:
-            request = resolved_contract.decode(raw)
+            request = _decode_request(raw)
         except DomainError as exc:
             error = f"invalid {SystemAnnotation.RESOLVED_REQUEST} annotation: {exc}"
     elif LABEL_ENABLED in labels:
