@@ -4,7 +4,7 @@ WHY: the extender, the webhook and the admission policies only mean something ag
 real API server and the real scheduler: admission order, the Binding subresource, events, RBAC
 and the scheduler's extender calls are what production runs. The controller-manager runs only
 the controllers a user's Deployment needs (Deployment, ReplicaSet, service accounts, the root
-CA ConfigMap, garbage collection); no node-lifecycle controller, so nodes without a kubelet stay
+CA ConfigMap, garbage collection, the aggregated edit/view roles); no node-lifecycle controller, so nodes without a kubelet stay
 Ready and the fixture clears the kubelet's initial not-ready taint itself.
 """
 
@@ -34,6 +34,7 @@ CONTROLLERS = ",".join(
         "root-ca-certificate-publisher-controller",
         "garbage-collector-controller",
         "namespace-controller",
+        "clusterrole-aggregation-controller",  # fills the admin/edit/view roles tenants get
     ]
 )
 

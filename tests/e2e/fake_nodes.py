@@ -21,6 +21,8 @@ from vgpu import catalog
 from vgpu.contract import inventory
 from vgpu.names import RESOURCE_VGPU, EnforcementBackend
 
+from .kube import untaint_not_ready
+
 MIB = 1024 * 1024
 SLICES_PER_GPU = 16
 
@@ -83,4 +85,5 @@ def add_fake_node(admin: ApiClient, plugin: ApiClient, name: str, fake: tuple[Fa
     ready = {"type": "Ready", "status": "True", "reason": "FakeGpuNode", "lastHeartbeatTime": now,
              "lastTransitionTime": now}  # fmt: skip
     core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}})
+    untaint_not_ready(core, name)  # the API server adds it at create; the node is Ready
     CoreV1Api(plugin).patch_node(name, {"metadata": {"annotations": {inventory.KEY: inventory.encode(inv)}}})

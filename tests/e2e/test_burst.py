@@ -26,20 +26,30 @@ TFLOPS, VRAM = "30", "4Gi"  # 10 pods per A100 by TFLOPS (312), 20 by VRAM
 
 
 def settle(core: CoreV1Api, namespace: str, count: int, timeout: float) -> list[Any]:
-    """Wait until every pod is Running or unbound Pending, and stays so for a few seconds."""
-    last: tuple[int, int] | None = None
+    """Wait until every pod is Running or unbound Pending, and stays so for 16 s.
+
+    16 s is longer than kube-scheduler's longest retry backoff (podMaxBackoffSeconds, 10 s), so a
+    pod still Pending then is one the scheduler really cannot place.
+    """
+    last: dict[str, list[str]] = {}
+    stable = 0
 
     def probe() -> list[Any] | None:
-        nonlocal last
+        nonlocal last, stable
         pods = core.list_namespaced_pod(namespace).items
-        running = sum(p.status.phase == "Running" for p in pods)
-        waiting = sum(p.status.phase == "Pending" and not p.spec.node_name for p in pods)
-        state = (running, waiting)
-        done = len(pods) == count and running + waiting == count and state == last
+        state: dict[str, list[str]] = {}
+        for p in pods:
+            where = "bound" if p.spec.node_name else "unbound"
+            state.setdefault(f"{p.status.phase}/{where}", []).append(p.metadata.name)
+        settled = len(pods) == count and set(state) <= {"Running/bound", "Pending/unbound"}
+        stable = stable + 1 if settled and state == last else 0
         last = state
-        return pods if done else None
+        return pods if stable >= 4 else None
 
-    return eventually(f"{count} pods in {namespace} settled", probe, timeout=timeout, every=4)
+    try:
+        return eventually(f"{count} pods in {namespace} settled", probe, timeout=timeout, every=4)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pods by phase: {last}") from None
 
 
 def node_ledger(core: CoreV1Api) -> dict[str, tuple[int, int]]:
