@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.placement.protocol import prepare
-from benchmarks.placement.runner import MAX_PODS
-from benchmarks.placement.suite import EXTENDER
+from benchmarks.placement.suite import EXTENDER, MAX_PODS
 from benchmarks.placement.traces import MILLI, NODE_FILE, pod_file, read_nodes, read_pods, to_demand, to_node_state
 from scheduler_extender.core.model import Snapshot
 from scheduler_extender.core.policy import REGISTRY

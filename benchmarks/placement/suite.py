@@ -10,23 +10,36 @@ sequence and node ranks:
 - ``ours-raw``: the same policy picked by its float score (what 0–10 costs, if anything);
 - ``ours-top1``: the extender path with the filter keeping only the best node (``top_nodes``).
 
-A task also computes the GPU-bin floor of its pod sequence at arrived = 100 % and 130 %.
+A task also computes the GPU-bin floor of its pod sequence at arrived = 100 % and 130 %, and
+each run reports its wall time per submitted pod (the replay judges node classes, so this is not
+the extender's per-request cost: ``latency.py`` measures that).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.placement.baselines import FGD, BestFit, typical_shapes
 from benchmarks.placement.floor import arrived_prefix, floor_unallocated
-from benchmarks.placement.protocol import prepare
-from benchmarks.placement.runner import RunResult, run_one
-from benchmarks.placement.traces import MILLI, NODE_FILE, TracePod, pod_file, read_nodes, read_pods
+from benchmarks.placement.protocol import Curve, curve, prepare
+from benchmarks.placement.traces import (
+    MILLI,
+    NODE_FILE,
+    TraceNode,
+    TracePod,
+    pod_file,
+    read_nodes,
+    read_pods,
+    to_demand,
+    to_node_state,
+)
 from scheduler_extender.core.fragmentation import FragmentationPolicy
 from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.replay import ReplayConfig, Selection
+from scheduler_extender.core.replay import ReplayConfig, Selection, replay
+from vgpu.catalog import builtin
 
 EXTENDER = ReplayConfig(selection=Selection.EXTENDER)
 RAW = ReplayConfig(selection=Selection.RAW)
@@ -34,6 +47,42 @@ TOP1 = ReplayConfig(selection=Selection.EXTENDER, keep=1)
 
 ALL_POLICIES = ("bestfit", "fgd", "ours", "ours-raw", "ours-top1")
 DEFAULT_POLICIES = ("bestfit", "fgd", "ours", "ours-raw")
+
+
+MAX_PODS = 1001  # the protocol's "< 1001 pods" per node
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    policy: str
+    trace: str
+    seed: int
+    curve: Curve
+    seconds: float
+    pods: int
+
+
+def run_one(
+    label: str,
+    make_policy: Callable[[], Policy],
+    config: ReplayConfig,
+    trace: str,
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    seed: int,
+) -> RunResult:
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    work = prepare(pods, len(nodes), capacity, seed)
+    states = [to_node_state(n) for n in nodes]
+    demands = [to_demand(p, f"openb/{p.name}-{i}") for i, p in enumerate(work.pods)]
+    cfg = ReplayConfig(selection=config.selection, keep=config.keep, weight=config.weight, max_pods=MAX_PODS)
+    start = time.perf_counter()
+    placed = [
+        o.node is not None for o in replay(states, demands, make_policy(), builtin(), ranks=work.ranks, config=cfg)
+    ]
+    seconds = time.perf_counter() - start
+    result = curve((p.gpu_request for p in work.pods), placed, capacity)
+    return RunResult(label, trace, seed, result, seconds, len(demands))
 
 
 def policy_factory(name: str, pods: Sequence[TracePod]) -> tuple[Callable[[], Policy], ReplayConfig]:
