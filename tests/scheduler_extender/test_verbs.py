@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -298,3 +299,33 @@ def test_memoised_verdicts_follow_node_changes(run: Callable[..., Running], clus
     reply = app.post("/filter", args(b, "small", "big"))
     assert reply["NodeNames"] == [] and set(reply["FailedNodes"]) == {"small", "big"}
     assert [e["Score"] for e in app.post("/prioritize", args(b, "small", "big"))] == [0, 0]
+
+
+def test_filter_and_prioritize_wait_in_the_pool_while_the_cache_is_busy(
+    run: Callable[..., Running], cluster: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # They run on the event loop only when the cache's lock is free; when it is held (a relist, a bind)
+    # they wait in the thread pool, so the loop keeps answering, and the answers are the uncontended ones.
+    app = run()
+    body = args(make_pod("p", gpu_request(vram=12 * GI, model="A100")), *ALL)
+    expected = [app.post("/filter", body), app.post("/prioritize", body)]
+    entered = threading.Event()
+    verbs = app.ext.verbs
+    original = verbs.filter
+
+    def filter_entered(request: Any) -> Any:
+        entered.set()
+        return original(request)
+
+    monkeypatch.setattr(verbs, "filter", filter_entered)
+    replies: list[Any] = []
+    posting = threading.Thread(
+        target=lambda: replies.extend([app.post("/filter", body), app.post("/prioritize", body)])
+    )
+    with app.ext.cache.lock:
+        posting.start()
+        assert entered.wait(5)  # filter is in a worker thread, about to wait for the lock
+        assert app.client.get("/healthz").json() == {"status": "ok"}  # the loop is free
+        assert not replies
+    posting.join(5)
+    assert replies == expected
