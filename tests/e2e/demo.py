@@ -1,5 +1,9 @@
 """``scripts/demo``: a local cluster with fake GPU nodes runs deploy/examples/, then shows what each pod got.
 
+The example Deployment lands on the kubelet node (4 fake A100s in the default pool) and runs; one
+more pod asks for an H100 in a second pool of two kubelet-less nodes, to show model and pool
+selection (it is placed and granted a share, but no kubelet runs it).
+
 WHY: the first thing a newcomer runs. It uses the same cluster as the end-to-end tests (real
 API server, scheduler, kubelet; our webhook, extender and device plugin), so what it prints is
 what the tests check: pod → node, GPU UUID, TFLOPS and VRAM granted, and the env one container
@@ -13,16 +17,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from vgpu.names import LABEL_ENABLED, Env
+from vgpu.contract import allocation
+from vgpu.names import LABEL_ENABLED, Annotation
 from vgpu.quantity import format_bytes, format_milli
 
 from . import deploy
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import gpus
 from .kube import apply, eventually
-from .pods import allocation_of, created_env
+from .pods import allocation_of, created_env, gpu_pod
 
-NAMESPACE = "demo"
+DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
 
 
 def rows(pods: Sequence[Any]) -> list[tuple[str, ...]]:
@@ -51,33 +56,38 @@ def table(lines: list[tuple[str, ...]]) -> str:
 def run(keep: bool) -> None:
     started = time.monotonic()
     with Cluster(gpus=gpus("demo0", 4), keep_root=keep) as cluster:
-        print(f"cluster up in {time.monotonic() - started:.0f}s (logs under {cluster.root})")
-        cluster.add_fake_node("demo-fake-a100", gpus("demo1", 2))
-        cluster.add_fake_node("demo-fake-h100", gpus("demo2", 2, "NVIDIA H100 80GB HBM3"))
-        cluster.namespace(NAMESPACE)
+        kept = f" (logs kept under {cluster.root})" if keep else ""
+        print(f"cluster up in {time.monotonic() - started:.0f}s{kept}")
+        cluster.add_fake_node("demo-fake-a100", gpus("demo1", 2), pool=DEMO_POOL)
+        cluster.add_fake_node("demo-fake-h100", gpus("demo2", 2, "NVIDIA H100 80GB HBM3"), pool=DEMO_POOL)
         docs = deploy.examples()
-        apply(cluster.admin, docs, namespace=NAMESPACE)
+        apply(cluster.admin, docs)
         print(f"applied deploy/examples/: {', '.join(d['kind'] + '/' + d['metadata']['name'] for d in docs)}")
-        wanted = sum(int(d["spec"].get("replicas", 1)) for d in docs if d["kind"] == "Deployment")
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        namespace = deployment["metadata"].get("namespace", "default")
+        extra = gpu_pod("inference-h100", {Annotation.GPUPOOL: DEMO_POOL, Annotation.GPU_MODEL: "H100",
+                                           Annotation.TFLOPS_REQUEST: "100", Annotation.VRAM_REQUEST: "20Gi"})  # fmt: skip
+        cluster.core.create_namespaced_pod(namespace, extra)
+        print(f"created pod/inference-h100 asking for an H100 in {DEMO_POOL} (its nodes have no kubelet)")
+        wanted = int(deployment["spec"].get("replicas", 1)) + 1
 
-        def scheduled() -> list[Any] | None:
-            pods = cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_ENABLED}=true").items
-            done = [p for p in pods if p.spec.node_name and p.metadata.annotations]
-            placed = [p for p in done if p.status.phase == "Running" or p.spec.node_name != REAL_NODE]
-            return placed if len(placed) >= wanted else None
+        def placed() -> list[Any] | None:
+            pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_ENABLED}=true").items
+            done = [p for p in pods if allocation.KEY in (p.metadata.annotations or {})]
+            done = [p for p in done if p.status.phase == "Running" or p.spec.node_name != REAL_NODE]
+            return done if len(done) >= wanted else None
 
-        pods = eventually(f"{wanted} example pods placed", scheduled, timeout=180)
+        pods = eventually(f"{wanted} GPU pods placed", placed, timeout=180)
         print()
         print(table(rows(pods)))
-        on_kubelet = [p for p in pods if p.status.phase == "Running"]
-        if on_kubelet:
-            pod = on_kubelet[0]
-            container = pod.spec.containers[0].name
+        running = sorted((p for p in pods if p.status.phase == "Running"), key=lambda p: p.metadata.name)
+        if running:
+            pod = running[0]
+            container = allocation_of(pod).containers[0]
             env = created_env(cluster.node, pod, container)
             print(f"\nenv of {pod.metadata.name}/{container} as the kubelet created it (fake runtime's record):")
-            for key in sorted(env):
-                if key.startswith(("NVIDIA_", "TENSOR_FUSION_", "CUDA_")) or key == Env.NVIDIA_VISIBLE_DEVICES:
-                    print(f"  {key}={env[key]}")
+            for key in sorted(k for k in env if k.startswith(("NVIDIA_", "TENSOR_FUSION_", "CUDA_"))):
+                print(f"  {key}={env[key]}")
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
 
