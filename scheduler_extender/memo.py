@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
 from operator import is_not, itemgetter
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 from scheduler_extender.core.model import NodeState
 
@@ -66,15 +66,18 @@ class NodeMemo(Generic[V]):
         stale = list(map(is_not, map(nodes.get, names), map(_node, cached)))
         values: list[V] = list(map(_value, cached))
         if any(stale):
-            where = list(compress(range(len(names)), stale))
-            misses = [names[i] for i in where]
-            fresh = compute(misses)
+            misses = list(compress(names, stale))
+            computed = list(map(compute(misses).__getitem__, misses))
+            if len(misses) == len(names):  # a request never seen: no per-name patching
+                values = computed
+            else:
+                for i, value in zip(compress(range(len(names)), stale), computed, strict=True):
+                    values[i] = value
+            now = list(map(nodes.get, misses))
+            entries = zip(misses, zip(now, computed, strict=True), strict=True)
+            remembered = compress(entries, map(is_not, now, repeat(None)))  # unknown nodes are not
             with self._lock:
-                for i, name in zip(where, misses, strict=True):
-                    value = values[i] = fresh[name]
-                    node = nodes.get(name)
-                    if node is not None:
-                        known[name] = (node, value)
+                known.update(cast("Iterator[tuple[str, tuple[NodeState, V]]]", remembered))
         return values
 
     def clear(self) -> None:
