@@ -165,8 +165,10 @@ def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
     matched = big = 0
     first: GpuState | None = None
     healthy: list[GpuState] = []
+    memo = match.memo
     for g in node.gpus:  # one pass: this runs for every rejected node
-        if not match(g.model):
+        ok = memo.get(g.model)
+        if not (match(g.model) if ok is None else ok):
             continue
         matched += 1
         first = first or g
@@ -206,14 +208,15 @@ def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
             free=len(shared),
             gpu_model=model,
         )
+    # ``enough`` only shows in multi-GPU messages (for one GPU it is 0 here by construction), so skip the count.
     limiting = _nth_most_free(shared, count, _vram_free)
-    if _vram_free(limiting) < demand.vram:
-        enough = sum(1 for g in shared if _vram_free(g) >= demand.vram)
-        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", demand.vram, limiting, enough, count, match)
+    if _vram_free(limiting) < v:
+        enough = sum(g.vram - g.vram_used >= v for g in shared) if count > 1 else 0
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, limiting, enough, count, match)
     limiting = _nth_most_free(shared, count, _tflops_free)
-    if _tflops_free(limiting) < demand.tflops:
-        enough = sum(1 for g in shared if _tflops_free(g) >= demand.tflops)
-        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", demand.tflops, limiting, enough, count, match)
+    if _tflops_free(limiting) < t:
+        enough = sum(g.tflops - g.tflops_used >= t for g in shared) if count > 1 else 0
+        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", t, limiting, enough, count, match)
     both = sum(1 for g in shared if gpu_fits(demand, g))
     return Reason(
         code=R.INSUFFICIENT_GPUS,
