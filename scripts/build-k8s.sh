@@ -7,6 +7,7 @@
 # the clone, so a second run (or a CI run on a machine that already built them) costs seconds.
 #
 # Usage: scripts/build-k8s.sh            build what is missing, print the bin dir last
+#        scripts/build-k8s.sh --check    exit 1 if anything is missing (build nothing); print the bin dir
 #        TF_K8S_CACHE=/some/dir ...      cache root (default ~/.cache/tensor-fusion-k8s)
 # The last line of stdout is the bin directory; progress goes to stderr.
 set -euo pipefail
@@ -110,9 +111,19 @@ build_fake_cri() {
   mkdir -p "$dir/fakecri"
   cp "$FAKE_CRI_SRC/main.go" "$dir/fakecri/main.go"
   (cd "$dir" && go build -trimpath -o "$BIN/fake-cri-$sum" ./fakecri)
+  find "$BIN" -maxdepth 1 -name 'fake-cri-*' ! -name "fake-cri-$sum" -delete
   ln -sf "fake-cri-$sum" "$BIN/fake-cri"
   log "fake-cri: built"
 }
+
+if [[ "${1:-}" == "--check" ]]; then
+  echo "$BIN"
+  sum="$(sha256sum "$FAKE_CRI_SRC/main.go" | cut -c1-16)"
+  for name in etcd kube-apiserver kube-scheduler kube-controller-manager kubelet "fake-cri-$sum"; do
+    [[ -x "$BIN/$name" ]] || { log "missing: $BIN/$name"; exit 1; }
+  done
+  exit 0
+fi
 
 build_etcd
 build_k8s_binaries kube-apiserver kube-scheduler kube-controller-manager kubelet

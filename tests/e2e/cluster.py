@@ -31,13 +31,12 @@ from vgpu.names import (
 )
 
 from . import deploy
-from .binaries import ensure_binaries
 from .control_plane import ControlPlane
 from .fake_nodes import SLICES_PER_GPU, FakeGpu, add_fake_node, fake_nvml_yaml
 from .kube import api_client, apply, ensure_namespace, eventually, service_account_token, untaint_not_ready
 from .node import KubeletNode
 from .pki import write_kubeconfig
-from .procs import Proc, free_port, tail, tcp_listening, wait_until
+from .procs import Proc, ensure_binaries, free_port, tail, tcp_listening, wait_until
 
 VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"

@@ -16,13 +16,20 @@ from kubernetes.client import CoreV1Api
 
 from .cluster import Cluster
 from .fake_nodes import gpus
-from .procs import tail
+from .procs import built, tail
+
+# A cold build of the Kubernetes binaries takes 10-20 minutes on 2 cores; it happens inside the
+# first e2e test's fixture setup unless scripts/build-k8s.sh ran before (as CI does).
+COLD_BUILD_TIMEOUT = 2400
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.e2e)
+    ours = [item for item in items if "tests/e2e/" in str(item.path).replace(os.sep, "/")]
+    for item in ours:
+        item.add_marker(pytest.mark.e2e)
+    if ours and not built():
+        ours[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
-"""Child processes of the end-to-end cluster: started with their logs on disk, stopped by PID.
+"""Child processes of the end-to-end cluster: where their binaries come from, started with their
+logs on disk, stopped by PID.
 
 WHY: the tier runs a dozen long-lived programs (etcd, the API server, the scheduler, the kubelet,
 the fake runtime, our three binaries). A failed test must leave nothing listening and must show
 what each program said, so every process gets its own log file, a bounded stop (SIGTERM, then
-SIGKILL), and the harness waits for each one to answer before using it.
+SIGKILL), and the harness waits for each one to answer before using it. The Kubernetes binaries
+come from ``scripts/build-k8s.sh`` (the one place that knows the pinned version), cached outside
+the clone, so tests, the demo and CI agree on the cache and never rebuild what is there.
 """
 
 from __future__ import annotations
@@ -20,6 +23,29 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-k8s.sh"
+NEEDED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "fake-cri")
+
+
+def ensure_binaries() -> Path:
+    """Run the build script (a no-op when everything is cached) and return the bin directory.
+
+    Progress goes to stderr; the script's last stdout line is the directory.
+    """
+    done = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+    bin_dir = Path(done.stdout.strip().splitlines()[-1])
+    missing = [name for name in NEEDED if not (bin_dir / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {missing} are not in {bin_dir}")
+    return bin_dir
+
+
+def built() -> bool:
+    """Whether every binary is in the cache already (nothing to build)."""
+    check = subprocess.run([str(BUILD_SCRIPT), "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return check.returncode == 0
 
 
 class StartupError(RuntimeError):

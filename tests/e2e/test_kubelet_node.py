@@ -1,6 +1,7 @@
-"""The kubelet restarts under running GPU pods (an upgrade, a crash).
+"""The kubelet node: our device plugin registered with the real kubelet and published its GPUs,
+and survives the kubelet restarting under running GPU pods (an upgrade, a crash).
 
-The kubelet wipes every socket in its device-plugin directory and makes a new kubelet.sock; our
+On restart the kubelet wipes every socket in its device-plugin directory and makes a new kubelet.sock; our
 device plugin must notice, serve and register again. What an operator checks: the node's vGPU
 capacity comes back, pods that were running keep running with the containers they had (no new
 CreateContainer for them), and new GPU pods are admitted again.
@@ -10,14 +11,28 @@ from __future__ import annotations
 
 from kubernetes.client import CoreV1Api
 
-from vgpu.names import RESOURCE_VGPU, Annotation
+from vgpu.contract import inventory
+from vgpu.names import DEFAULT_POOL, LABEL_NODE_GPU_COUNT, LABEL_NODE_POOL, RESOURCE_VGPU, Annotation
 
 from .cluster import REAL_NODE, Cluster
+from .fake_nodes import SLICES_PER_GPU
 from .kube import eventually, wait_running
 from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
 
 NAMESPACE = "e2e-kubelet-restart"
 SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
+
+
+def test_node_advertises_vgpu_slices_and_publishes_its_gpu_inventory(cluster: Cluster, core: CoreV1Api) -> None:
+    node = core.read_node(REAL_NODE)
+    assert node.status.capacity[RESOURCE_VGPU] == str(len(cluster.gpus) * SLICES_PER_GPU)
+    assert node.status.allocatable[RESOURCE_VGPU] == str(len(cluster.gpus) * SLICES_PER_GPU)
+    inv = inventory.decode(node.metadata.annotations[inventory.KEY])
+    assert inv.node == REAL_NODE and inv.pool == DEFAULT_POOL
+    assert [(g.uuid, g.model) for g in inv.gpus] == [(g.uuid, g.model.key) for g in cluster.gpus]
+    assert all(g.tflops == cluster.gpus[0].model.tflops_milli for g in inv.gpus)
+    assert node.metadata.labels[LABEL_NODE_POOL] == DEFAULT_POOL
+    assert node.metadata.labels[LABEL_NODE_GPU_COUNT] == str(len(cluster.gpus))
 
 
 def vgpu_allocatable(core: CoreV1Api) -> int:
