@@ -71,9 +71,14 @@ def add_subcommand(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """0: every pod fits under every policy; 3: some do not; 2: unusable input (said on stderr)."""
     catalog = builtin()
-    nodes = load_cluster(args.cluster, catalog)
-    demands = load_pods(args.pods, nodes)
+    try:
+        nodes = load_cluster(args.cluster, catalog)
+        demands = load_pods(args.pods, nodes)
+    except (PlanError, KeyError, ValueError) as exc:
+        sys.stderr.write(f"tfctl plan: {exc}\n")
+        return 2
     if args.shuffle is not None:
         random.Random(args.shuffle).shuffle(demands)
     policies: Sequence[str] = args.policy or REGISTRY.names()

@@ -102,3 +102,10 @@ def test_every_pod_fitting_exits_zero(tmp_path: Path) -> None:
     pods = write(tmp_path, "p.yaml", "- {name: a, tflops: '10', vram: 1Gi}\n")
     args = parser().parse_args(["plan", str(pods), str(write(tmp_path, "c.yaml", CLUSTER))])
     assert args.run(args) == 0
+
+
+def test_unusable_input_is_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = write(tmp_path, "p.yaml", "- {name: a, tflops: '10', vram: 1Gi}\n")
+    args = parser().parse_args(["plan", str(pods), str(write(tmp_path, "c.yaml", "nodes: 3"))])
+    assert args.run(args) == 2
+    assert "expected a YAML object with a 'nodes' list" in capsys.readouterr().err
