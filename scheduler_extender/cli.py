@@ -1,4 +1,4 @@
-"""``tfctl``: the command line for people — check a pod's GPU request, browse the GPU catalog.
+"""``tfctl``: the command line for people — check a request, browse the catalog, plan capacity, explain a pod.
 
 Each subcommand reads files and prints; the decisions come from ``vgpu`` (and, for later
 subcommands, from the same scheduling core the extender runs), so what the CLI says is what the
@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from scheduler_extender import explain_client, planning
 from vgpu import catalog as gpu_catalog
 from vgpu.contract import resolved
 from vgpu.errors import DomainError
@@ -39,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("catalog", help="list known GPU models, or test what a gpu-model value selects")
     c.add_argument("--match", metavar="GPU_MODEL", help="show only models this gpu-model annotation value selects")
     c.set_defaults(run=_catalog)
+
+    planning.add_subcommand(sub)
+    explain_client.add_subcommand(sub)
 
     args = parser.parse_args(argv)
     try:
