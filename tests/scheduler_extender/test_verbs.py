@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import create_app
+from scheduler_extender.core.demand import demand_from_request
+from scheduler_extender.core.filter import filter_nodes
+from scheduler_extender.core.scoring import score_nodes, to_extender_scores
 from scheduler_extender.gateway import GatewayError, Kind, Listing
+from scheduler_extender.objects import scheduled_pod
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
@@ -329,3 +334,31 @@ def test_filter_and_prioritize_wait_in_the_pool_while_the_cache_is_busy(
         assert not replies
     posting.join(5)
     assert replies == expected
+
+
+def test_memoised_replies_equal_the_cores_in_any_offered_order(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    # filter and prioritize assemble their replies from the memo in C-level passes; whatever the order
+    # of names (unknown ones included), the reply is the core's own verdict, in the offered order.
+    app = run()
+    pod = make_pod("p", gpu_request(vram=12 * GI, model="A100"))
+    scheduled = scheduled_pod(pod)
+    assert scheduled.request is not None
+    demand = demand_from_request(scheduled.request, pod_key=scheduled.ref.key)
+    shuffle = random.Random(7).shuffle
+    for _ in range(6):
+        names = list(ALL)
+        shuffle(names)
+        reply = app.post("/filter", args(pod, *names))
+        core = filter_nodes(demand, app.ext.cache.snapshot(), names, app.ext.verbs.catalog)
+        assert reply["NodeNames"] == list(core.passed)
+        assert reply["FailedNodes"] == core.failed_messages()
+        assert reply["FailedAndUnresolvableNodes"] == core.unresolvable_messages()
+        assert list(reply["FailedAndUnresolvableNodes"]) == [n for n in names if n in core.unresolvable]
+        policy = app.ext.verbs.policies.default
+        raw = score_nodes(demand, app.ext.cache.snapshot(), names, policy, app.ext.verbs.catalog)  # before its hold
+        wire = to_extender_scores(raw)
+        scores = app.post("/prioritize", args(pod, *names))
+        assert [s["Host"] for s in scores] == names
+        assert {s["Host"]: s["Score"] for s in scores} == {n: wire.get(n, 0) for n in names}
