@@ -2,6 +2,7 @@
 
 The cluster (see cluster.py) has one real kubelet node with 4 fake A100s driven by our device
 plugin; scenarios add kubelet-less fake GPU nodes for pool, model and capacity cases.
+``TF_E2E_KEEP=1`` keeps the cluster's directory (every process's log, etcd data) after the session.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cluster() -> Iterator[Cluster]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("the e2e tier runs a real kubelet: it needs root and unshare(1)")
-    with Cluster(gpus=gpus("e2e0", 4)) as running:
+    with Cluster(gpus=gpus("e2e0", 4), keep_root=bool(os.environ.get("TF_E2E_KEEP"))) as running:
         yield running
 
 

@@ -7,6 +7,7 @@ Pending because the node is really full, not because capacity leaked.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -82,10 +83,11 @@ def check_invariants(cluster: Cluster, core: CoreV1Api, pods: list[Any]) -> None
         assert not room, f"pods are Pending while GPUs {room} have room: capacity leaked"
 
 
-def burst(core: CoreV1Api, namespace: str, count: int) -> None:
+def burst(core: CoreV1Api, namespace: str, count: int, pause: float = 0) -> None:
     share = {Annotation.TFLOPS_REQUEST: TFLOPS, Annotation.VRAM_REQUEST: VRAM}
     for i in range(count):
         core.create_namespaced_pod(namespace, gpu_pod(f"burst-{i:02d}", share))
+        time.sleep(pause)
 
 
 @pytest.fixture
@@ -106,11 +108,17 @@ def test_burst_of_50_never_overcommits_and_every_env_matches(cluster: Cluster, c
 
 @pytest.mark.timeout(420)
 def test_extender_killed_mid_burst_loses_and_duplicates_nothing(cluster: Cluster, core: CoreV1Api, fresh: str) -> None:
-    burst(core, fresh, 30)
-    eventually(
-        "a few pods bound", lambda: sum(bool(p.spec.node_name) for p in core.list_namespaced_pod(fresh).items) >= 5
-    )
+    creating = threading.Thread(target=burst, args=(core, fresh, 30, 0.05))
+    creating.start()
+
+    def bound() -> int:
+        return sum(bool(p.spec.node_name) for p in core.list_namespaced_pod(fresh).items)
+
+    eventually("the first pods bound", lambda: bound() >= 3, every=0.05)
     cluster.ours["tf-extender"].kill()
+    at_kill = bound()
+    creating.join()
+    assert at_kill < 30, "the burst was over before the extender died: nothing was tested"
     time.sleep(3)
     cluster.start_extender()
     pods = settle(core, fresh, 30, timeout=300)
