@@ -160,6 +160,32 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
 
 
 def _explain(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
+    return _explain_one(demand, node, match) or _explain_any(demand, node, match)
+
+
+def _explain_one(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason | None:
+    """The usual rejection — one fractional GPU, a node of one matching model and one GPU size — from the
+    node's cached totals instead of a pass over its GPUs; None for anything else. Same reasons as
+    :func:`_explain_any` (the property tests compare them)."""
+    totals = node.totals()
+    if demand.gpu_count != 1 or demand.whole_gpu or len(totals.models) != 1 or not match(totals.models[0]):
+        return None
+    if not totals.healthy:
+        return None  # too few healthy GPUs: rare, the full path words it
+    t, v = demand.tflops, demand.vram
+    if totals.uniform is None or totals.uniform[0] < t or totals.uniform[1] < v:
+        return None  # mixed sizes or too small: the full path
+    most_vram, most_tflops = totals.most_vram_free, totals.most_tflops_free
+    if most_vram is None or most_tflops is None:
+        return None  # every GPU held whole
+    if most_vram.vram - most_vram.vram_used < v:
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, most_vram, 0, 1, match)
+    if most_tflops.tflops - most_tflops.tflops_used < t:
+        return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", t, most_tflops, 0, 1, match)
+    return None  # each resource fits on some GPU, never both on one: the full path
+
+
+def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
     count = demand.gpu_count
     t, v = demand.tflops, demand.vram
     matched = big = 0

@@ -42,7 +42,12 @@ class GpuState:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeTotals:
-    """Sums over all of a node's GPUs (healthy or not), and what the eligibility check needs to know."""
+    """What scoring and rejection explanations read off a node state, computed once per state.
+
+    Sums are over all GPUs (healthy or not). ``healthy``/``shared`` keep GPU order; ``most_*_free``
+    are the first shared GPU with the most free room (as ``max`` picks it), None without shared GPUs;
+    ``uniform`` is the (TFLOPS, VRAM) capacity every healthy GPU has, None when they differ or none is.
+    """
 
     tflops: int
     vram: int
@@ -50,6 +55,11 @@ class NodeTotals:
     vram_used: int
     all_healthy: bool
     models: tuple[str, ...]  # distinct product names, in GPU order
+    healthy: tuple[GpuState, ...]
+    shared: tuple[GpuState, ...]  # healthy and not held whole
+    most_vram_free: GpuState | None
+    most_tflops_free: GpuState | None
+    uniform: tuple[int, int] | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,20 +80,29 @@ class NodeState:
     def totals(self) -> NodeTotals:
         """This state's GPU sums, computed on first use and kept for the life of the (immutable) state.
 
-        Scoring reads them for every fitting node on every cold request; a node's state object only
-        changes when something is reserved or released on it, so most requests find them ready.
+        Scoring reads them for every fitting node and the filter for every rejected one on every cold
+        request; a node's state object only changes when something is reserved or released on it, so
+        most requests find them ready.
         Filling the cache slot is the one write to a frozen value: idempotent, so a race is harmless.
         """
         totals = self._totals
         if totals is None:
             gpus = self.gpus
+            healthy = tuple(g for g in gpus if g.healthy)
+            shared = tuple(g for g in healthy if not g.whole)
+            sizes = {(g.tflops, g.vram) for g in healthy}
             totals = NodeTotals(
                 tflops=sum(g.tflops for g in gpus),
                 vram=sum(g.vram for g in gpus),
                 tflops_used=sum(g.tflops_used for g in gpus),
                 vram_used=sum(g.vram_used for g in gpus),
-                all_healthy=all(g.healthy for g in gpus),
+                all_healthy=len(healthy) == len(gpus),
                 models=tuple(dict.fromkeys(g.model for g in gpus)),
+                healthy=healthy,
+                shared=shared,
+                most_vram_free=max(shared, key=lambda g: g.vram - g.vram_used) if shared else None,
+                most_tflops_free=max(shared, key=lambda g: g.tflops - g.tflops_used) if shared else None,
+                uniform=sizes.pop() if len(sizes) == 1 else None,
             )
             object.__setattr__(self, "_totals", totals)
         return totals

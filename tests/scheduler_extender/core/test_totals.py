@@ -14,7 +14,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.core.fit import ModelMatcher, eligible_node
+from scheduler_extender.core.fit import ModelMatcher, _explain_any, _explain_one, eligible_node
 from scheduler_extender.core.ledger import Ledger, LedgerRefusal
 from scheduler_extender.core.model import GpuState, NodeState, NodeTotals
 from scheduler_extender.core.policy import TFLOPS_WEIGHT, VRAM_WEIGHT, utilisation_after
@@ -23,7 +23,11 @@ from vgpu.contract.allocation import GpuGrant
 
 
 def recomputed(node: NodeState) -> NodeTotals:
+    """The definition, spelled differently from the product (sorts instead of max, lists instead of sets)."""
     gpus = node.gpus
+    healthy = [g for g in gpus if g.healthy]
+    shared = [g for g in healthy if not g.whole]
+    sizes = sorted({(g.tflops, g.vram) for g in healthy})
     return NodeTotals(
         tflops=sum(g.tflops for g in gpus),
         vram=sum(g.vram for g in gpus),
@@ -31,6 +35,11 @@ def recomputed(node: NodeState) -> NodeTotals:
         vram_used=sum(g.vram_used for g in gpus),
         all_healthy=all(g.healthy for g in gpus),
         models=tuple(dict.fromkeys(g.model for g in gpus)),
+        healthy=tuple(healthy),
+        shared=tuple(shared),
+        most_vram_free=sorted(shared, key=lambda g: g.vram_free, reverse=True)[0] if shared else None,
+        most_tflops_free=sorted(shared, key=lambda g: g.tflops_free, reverse=True)[0] if shared else None,
+        uniform=sizes[0] if len(sizes) == 1 else None,
     )
 
 
@@ -49,14 +58,23 @@ def loop_utilisation(tflops: int, vram: int, count: int, node: NodeState) -> flo
 
 
 gpu = st.builds(
-    lambda i, model, healthy, t_used, v_used: make_gpu(
-        f"GPU-{i}", index=i, model=model, healthy=healthy, tflops_used=f"{t_used}", vram_used=f"{v_used}Gi"
+    lambda i, model, healthy, t_used, v_used, whole, small: make_gpu(
+        f"GPU-{i}",
+        index=i,
+        model=model,
+        healthy=healthy,
+        tflops_used=f"{t_used}",
+        vram_used=f"{v_used}Gi",
+        whole=whole,
+        vram="40Gi" if small else "80Gi",
     ),
     st.integers(0, 7),
-    st.sampled_from([A100, T4, "Unknown GPU"]),
+    st.sampled_from([A100, A100, T4, "Unknown GPU"]),
     st.booleans(),
     st.integers(0, 312),
-    st.integers(0, 80),
+    st.integers(0, 40),
+    st.booleans(),
+    st.booleans(),
 )
 nodes = st.lists(gpu, max_size=6, unique_by=lambda g: g.uuid).map(lambda gs: make_node("n", gpus=gs))
 
@@ -111,3 +129,38 @@ def test_replace_starts_a_fresh_cache() -> None:
     assert sicker.totals() == recomputed(sicker) != before
     assert sicker.totals().all_healthy is False
     assert node == replace(node)  # the cache takes no part in equality
+
+
+# Nodes of one model and GPU size (what the quick rejection path handles), with random usage, health
+# and whole-GPU holds; ties in free room are common, so the GPU a message names is tested too.
+homogeneous = st.lists(
+    st.tuples(st.booleans(), st.sampled_from([0, 100, 200, 312]), st.sampled_from([0, 40, 79, 80]), st.booleans()),
+    min_size=1,
+    max_size=8,
+).map(
+    lambda specs: make_node(
+        "n",
+        gpus=[
+            make_gpu(f"GPU-{i}", index=i, healthy=h, tflops_used=f"{t}", vram_used=f"{v}Gi", whole=w)
+            for i, (h, t, v, w) in enumerate(specs)
+        ],
+    )
+)
+
+
+@given(
+    st.one_of(nodes, homogeneous),
+    st.sampled_from([None, "A100", "T4"]),
+    st.integers(0, 320),
+    st.integers(0, 90),
+    st.integers(1, 2),
+)
+@settings(max_examples=800)
+def test_the_quick_rejection_reason_is_the_full_one(
+    node: NodeState, model: str | None, tflops: int, vram: int, count: int
+) -> None:
+    demand = make_demand(tflops=f"{tflops}", vram=f"{vram}Gi", count=count, model=model)
+    match = ModelMatcher(CATALOG, model)
+    quick = _explain_one(demand, node, match)
+    if quick is not None:
+        assert quick == _explain_any(demand, node, match)
