@@ -39,7 +39,7 @@ from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
 
 NAME: Final = "fragmentation"
-COVERAGE: Final = 0.95  # shapes kept: the most frequent covering this share of GPU pods (as FGD)
+COVERAGE: Final = 0.95  # shapes kept: the largest covering this share of the GPU demand (FGD: of pods)
 MAX_SHAPES: Final = 64  # and never more, to bound the per-node cost
 FIRST_REFRESH: Final = 8
 REFRESH_EVERY: Final = 4096
@@ -184,12 +184,14 @@ class FragmentationPolicy:
 
     def _refresh(self) -> None:
         kept: list[tuple[Shape, int]] = []
-        covered = 0
-        for shape, n in sorted(self._counts.items(), key=lambda kv: -kv[1]):
-            if covered >= COVERAGE * self._observed or len(kept) >= MAX_SHAPES:
+        covered = 0.0
+        demand = self._demand
+        total = sum(n * demand[s] for s, n in self._counts.items())
+        for shape, n in sorted(self._counts.items(), key=lambda kv: -kv[1] * demand[kv[0]]):
+            if covered >= COVERAGE * total or len(kept) >= MAX_SHAPES:
                 break
             kept.append((shape, n))
-            covered += n
+            covered += n * demand[shape]
         mass = sum(n * self._demand[s] for s, n in kept)
         self._mix = tuple(_Weighted(s, n * self._demand[s] / mass, self._affinities[s]) for s, n in kept)
         self._cpu_per_gpu = self._used[0] / self._gpus_seen
