@@ -193,8 +193,12 @@ class Cluster(AbstractContextManager["Cluster"]):
             self.node.stop()
         if self.cp is not None:
             self.cp.stop()
-        leftover = [p.name for p in self.all_procs() if p.alive()]
-        if not self.keep_root and not leftover:
+        leftover = [f"{p.name} (pid {p.pid})" for p in self.all_procs() if p.alive()]
+        if leftover:
+            print(
+                f"tf-e2e: still running after SIGKILL: {', '.join(leftover)}; logs kept in {self.root}", file=sys.stderr
+            )
+        elif not self.keep_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def all_procs(self) -> list[Proc]:

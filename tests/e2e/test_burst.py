@@ -41,7 +41,8 @@ def settle(core: CoreV1Api, namespace: str, count: int, timeout: float) -> list[
         state: dict[str, list[str]] = {}
         for p in pods:
             where = "bound" if p.spec.node_name else "unbound"
-            state.setdefault(f"{p.status.phase}/{where}", []).append(p.metadata.name)
+            why = f" ({p.status.reason}: {p.status.message})" if p.status.phase == "Failed" else ""
+            state.setdefault(f"{p.status.phase}/{where}", []).append(p.metadata.name + why)
         settled = len(pods) == count and set(state) <= {"Running/bound", "Pending/unbound"}
         stable = stable + 1 if settled and state == last else 0
         last = state
