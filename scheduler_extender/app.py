@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import scheduler_extender.core.fragmentation  # noqa: F401  (registers the fragmentation policy)
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.policy import Policies

@@ -24,7 +24,8 @@ class Settings(BaseSettings):
 
     policy: PlacementPolicy = Field(
         PlacementPolicy.BINPACK,
-        description="Default placement policy: binpack fills busy GPUs first, spread prefers empty ones. "
+        description="Default placement policy: binpack fills busy GPUs first, spread prefers empty ones, "
+        "fragmentation minimises the GPU capacity stranded for the pod mix it learns online. "
         "A pod may override it with the placement-policy annotation.",
     )
     keep_top_nodes: int = Field(

@@ -140,3 +140,6 @@ class PlacementPolicy(StrEnum):
 
     BINPACK = "binpack"
     SPREAD = "spread"
+    # FGD-style: place where the expected stranded GPU capacity, against the pod mix learned online,
+    # grows least (scheduler_extender/core/fragmentation.py; benchmarks/placement/README.md).
+    FRAGMENTATION = "fragmentation"

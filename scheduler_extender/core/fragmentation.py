@@ -37,8 +37,9 @@ from scheduler_extender.core.fit import fitting_gpus
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
+from vgpu.names import PlacementPolicy
 
-NAME: Final = "fragmentation"
+NAME: Final = PlacementPolicy.FRAGMENTATION.value
 COVERAGE: Final = 0.95  # shapes kept: the largest covering this share of the GPU demand (FGD: of pods)
 MAX_SHAPES: Final = 64  # and never more, to bound the per-node cost
 FIRST_REFRESH: Final = 8

@@ -179,3 +179,26 @@ def test_bind_metrics_count_outcomes_and_gate_waits(run: Callable[..., Running],
     assert 'tf_extender_binds_total{result="annotate"} 1.0' in text
     assert 'tf_extender_binds_total{result="bound"} 1.0' in text
     assert "tf_extender_bind_gate_wait_seconds_count 1.0" in text
+
+
+def test_fragmentation_policy_scores_binds_and_learns_from_commits(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """The benchmark's policy runs in the extender as configured, and learns from every committed bind."""
+    fake.auto_receipt = True  # play the device plugin, so the node's hand-off gate opens after each bind
+    fake.put(Kind.NODE, make_node("n1", gpus=8, vram=80 * GI, tflops=300_000))
+    fake.put(Kind.NODE, make_node("n2", gpus=8, vram=80 * GI, tflops=300_000))
+    names = [f"p{i}" for i in range(8)]  # FIRST_REFRESH committed pods make the policy learn its first mix
+    for name in names:
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=30_000, vram=6 * GI)))
+    app = run(policy="fragmentation")
+    policy = app.ext.binder.policies.default
+    assert policy.name == "fragmentation" and policy.mix == ()  # type: ignore[attr-defined]
+    scores = app.post(
+        "/prioritize", {"Pod": make_pod("probe", gpu_request(vram=GI)), "Nodes": None, "NodeNames": ["n1", "n2"]}
+    )
+    assert sorted(s["Host"] for s in scores) == ["n1", "n2"] and all(0 <= s["Score"] <= 10 for s in scores)
+    for name in names:
+        assert app.post("/bind", bind_body(name, "n1")) == {"Error": ""}
+    assert allocation(fake, "p7") is not None
+    assert len(policy.mix) == 1 and policy.revision == 1  # type: ignore[attr-defined]

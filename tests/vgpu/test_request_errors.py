@@ -46,7 +46,7 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("profile name", {**OK, f"{P}workload-profile": "UPPER"}, ("python",), "tensor-fusion.ai/workload-profile 'UPPER': must be a Kubernetes name"),
     ("gpu model blank", {**OK, f"{P}gpu-model": "  "}, ("python",), "tensor-fusion.ai/gpu-model '  ': must name a GPU model such as A100"),
     ("placement policy", {**OK, f"{P}placement-policy": "random"}, ("python",),
-     "tensor-fusion.ai/placement-policy 'random': must be one of binpack, spread"),
+     "tensor-fusion.ai/placement-policy 'random': must be one of binpack, spread, fragmentation"),
     ("typo key", {**OK, f"{P}vram-requests": "1Gi"}, ("python",),
      "tensor-fusion.ai/vram-requests: unknown tensor-fusion.ai/ annotation; did you mean tensor-fusion.ai/vram-request?"),
     ("huge value is shortened", {**OK, f"{P}qos": "x" * 5000}, ("python",), "'" + "x" * 120 + "…': must be one of"),
