@@ -83,7 +83,7 @@ class Daemon:
         allocator_config = AllocatorConfig(
             node=config.node, backend=config.backend, paths=config.paths, lookup_wait_s=config.lookup_wait_s
         )
-        self.allocator = Allocator(allocator_config, self.cache, self.board, self.keeper, self.metrics)
+        self.allocator = Allocator(allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics)
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         self.server = PluginServer(self.servicer, config.sockets, self.metrics)
         self.monitor = HealthMonitor(probe, self.board, check_interval_s=config.health_check_s)

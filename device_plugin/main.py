@@ -54,7 +54,12 @@ def parser() -> argparse.ArgumentParser:
     add("health-recovery", "60", "seconds without faults before an unhealthy GPU is healthy again", type=float)
     add("pool", None, "GPU pool of this node (default: its existing pool label, else the default pool)")
     add("heartbeat", "30", "seconds between inventory heartbeats (patches happen on change too)", type=float)
-    add("lookup-wait", "2", "seconds Allocate waits for the pod's allocation to reach the pod cache", type=float)
+    add(
+        "lookup-wait",
+        "2",
+        "seconds Allocate waits for a late allocation of a pod already on the node (API down: for the pod cache)",
+        type=float,
+    )
     add("reconcile-interval", "10", "seconds between hand-off receipt reconciliations", type=float)
     add("metrics-port", "9400", "port of /metrics (0 disables)", type=int)
     add("kubeconfig", None, "kubeconfig path (default: in-cluster, then ~/.kube/config)")

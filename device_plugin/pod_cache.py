@@ -1,9 +1,18 @@
 """Pods bound to this node, kept current by a watch, with event-driven waiting for Allocate.
 
-Allocate may arrive before the watch has delivered the extender's allocation (the bind and the
-annotation race the kubelet), so lookups wait on *changes to this cache*, bounded by a deadline,
-rather than polling the API server. The watch runs in a thread (the Kubernetes client blocks) and
-hands each event to the event loop with ``call_soon_threadsafe``, which keeps their order.
+Allocate decides on a fresh LIST (see :mod:`device_plugin.allocator`); when a pod it found there has
+no allocation yet, it waits on *changes to this cache*, bounded by a deadline, rather than polling
+the API server, and when the API cannot be read this cache is all it has. The watch runs in a thread
+(the Kubernetes client blocks) and hands each event to the event loop with ``call_soon_threadsafe``,
+which keeps their order.
+
+Three sources write here: the watch, the pod a hand-off patch returns, and the fresh LISTs Allocate
+takes. They can arrive out of order (a busy watch still delivering an older version of a pod the
+patch already returned), and an older version must never replace a newer one: a receipt that
+disappears again would make a handed-off pod look awaiting. So each pod's resourceVersion is kept,
+with those of recently deleted pods, and anything not newer is ignored. Versions are etcd
+revisions, integers on every Kubernetes API server; one that is not an integer cannot be ordered
+and is applied as it comes.
 """
 
 from __future__ import annotations
@@ -20,6 +29,15 @@ from device_plugin.pods import PodRecord, from_json
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_TOMBSTONES = 4096  # deleted pods whose version is kept, so a LIST taken before a deletion cannot revive them
+
+
+def _version(pod: Json) -> int | None:
+    raw = (pod.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(str(raw))
+    except ValueError:
+        return None
 
 
 class PodCache:
@@ -27,6 +45,8 @@ class PodCache:
 
     def __init__(self) -> None:
         self._pods: dict[str, PodRecord] = {}
+        self._versions: dict[str, int] = {}  # live pods' resourceVersions
+        self._gone: dict[str, int] = {}  # deleted pods' last resourceVersions, oldest first
         self._changed = asyncio.Event()
         self.synced = asyncio.Event()
 
@@ -37,17 +57,63 @@ class PodCache:
         return self._pods.get(uid)
 
     def replace(self, pods: Iterable[Json]) -> None:
-        self._pods = {r.uid: r for r in map(from_json, pods)}
+        """A (re)list: the pods now on the node. A pod the cache holds newer (a patch's answer that
+        landed while the list was on its way) keeps its newer record."""
+        fresh: dict[str, PodRecord] = {}
+        versions: dict[str, int] = {}
+        for pod in pods:
+            record, version = from_json(pod), _version(pod)
+            if self._stale(record.uid, version):
+                kept = self._pods.get(record.uid)
+                if kept is None:  # deleted after this list was taken
+                    continue
+                record, version = kept, self._versions.get(record.uid)
+            fresh[record.uid] = record
+            if version is not None:
+                versions[record.uid] = version
+        self._pods, self._versions = fresh, versions
         self.synced.set()
         self._wake()
 
+    def merge(self, pods: Iterable[Json]) -> list[PodRecord]:
+        """Take in a fresh LIST of the node's pods (newer versions only); returns the LIST's records.
+
+        Pods missing from the LIST stay until the watch delivers their deletion: the caller decides on
+        the LIST itself, the cache only must not fall behind it."""
+        records = []
+        for pod in pods:
+            record = from_json(pod)
+            records.append(record)
+            self._put("MODIFIED", record, _version(pod))
+        self._wake()
+        return records
+
     def apply(self, kind: WatchKind, pod: Json) -> None:
-        record = from_json(pod)
+        if self._put(kind, from_json(pod), _version(pod)):
+            self._wake()
+
+    def _put(self, kind: WatchKind, record: PodRecord, version: int | None) -> bool:
+        if self._stale(record.uid, version):
+            return False
         if kind == "DELETED":
             self._pods.pop(record.uid, None)
+            self._versions.pop(record.uid, None)
+            if version is not None:
+                self._gone[record.uid] = version
+                if len(self._gone) > _TOMBSTONES:
+                    del self._gone[next(iter(self._gone))]
         else:
             self._pods[record.uid] = record
-        self._wake()
+            if version is None:
+                self._versions.pop(record.uid, None)
+            else:
+                self._versions[record.uid] = version
+        return True
+
+    def _stale(self, uid: str, version: int | None) -> bool:
+        """Is this version of pod ``uid`` not newer than one already seen (alive or deleted)?"""
+        known = self._versions.get(uid, self._gone.get(uid))
+        return version is not None and known is not None and version <= known
 
     def _wake(self) -> None:
         self._changed.set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import queue
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -121,27 +120,37 @@ def uid_of(pod: Json) -> str:
 
 
 class FakeKube:
-    """A :class:`~device_plugin.gateway.KubeGateway` over dicts, with a real watch stream."""
+    """A :class:`~device_plugin.gateway.KubeGateway` over dicts, with a real watch stream.
+
+    Every write gets the next resourceVersion and is logged, so a watch from a list's version replays
+    exactly what followed it, as the API server does. ``watch_held`` models a lagging watch (the API
+    has the change, the stream has not delivered it yet): while set, watches deliver nothing."""
 
     def __init__(self, pods: Sequence[dict[str, Any]] = (), node_labels: Mapping[str, str] | None = None) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._version = itertools.count(1)
+        self._current = 0
+        self._log: list[tuple[int, WatchKind, dict[str, Any]]] = []
         self.pods: dict[str, dict[str, Any]] = {}
         self.node: dict[str, Any] = {"metadata": {"name": NODE, "labels": dict(node_labels or {}), "annotations": {}}}
         self.node_patches: list[tuple[dict[str, str], dict[str, str]]] = []
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
-        self._watchers: list[queue.Queue[tuple[WatchKind, dict[str, Any]]]] = []
+        self.fail_pod_lists = 0
+        self.pod_lists = 0
+        self.watch_held = threading.Event()
         for pod in pods:
             self.put(pod, notify=False)
 
     def _stamp(self, pod: dict[str, Any]) -> dict[str, Any]:
-        pod["metadata"]["resourceVersion"] = str(next(self._version))
+        self._current = next(self._version)
+        pod["metadata"]["resourceVersion"] = str(self._current)
         return copy.deepcopy(pod)
 
     def _emit(self, kind: WatchKind, pod: dict[str, Any]) -> None:
-        for w in self._watchers:
-            w.put((kind, copy.deepcopy(pod)))
+        self._log.append((self._current, kind, copy.deepcopy(pod)))
+        self._changed.notify_all()
 
     def put(self, pod: dict[str, Any], *, notify: bool = True) -> None:
         with self._lock:
@@ -159,6 +168,7 @@ class FakeKube:
     def delete(self, uid: str) -> None:
         with self._lock:
             pod = self.pods.pop(uid)
+            self._stamp(pod)
             self._emit("DELETED", pod)
 
     def annotation(self, uid: str, key: str) -> str | None:
@@ -170,33 +180,34 @@ class FakeKube:
 
     def list_pods(self, node: str) -> tuple[list[Json], str]:
         with self._lock:
-            items = [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
-            watcher: queue.Queue[tuple[WatchKind, dict[str, Any]]] = queue.Queue()
-            self._watchers.append(watcher)  # subscribe under the lock: no event between list and watch is lost
-            self._pending_watcher = watcher
-            return list(items), "1"
+            self.pod_lists += 1
+            if self.fail_pod_lists:
+                self.fail_pod_lists -= 1
+                raise RuntimeError("injected API failure")
+            items: list[Json] = [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
+            return items, str(self._current)
 
     def watch_pods(self, node: str, resource_version: str, stop: threading.Event) -> Iterator[tuple[WatchKind, Json]]:
-        watcher = self._pending_watcher
-        try:
-            while not stop.is_set():
-                try:
-                    kind, pod = watcher.get(timeout=0.05)
-                except queue.Empty:
+        after = int(resource_version)
+        while not stop.is_set():
+            with self._changed:
+                ready = [] if self.watch_held.is_set() else [e for e in self._log if e[0] > after]
+                if not ready:
+                    self._changed.wait(0.05)
                     continue
+            for version, kind, pod in ready:
+                after = version
                 if pod["spec"]["nodeName"] == node:
-                    yield kind, pod
-        finally:
-            with self._lock:
-                if watcher in self._watchers:
-                    self._watchers.remove(watcher)
+                    yield kind, copy.deepcopy(pod)
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Json:
         with self._lock:
             if self.fail_pod_patches:
                 self.fail_pod_patches -= 1
                 raise RuntimeError("injected API failure")
-            pod = next(p for p in self.pods.values() if p["metadata"]["name"] == name)
+            pod = next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
+            if pod is None:
+                raise RuntimeError(f'HTTP 404 Not Found: pods "{name}" not found')
             pod["metadata"]["annotations"].update(annotations)
             self.pod_patches.append((namespace, name, dict(annotations)))
             out = self._stamp(pod)

@@ -257,3 +257,127 @@ def test_plugin_restart_serves_new_pods_and_reallocation_of_recorded_ones(tmp_pa
         await kubelet.stop()
 
     run(scenario())
+
+
+# --- a lagging watch (end to end: a namespace of deletions streamed through it while pods bound) ---
+
+
+def _bound(name: str, **kw: object) -> dict[str, object]:
+    """A pod the extender bound to this node: its allocation is written before the binding."""
+    pod = make_pod(name, **kw)  # type: ignore[arg-type]
+    pod["metadata"]["annotations"][ALLOC] = allocation(uid_of(pod))
+    return pod
+
+
+def test_a_pod_the_watch_has_not_delivered_yet_is_served_at_once(tmp_path: Path) -> None:
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=5) as (daemon, kubelet):
+            kube.watch_held.set()
+            late = _bound("late")
+            kube.put(late)
+            began = time.monotonic()
+            response = await kubelet.allocate(slice_id(GPU0, 0))
+            assert time.monotonic() - began < 1.0  # not after the lookup wait: from the fresh read
+            assert response.container_responses[0].envs[Env.TF_POD_NAME] == "late"
+            assert daemon.cache.get(uid_of(late)) is not None  # the read was fed to the cache too
+            assert await receipt(kube, uid_of(late)) == {"main": (slice_id(GPU0, 0),)}
+
+    run(scenario())
+
+
+def test_a_deleted_pod_and_its_successor_never_shift_allocations(tmp_path: Path) -> None:
+    # The e2e failure: the kubelet admits A while the watch lags; A is deleted, the gate lets B bind.
+    # Matching on the cache served B's allocation to A's container, B's to nothing, and refused the last.
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=2) as (_, kubelet):
+            kube.watch_held.set()
+            a = _bound("a")
+            kube.put(a)
+            for_a = asyncio.create_task(kubelet.allocate(slice_id(GPU0, 0)))
+            await asyncio.sleep(0.2)
+            kube.delete(uid_of(a))
+            kube.put(_bound("b"))
+            kube.watch_held.clear()
+            assert (await for_a).container_responses[0].envs[Env.TF_POD_NAME] == "a"
+            for_b = await kubelet.allocate(slice_id(GPU0, 1))
+            assert for_b.container_responses[0].envs[Env.TF_POD_NAME] == "b"
+
+    run(scenario())
+
+
+def test_a_stale_cache_never_serves_a_pod_the_api_no_longer_has(tmp_path: Path) -> None:
+    gone, alone = _bound("gone"), _bound("alone")
+    kube = FakeKube([gone, alone])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.2) as (daemon, kubelet):
+            await until(lambda: daemon.cache.get(uid_of(gone)) is not None)
+            kube.watch_held.set()  # the cache still shows both: "ambiguous" there, one pod in the API
+            kube.delete(uid_of(gone))
+            response = await kubelet.allocate(slice_id(GPU0, 0))
+            assert response.container_responses[0].envs[Env.TF_POD_NAME] == "alone"
+            await receipt(kube, uid_of(alone))
+            kube.delete(uid_of(alone))  # the held watch still shows "gone" awaiting: never served from there
+            successor = _bound("successor")
+            kube.put(successor)
+            response = await kubelet.allocate(slice_id(GPU0, 1))
+            assert response.container_responses[0].envs[Env.TF_POD_NAME] == "successor"
+            await receipt(kube, uid_of(successor))
+            kube.delete(uid_of(successor))
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # truly absent: the same clear error
+                await kubelet.allocate(slice_id(GPU0, 2))
+            assert "no pod on node node-a awaits an allocation of 1" in (err.value.details() or "")
+
+    run(scenario())
+
+
+def test_two_pods_awaiting_in_the_api_stay_ambiguous_while_the_watch_lags(tmp_path: Path) -> None:
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_, kubelet):
+            kube.watch_held.set()
+            kube.put(_bound("twin-a"))
+            kube.put(_bound("twin-b"))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.allocate(slice_id(GPU0, 0))
+            assert "ambiguous: 2 pods on node node-a" in (err.value.details() or "")
+            assert kube.pod_patches == []
+
+    run(scenario())
+
+
+def test_a_pod_bound_after_the_allocate_arrived_is_never_its_pod(tmp_path: Path) -> None:
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.5) as (_, kubelet):
+            call = asyncio.create_task(kubelet.allocate(slice_id(GPU0, 0)))
+            await asyncio.sleep(0.1)
+            later = _bound("later")
+            kube.put(later)  # the kubelet is admitting some other pod: this one was not bound yet
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert "no pod on node node-a awaits" in (err.value.details() or "")
+            assert kube.annotation(uid_of(later), HANDOFF) is None
+
+    run(scenario())
+
+
+def test_without_the_api_allocate_still_serves_from_the_watch(tmp_path: Path) -> None:
+    pod = _bound("cached")
+    kube = FakeKube([pod])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            await until(lambda: daemon.cache.get(uid_of(pod)) is not None)
+            kube.fail_pod_lists = 1
+            response = await kubelet.allocate(slice_id(GPU0, 0))
+            assert response.container_responses[0].envs[Env.TF_POD_NAME] == "cached"
+            assert kube.fail_pod_lists == 0
+
+    run(scenario())

@@ -197,3 +197,27 @@ def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.node == "n1" and config.backend is EnforcementBackend.MPS
     assert config.health.ignored_xids == {13, 79} and config.default_tflops == 2500
     assert config.podresources_socket is None
+
+
+def test_pod_cache_never_takes_an_older_version_of_a_pod_nor_revives_a_deleted_one() -> None:
+    # A busy watch delivers old versions after a hand-off patch's answer or a fresh LIST was applied.
+    pod = make_pod("p", alloc=allocation("p"))
+    kube = FakeKube([pod])
+    listed = kube.list_pods("node-a")[0]
+    uid = uid_of(pod)
+    cache = PodCache()
+    cache.replace(listed)
+    patched = kube.patch_pod_annotations("default", "p", {HANDOFF: "receipt"})
+    cache.apply("MODIFIED", patched)
+    cache.apply("MODIFIED", listed[0])  # the watch's older version: ignored
+    record = cache.get(uid)
+    assert record is not None and record.handoff == "receipt"
+    cache.replace(listed)  # a relist taken before the patch keeps the newer record
+    record = cache.get(uid)
+    assert record is not None and record.handoff == "receipt"
+    kube.delete(uid)
+    cache.apply("DELETED", {**patched, "metadata": {**patched["metadata"], "resourceVersion": "99"}})
+    assert cache.merge(listed)[0].uid == uid  # a LIST from before the deletion is returned as read...
+    assert cache.get(uid) is None  # ...but does not bring the pod back
+    cache.replace(listed)
+    assert cache.get(uid) is None
