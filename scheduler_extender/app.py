@@ -82,7 +82,7 @@ def build(
 ) -> Extender:
     """Wire one extender (without starting threads)."""
     catalog = catalog or builtin()
-    gate = HandoffGate(ttl=settings.handoff_ttl, clock=clock)
+    gate = HandoffGate(ttl=settings.handoff_ttl, deletion_grace=settings.handoff_deletion_grace, clock=clock)
     cache = ClusterCache(default_pool=settings.default_pool, gate=gate, clock=clock)
     policies = Policies(settings.policy.value)
     metrics = Metrics(cache, gate)

@@ -5,7 +5,9 @@ If two pods bound to one node were both waiting for Allocate, the plugin could n
 allocation to answer with. So bind for node N first takes N's gate, and the gate stays taken until
 the device plugin writes its hand-off receipt on the pod, the pod is deleted or finishes, or, as a
 last resort, ``ttl`` seconds after the allocation's ``bound_at``. Waiting is event-driven: the cache
-calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. The full rules are in
+calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. A pod deleted
+before its receipt keeps the gate ``deletion_grace`` seconds more: the kubelet may still be admitting
+it, and a successor bound in that window could be matched to the dead pod's Allocate. The full rules are in
 ``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from the same text.
 """
 
@@ -56,8 +58,9 @@ def _bound_at(text: str, default: float) -> float:
 class HandoffGate:
     """Node → holders. Thread-safe; ``clock`` is wall-clock seconds (``bound_at`` is wall time)."""
 
-    def __init__(self, *, ttl: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, ttl: float, deletion_grace: float = 0.0, clock: Callable[[], float] = time.time) -> None:
         self.ttl = ttl
+        self.deletion_grace = deletion_grace
         self.clock = clock
         self._cond = threading.Condition()
         self._holds: dict[str, dict[str, Hold]] = {}
@@ -73,7 +76,7 @@ class HandoffGate:
     def forget(self, uid: str) -> None:
         """The pod is gone from the API server."""
         with self._cond:
-            self._drop(uid)
+            self._retire(uid)
             self._cond.notify_all()
 
     def replace(self, records: Iterable[PodRecord]) -> None:
@@ -95,8 +98,11 @@ class HandoffGate:
             self._set(node, Hold(uid, record.ref.key, _bound_at(record.allocation.bound_at, self.clock()), False))
             return
         current = self._current(uid)
-        released = record.receipt or record.terminal or record.deleting
-        if current is not None and (released or not current.in_flight):
+        if current is None:
+            return
+        if record.deleting and not record.receipt and not record.terminal:
+            self._retire(uid)
+        elif record.receipt or record.terminal or not current.in_flight:
             self._drop(uid)
 
     # --- used by bind ---------------------------------------------------------------------------
@@ -150,6 +156,16 @@ class HandoffGate:
     def _set(self, node: str, hold: Hold) -> None:
         self._holds.setdefault(node, {})[hold.uid] = hold
         self._node_of[hold.uid] = node
+
+    def _retire(self, uid: str) -> None:
+        """A holder is being deleted without a receipt: keep its hold until ``deletion_grace`` from now."""
+        current = self._current(uid)
+        if current is None or current.in_flight or self.deletion_grace <= 0:
+            self._drop(uid)
+            return
+        until = self.clock() + self.deletion_grace
+        if current.since + self.ttl > until:  # expire through the TTL path, never later than the TTL would
+            self._set(self._node_of[uid], Hold(uid, current.pod_key, until - self.ttl, False))
 
     def _drop(self, uid: str) -> None:
         node = self._node_of.pop(uid, None)

@@ -46,6 +46,13 @@ class Settings(BaseSettings):
         description="Last-resort seconds after bound_at after which a pod without a hand-off receipt "
         "no longer holds its node's gate.",
     )
+    handoff_deletion_grace: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds a pod deleted before its hand-off receipt still holds its node's gate: the "
+        "kubelet may be admitting it, and its Allocate must not meet a successor (the device plugin's "
+        "lookup wait is 2 s). 0 releases at once.",
+    )
     reservation_ttl: float = Field(
         30.0,
         gt=0,

@@ -165,3 +165,32 @@ def test_bind_gives_up_with_a_clear_error_after_handoff_wait(run: Callable[..., 
     assert "node n1 is still handing GPUs over to pod default/a" in reply["Error"]
     assert app.ext.cache.entry("default/b") is None
     assert 'tf_extender_binds_total{result="gate"} 1.0' in app.client.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    "delete",
+    [
+        pytest.param(lambda g: g.forget("a"), id="deleted"),
+        pytest.param(lambda g: g.observe(record("a", deleting=True)), id="terminating"),
+    ],
+)
+def test_a_holder_deleted_before_its_receipt_keeps_the_gate_for_the_grace(
+    delete: Callable[[HandoffGate], None],
+) -> None:
+    """The kubelet may still be admitting the deleted pod; a successor must not meet its Allocate."""
+    gate = HandoffGate(ttl=60, deletion_grace=0.4)
+    gate.observe(record("a"))
+    delete(gate)
+    delete(gate)  # repeated deletion events do not extend the grace
+    start = time.monotonic()
+    waited = gate.acquire("n1", "b", "default/b", wait=3)
+    assert 0.3 < waited < 1.0 and time.monotonic() - start < 1.0
+    assert [h.uid for h in gate.holders("n1")] == ["b"]
+
+
+def test_a_receipt_or_a_finished_pod_still_releases_at_once_with_a_grace() -> None:
+    for release in (record("a", receipt=True), record("a", phase="Failed")):
+        gate = HandoffGate(ttl=60, deletion_grace=5)
+        gate.observe(record("a"))
+        gate.observe(release)
+        assert gate.acquire("n1", "b", "default/b", wait=0.1) < 0.1
