@@ -88,6 +88,12 @@ class Binder:
             if record.node_name == node and record.allocation is not None and record.allocation.node == node:
                 return BindOutcome(record.allocation, 0.0)  # a retried bind whose first answer was lost
             raise BindError(f"pod {ref.key} is already bound to {record.node_name}", "request")
+        if record.allocation is not None:
+            # Unbound yet allocated: an earlier bind wrote the allocation and never posted the Binding
+            # (the extender died in between, or its rollback failed). Roll it back, then bind afresh.
+            note = self._undo(ref, record.allocation.node, annotated=True)
+            if note:
+                raise BindError(f"pod {ref.key} carries the allocation of an unfinished bind{note}", "annotate")
         wanted = scheduled_pod(pod)
         if not wanted.is_gpu_pod:
             self._post_binding(ref, node)

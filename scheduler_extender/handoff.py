@@ -4,8 +4,9 @@ kubelet's Allocate tells the device plugin only device IDs, not which pod they a
 If two pods bound to one node were both waiting for Allocate, the plugin could not tell whose
 allocation to answer with. So bind for node N first takes N's gate, and the gate stays taken until
 the device plugin writes its hand-off receipt on the pod, the pod is deleted or finishes, or, as a
-last resort, ``ttl`` seconds after the allocation's ``bound_at``. Waiting is event-driven: the cache
-calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. A pod deleted
+last resort, ``ttl`` seconds after the allocation's ``bound_at``. Only a bound pod holds a gate (the
+kubelet admits nothing else); between annotation and Binding the bind itself holds it. Waiting is
+event-driven: the cache calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. A pod deleted
 before its receipt keeps the gate ``deletion_grace`` seconds more: the kubelet may still be admitting
 it, and a successor bound in that window could be matched to the dead pod's Allocate. The full rules are in
 ``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from the same text.
@@ -91,7 +92,7 @@ class HandoffGate:
 
     def _observe(self, record: PodRecord) -> None:
         uid = record.ref.uid
-        if record.in_handoff and record.allocation is not None:
+        if record.in_handoff and record.allocation is not None and record.node_name is not None:
             node = record.allocation.node
             if self._node_of.get(uid, node) != node:
                 self._drop(uid)

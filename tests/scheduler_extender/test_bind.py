@@ -202,3 +202,23 @@ def test_fragmentation_policy_scores_binds_and_learns_from_commits(
         assert app.post("/bind", bind_body(name, "n1")) == {"Error": ""}
     assert allocation(fake, "p7") is not None
     assert len(policy.mix) == 1 and policy.revision == 1  # type: ignore[attr-defined]
+
+
+def test_a_pod_left_allocated_but_unbound_by_a_dead_extender_binds_on_retry(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """The extender died between writing the allocation and posting the Binding; the retry must not stick."""
+    from tests.scheduler_extender.test_cache import allocated_pod, grant
+
+    fake.put(Kind.NODE, make_node("n1", gpus=1, vram=16 * GI, tflops=100_000))
+    orphan = allocated_pod("p1", "n1", grant("n1", 0, 10 * GI), phase="Pending")
+    del orphan["spec"]["nodeName"]
+    fake.put(Kind.POD, orphan)
+    app = run()
+    assert app.ext.gate.holders("n1") == ()  # an unbound pod holds no hand-off gate
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    alloc = allocation(fake, "p1")
+    assert alloc is not None and alloc.node == "n1" and alloc.bound_at != "2026-01-01T00:00:00Z"  # written afresh
+    entry = app.ext.cache.entry("default/p1")
+    assert entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
+    assert fake.calls[-2:] == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]

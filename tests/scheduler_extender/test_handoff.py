@@ -194,3 +194,13 @@ def test_a_receipt_or_a_finished_pod_still_releases_at_once_with_a_grace() -> No
         gate.observe(record("a"))
         gate.observe(release)
         assert gate.acquire("n1", "b", "default/b", wait=0.1) < 0.1
+
+
+def test_an_unbound_pod_with_an_allocation_does_not_hold_the_gate() -> None:
+    """The orphan of a bind that died before its Binding: the kubelet cannot be admitting it."""
+    gate = HandoffGate(ttl=60)
+    orphan = record("a")
+    gate.observe(PodRecord(**{**{f: getattr(orphan, f) for f in PodRecord.__dataclass_fields__}, "node_name": None}))
+    assert gate.holders("n1") == ()
+    gate.observe(record("a"))  # once bound, it holds the gate until its receipt
+    assert [h.uid for h in gate.holders("n1")] == ["a"]
