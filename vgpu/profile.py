@@ -200,16 +200,14 @@ def _resources(raw: object, where: str, errors: list[FieldError]) -> Resources:
         errors.append(FieldError(where, fields.shown(raw), "must be an object with requests and limits"))
         return Resources()
     values: dict[str, int | None] = {}
-    for side in ("requests", "limits"):
+    for side, suffix in (("requests", "request"), ("limits", "limit")):
         block = raw.get(side) or {}
         if not isinstance(block, Mapping):
             errors.append(FieldError(f"{where}.{side}", fields.shown(block), "must be an object with tflops and vram"))
             continue
         for name, parse in (("tflops", fields.milli), ("vram", fields.byte_count)):
             if block.get(name) is not None:
-                values[f"{name}_{side[:-1] if side == 'requests' else 'limit'}"] = parse(
-                    f"{where}.{side}.{name}", str(block[name]), errors
-                )
+                values[f"{name}_{suffix}"] = parse(f"{where}.{side}.{name}", str(block[name]), errors)
     return Resources(
         tflops_request=values.get("tflops_request"),
         tflops_limit=values.get("tflops_limit"),

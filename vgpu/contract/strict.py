@@ -65,9 +65,7 @@ class Reader:
 
     def opt_choice(self, key: str, accepted: tuple[str, ...]) -> str | None:
         value = self.opt_text(key)
-        if value is not None and value not in accepted:
-            raise DomainError.one(f"{self.path}.{key}", value, f"must be one of {', '.join(accepted)}")
-        return value
+        return None if value is None else self._accepted(key, value, accepted)
 
     def obj(self, key: str, optional: bool = False) -> Mapping[str, Any] | None:
         value: Mapping[str, Any] | None = self._get(key, Mapping, "an object", optional)
@@ -84,7 +82,9 @@ class Reader:
         return tuple(values)
 
     def choice(self, key: str, accepted: tuple[str, ...]) -> str:
-        value = self.text(key)
+        return self._accepted(key, self.text(key), accepted)
+
+    def _accepted(self, key: str, value: str, accepted: tuple[str, ...]) -> str:
         if value not in accepted:
             raise DomainError.one(f"{self.path}.{key}", value, f"must be one of {', '.join(accepted)}")
         return value
