@@ -17,7 +17,7 @@ from vgpu.errors import DomainError
 _NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
 _GRAMMAR = re.compile(
     rf"^(?P<sign>[+-]?)(?P<number>{_NUMBER})"
-    rf"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exp>[+-]?{_NUMBER}))?$"
+    rf"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]+))?$"
 )
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -41,10 +41,10 @@ def parse(text: str, *, key: str = "quantity") -> Fraction:
     elif match["decimal"]:
         value *= Fraction(10) ** _DECIMAL[match["decimal"]]
     elif match["exp"] is not None:
-        exponent = Fraction(match["exp"])
-        if exponent.denominator != 1 or abs(exponent) > _MAX_EXPONENT:
-            raise DomainError.one(key, text, f"exponent must be a whole number within ±{_MAX_EXPONENT}")
-        value *= Fraction(10) ** int(exponent)
+        exponent = int(match["exp"])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise DomainError.one(key, text, f"exponent must be within ±{_MAX_EXPONENT}")
+        value *= Fraction(10) ** exponent
     if match["sign"] == "-" and value != 0:
         raise DomainError.one(key, text, "must not be negative")
     return value

@@ -40,7 +40,7 @@ def test_parse_is_exact(text: str, value: Fraction) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "abc", "4GiB", "1.2.3", "10 Gi", "Gi", "e3", "1e", "0x10", "4gi", "1e1.5", "1e99"]
+    "text", ["", "abc", "4GiB", "1.2.3", "10 Gi", "Gi", "e3", "1e", "0x10", "4gi", "1e1.5", "1e99", "1e1.0", "0E0."]
 )
 def test_garbage_is_rejected_with_the_value_quoted(text: str) -> None:
     with pytest.raises(DomainError) as caught:
