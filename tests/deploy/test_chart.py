@@ -100,6 +100,8 @@ def test_device_plugin_mounts_only_the_kubelet_dirs() -> None:
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
     }
+    # NVML's process list carries host PIDs; mapping them to pods reads the host's /proc.
+    assert spec["hostPID"] is True
     (container,) = spec["containers"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in container["securityContext"]
