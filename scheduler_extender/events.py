@@ -22,7 +22,6 @@ from scheduler_extender.objects import PodRef
 log = logging.getLogger(__name__)
 
 REASON_FAILED: Final = "FailedGpuScheduling"
-REASON_BIND_FAILED: Final = "FailedGpuBinding"
 # The most pods remembered for deduplication; the oldest are forgotten beyond it.
 _MEMORY: Final = 10_000
 _QUEUE: Final = 1_000

@@ -53,8 +53,6 @@ class ScheduledPod:
     request: GpuRequest | None
     request_error: str | None  # the resolved-request annotation is present but corrupt
     request_text: str | None  # the annotation as written: equal texts mean equal requests
-    priority: int
-    nominated_node: str | None
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -122,9 +120,6 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
     """Read the pod of a scheduler request. A pod is ours when it carries the resolved request or our label."""
     ann = annotations_of(pod)
     labels = _strings(_meta(pod).get("labels"))
-    spec, status = _section(pod, "spec"), _section(pod, "status")
-    priority = spec.get("priority")
-    nominated = status.get("nominatedNodeName")
     request: GpuRequest | None = None
     error: str | None = None
     raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
@@ -143,8 +138,6 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         request=request,
         request_error=error,
         request_text=raw,
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        nominated_node=nominated if isinstance(nominated, str) and nominated else None,
     )
 
 
