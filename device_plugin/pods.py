@@ -38,9 +38,6 @@ class PodRecord:
         """Not terminal and not being deleted: a pod the kubelet may still admit or run."""
         return self.phase not in TERMINAL_PHASES and not self.deleting
 
-    def vgpu_count(self, container: str) -> int:
-        return next((n for c, n in self.vgpu_containers if c == container), 0)
-
 
 def _count(container: Mapping[str, Any]) -> int:
     """The container's vgpu count: the limit, else the request (extended resources need both equal)."""

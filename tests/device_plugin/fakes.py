@@ -138,7 +138,6 @@ class FakeKube:
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
         self.fail_pod_lists = 0
-        self.pod_lists = 0
         self.watch_held = threading.Event()
         for pod in pods:
             self.put(pod, notify=False)
@@ -180,7 +179,6 @@ class FakeKube:
 
     def list_pods(self, node: str) -> tuple[list[Json], str]:
         with self._lock:
-            self.pod_lists += 1
             if self.fail_pod_lists:
                 self.fail_pod_lists -= 1
                 raise RuntimeError("injected API failure")
