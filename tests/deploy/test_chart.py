@@ -122,3 +122,37 @@ def test_webhook_and_extender_run_non_root() -> None:
     for name in ("scheduler", "webhook"):
         pod = one("Deployment", name)["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def role_rules(name_suffix: str) -> set[tuple[str, str, str]]:
+    """A ClusterRole's rules as (apiGroup, resource, verb) triples."""
+    rules = one("ClusterRole", name_suffix)["rules"]
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def triples(group: str, resource: str, *verbs: str) -> set[tuple[str, str, str]]:
+    return {(group, resource, v) for v in verbs}
+
+
+def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
+    tf = "tensor-fusion.ai"
+    # scheduler_extender/kube/gateway.py (informers, binder, /explain, events), plus the
+    # workload-status writer: it reads TensorFusionWorkloads and patches their status.
+    assert role_rules("-extender") == (
+        triples("", "pods", "get", "list", "watch", "patch")
+        | triples("", "pods/binding", "create")
+        | triples("", "nodes", "list", "watch")
+        | triples("", "events", "create")
+        | triples(tf, "tensorfusionworkloads", "get", "list", "watch")
+        | triples(tf, "tensorfusionworkloads/status", "patch")
+    )
+    # scheduler_extender/kube/admission.py
+    assert role_rules("-webhook") == (
+        triples(tf, "workloadprofiles", "get")
+        | triples(tf, "gpupools", "list")
+        | triples(tf, "tensorfusionworkloads", "get", "create", "update")
+    )
+    # device_plugin/kube.py
+    assert role_rules("-device-plugin") == (
+        triples("", "nodes", "get", "patch") | triples("", "pods", "list", "watch", "patch")
+    )
