@@ -5,6 +5,12 @@ the slices the kubelet picked) and TensorFusion-style per-UUID JSON limits any l
 The node's enforcement backend adds its own knobs: HAMi-core's memory/SM limits plus its library
 and ``/etc/ld.so.preload`` mounted from the host, or NVIDIA MPS client limits plus the pipe
 directory. Kept pure so that every backend is a table test.
+
+HAMi-core reads ``CUDA_DEVICE_SM_LIMIT_<i>`` for the container's i-th device and falls back to
+``CUDA_DEVICE_SM_LIMIT`` only where that is unset (``do_init_device_sm_limits``), so each GPU gets
+its own percent and the shared variable carries the largest one. MPS has one thread percentage for
+all of a client's devices; it gets the largest as well. The largest never caps a GPU below what was
+granted on it, where the first or the smallest would throttle the others under their reservation.
 """
 
 from __future__ import annotations
@@ -76,19 +82,20 @@ def build(alloc: PodAllocation, target: Target, backend: EnforcementBackend, pat
         Env.TF_POOL_NAME: alloc.pool,
     }
     mounts: tuple[MountSpec, ...] = ()
-    first = percent[gpus[0].uuid] if gpus else 100
+    widest = max(percent.values(), default=100)
     if backend is EnforcementBackend.HAMI_CORE:
         for i, g in enumerate(gpus):
             # HAMi reads 0 as "no limit", so a sub-MiB limit still caps at 1 MiB.
             envs[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] = f"{max(1, g.vram_limit // MIB)}m"
-        envs[Env.HAMI_SM_LIMIT] = str(first)
+            envs[f"{Env.HAMI_SM_LIMIT}_{i}"] = str(percent[g.uuid])
+        envs[Env.HAMI_SM_LIMIT] = str(widest)
         mounts = (
             MountSpec(paths.hami_library, paths.hami_library, True),
             MountSpec("/etc/ld.so.preload", paths.hami_preload, True),
         )
     elif backend is EnforcementBackend.MPS:
         envs[Env.MPS_PINNED_MEM_LIMIT] = ",".join(f"{i}={max(1, g.vram_limit // MIB)}M" for i, g in enumerate(gpus))
-        envs[Env.MPS_ACTIVE_THREAD_PERCENTAGE] = str(first)
+        envs[Env.MPS_ACTIVE_THREAD_PERCENTAGE] = str(widest)
         envs[Env.MPS_PIPE_DIRECTORY] = paths.mps_pipe_container
         mounts = (MountSpec(paths.mps_pipe_container, paths.mps_pipe_host, False),)
     return ContainerGrant(envs={str(k): v for k, v in envs.items()}, mounts=mounts)

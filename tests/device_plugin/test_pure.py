@@ -92,6 +92,8 @@ def test_common_env_for_every_backend() -> None:
             {
                 "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
                 "CUDA_DEVICE_MEMORY_LIMIT_1": "1024m",
+                "CUDA_DEVICE_SM_LIMIT_0": "10",
+                "CUDA_DEVICE_SM_LIMIT_1": "4",
                 "CUDA_DEVICE_SM_LIMIT": "10",
             },
             [("/opt/hami/libvgpu.so", "/opt/hami/libvgpu.so", True), ("/etc/ld.so.preload", "/opt/hami/preload", True)],
@@ -120,6 +122,17 @@ def test_backend_specific_env_and_mounts(
     backend_keys = {k for k in grant_.envs if k.startswith(("CUDA_DEVICE", "CUDA_MPS"))}
     assert {k: grant_.envs[k] for k in backend_keys} == extra
     assert [(m.container_path, m.host_path, m.read_only) for m in grant_.mounts] == mounts
+
+
+def test_each_gpu_gets_its_own_sm_limit_and_the_shared_ones_the_largest() -> None:
+    # The smaller limit comes first, so "the first GPU's percent" and "the largest" differ.
+    uneven = decode(allocation("u", gpus=[grant(GPU0, tflops=12_480), grant(GPU1, index=1, tflops=156_000)]))
+    hami = build(uneven, TARGET, EnforcementBackend.HAMI_CORE, EnforcementPaths()).envs
+    assert json.loads(hami[Env.TF_UP_LIMIT]) == {GPU0: 4, GPU1: 50}
+    assert (hami["CUDA_DEVICE_SM_LIMIT_0"], hami["CUDA_DEVICE_SM_LIMIT_1"]) == ("4", "50")
+    assert hami[Env.HAMI_SM_LIMIT] == "50"  # HAMi-core's fallback, for a device without its own key
+    mps = build(uneven, TARGET, EnforcementBackend.MPS, EnforcementPaths()).envs
+    assert mps[Env.MPS_ACTIVE_THREAD_PERCENTAGE] == "50"
 
 
 def test_slice_ids_round_trip_and_stay_short() -> None:
