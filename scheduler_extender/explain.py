@@ -5,7 +5,9 @@ picture: the pod's request as the extender read it, each node's verdict with its
 the one-line summary, and for a bound pod its allocation and hand-off state. This module shapes
 that answer from the same core calls filter and prioritize make, and changes nothing: no
 reservation, no event. A submitted (not yet admitted) pod is resolved from its annotations alone,
-as the webhook would do before consulting WorkloadProfiles and pools.
+as the webhook would do before consulting WorkloadProfiles and pools. A submitted object whose
+metadata, labels, annotations, spec or containers are not shaped as in a Pod is refused with
+:class:`MalformedPod` naming each such field (the API server would refuse it too).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from scheduler_extender.verbs import Verbs
 from scheduler_extender.wire import RawObject
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import resolved as resolved_contract
-from vgpu.errors import DomainError
+from vgpu.errors import DomainError, FieldError
+from vgpu.fields import shown
 from vgpu.names import SystemAnnotation
 from vgpu.request import PodView, is_enabled, referenced_profile, referenced_workload, resolve
 
@@ -46,8 +49,16 @@ def explain_pod(verbs: Verbs, gate: HandoffGate, pod: RawObject) -> dict[str, An
     return answer
 
 
+class MalformedPod(DomainError):
+    """A submitted object that is not shaped like a Pod; each error names the field."""
+
+
 def explain_submission(verbs: Verbs, pod: RawObject) -> dict[str, Any]:
-    """What would happen to this pod spec: the webhook's verdict on its annotations, then each node's."""
+    """What would happen to this pod spec: the webhook's verdict on its annotations, then each node's.
+
+    Raises :class:`MalformedPod` when the object is not shaped like a Pod.
+    """
+    _check_shape(pod)
     view = PodView.from_pod(pod)
     notes: list[str] = []
     if SystemAnnotation.RESOLVED_REQUEST not in view.annotations:
@@ -68,6 +79,41 @@ def explain_submission(verbs: Verbs, pod: RawObject) -> dict[str, Any]:
     if answer.get("request") is not None:
         answer.update(_verdicts(verbs, scheduled_pod(pod)))
     return answer
+
+
+def _check_shape(pod: RawObject) -> None:
+    """The parts of a Pod read here must have a Pod's JSON types (absent or null is fine)."""
+    errors: list[FieldError] = []
+
+    def expect(key: str, value: object, kind: type, what: str) -> bool:
+        if value is None or isinstance(value, kind):
+            return True
+        errors.append(FieldError(key, shown(value), f"must be {what}, not {_json_type(value)}"))
+        return False
+
+    meta, spec = pod.get("metadata"), pod.get("spec")
+    if expect("metadata", meta, dict, "an object") and meta is not None:
+        for field in ("labels", "annotations"):
+            values = meta.get(field)
+            key = f"metadata.{field}"
+            if expect(key, values, dict, "an object of strings") and values is not None:
+                for name, value in values.items():
+                    expect(f"{key}[{name!r}]", value, str, "a string")
+    if expect("spec", spec, dict, "an object") and spec is not None:
+        expect("spec.containers", spec.get("containers"), list, "an array")
+    if errors:
+        raise MalformedPod(errors)
+
+
+def _json_type(value: object) -> str:
+    """What a non-null JSON value is, in words."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    return "a boolean" if isinstance(value, bool) else "a number"
 
 
 def _head(pod: ScheduledPod) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from scheduler_extender.binder import BindError
-from scheduler_extender.explain import explain_pod, explain_submission
+from scheduler_extender.explain import MalformedPod, explain_pod, explain_submission
 from scheduler_extender.gateway import GatewayError
 from scheduler_extender.verbs import offered
 from scheduler_extender.wire import (
@@ -169,8 +169,14 @@ def explain(request: Request, namespace: str, name: str) -> JSONResponse:
 
 @router.post("/explain", tags=["explain"])
 def explain_spec(request: Request, pod: Annotated[dict[str, Any], Body()]) -> JSONResponse:
-    """What would happen if this pod were submitted now: the webhook's verdict and each node's."""
-    return JSONResponse(explain_submission(_extender(request).verbs, pod))
+    """What would happen if this pod were submitted now: the webhook's verdict and each node's.
+
+    422 when the body is not shaped like a Pod (the detail names each bad field).
+    """
+    try:
+        return JSONResponse(explain_submission(_extender(request).verbs, pod))
+    except MalformedPod as exc:
+        return JSONResponse({"detail": f"not a Pod: {exc}"}, status_code=422)
 
 
 @router.get("/healthz", tags=["ops"])

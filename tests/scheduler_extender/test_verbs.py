@@ -291,6 +291,35 @@ def test_explain_a_pending_pod_and_a_submission(run: Callable[..., Running], clu
     assert app.ext.cache.entries() == {}  # explaining reserves nothing
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"metadata": "q"}, "metadata 'q': must be an object, not a string"),
+        (
+            {"metadata": {"annotations": ["x"]}},
+            "metadata.annotations \"['x']\": must be an object of strings, not an array",
+        ),
+        ({"metadata": {"labels": "x"}}, "metadata.labels 'x': must be an object of strings, not a string"),
+        (
+            {"metadata": {"annotations": {"tensor-fusion.ai/vram-request": 4}}},
+            "metadata.annotations['tensor-fusion.ai/vram-request'] '4': must be a string, not a number",
+        ),
+        ({"metadata": {}, "spec": [1]}, "spec '[1]': must be an object, not an array"),
+        ({"spec": {"containers": 3}}, "spec.containers '3': must be an array, not a number"),
+        (
+            {"metadata": {"labels": {"a": True}}, "spec": {"containers": {}}},
+            "metadata.labels['a'] 'True': must be a string, not a boolean; spec.containers '{}': must be an array, not an object",
+        ),
+    ],
+)
+def test_explain_of_a_body_not_shaped_like_a_pod_is_422_naming_the_field(
+    run: Callable[..., Running], cluster: FakeGateway, body: dict[str, Any], field: str
+) -> None:
+    response = run().client.post("/explain", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"] == f"not a Pod: {field}"
+
+
 def test_memoised_verdicts_follow_node_changes(run: Callable[..., Running], cluster: FakeGateway) -> None:
     """Replicas share a request text: a verdict is reused only while the node's state is unchanged."""
     app = run()
