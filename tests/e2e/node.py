@@ -36,7 +36,6 @@ class KubeletNode:
     cri: Proc | None = None
     kubelet: Proc | None = None
     sysctls: dict[str, str] = field(default_factory=dict)
-    kubelet_starts: int = 0
 
     @property
     def device_plugin_dir(self) -> Path:
@@ -118,7 +117,6 @@ class KubeletNode:
 
     def start_kubelet(self) -> None:
         mount = f'mkdir -p {KUBELET_DEVICE_PLUGIN_DIR} && mount --bind "$0" {KUBELET_DEVICE_PLUGIN_DIR} && exec "$@"'
-        self.kubelet_starts += 1
         self.kubelet = Proc(
             f"kubelet-{self.name}",
             [

@@ -30,10 +30,6 @@ class Pki:
         return self.dir / "ca.crt"
 
     @property
-    def ca_key(self) -> Path:
-        return self.dir / "ca.key"
-
-    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 

@@ -13,8 +13,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client import CoreV1Api
-
 from vgpu.contract import allocation
 from vgpu.names import LABEL_ENABLED, Annotation, Env
 
@@ -79,8 +77,3 @@ def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodA
         assert percent[grant.uuid] == sm, (grant, percent)
         assert env[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] == f"{grant.vram_limit >> 20}m", (grant, env)
     assert env[Env.HAMI_SM_LIMIT] == str(max(int(v) for v in percent.values())), env
-
-
-def node_of(core: CoreV1Api, namespace: str, name: str) -> str:
-    node: str = core.read_namespaced_pod(name, namespace).spec.node_name
-    return node
