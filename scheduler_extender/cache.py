@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from scheduler_extender.core.ledger import Ledger, LedgerEntry, LedgerRefusal
-from scheduler_extender.core.model import NodeState, Snapshot
+from scheduler_extender.core.model import NodeState, Snapshot, workload_key
 from scheduler_extender.gateway import Kind, RawObject, WatchEvent
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.objects import PodRecord, PodRef, is_relevant, node_state, pod_record, pod_ref
@@ -49,7 +49,7 @@ class ClusterCache:
         self._owner: dict[str, str] = {}  # ledger key -> uid of the pod that owns the entry
         self._tentative: dict[str, float] = {}  # ledger key -> expiry, for filter/prioritize reservations
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
-        self._workloads: dict[str, Counter[str]] = {}  # workload -> node -> pods
+        self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         self._workload_view: Mapping[str, frozenset[str]] | None = None
 
     # --- informer sink ----------------------------------------------------------------------------
@@ -299,12 +299,13 @@ class ClusterCache:
     def _track_workload(self, record: PodRecord, delta: int) -> None:
         if record.workload is None or record.allocation is None:
             return
-        counts = self._workloads.setdefault(record.workload, Counter())
+        key = workload_key(record.ref.namespace, record.workload)
+        counts = self._workloads.setdefault(key, Counter())
         counts[record.allocation.node] += delta
         if counts[record.allocation.node] <= 0:
             del counts[record.allocation.node]
         if not counts:
-            del self._workloads[record.workload]
+            del self._workloads[key]
         self._workload_view = None
 
     def _workload_nodes(self) -> Mapping[str, frozenset[str]]:

@@ -8,7 +8,7 @@ differently — e.g. both treat every value as per GPU, multiplied by ``gpu_coun
 
 from __future__ import annotations
 
-from scheduler_extender.core.model import Demand
+from scheduler_extender.core.model import Demand, workload_key
 from vgpu.request import GpuRequest
 
 
@@ -20,7 +20,9 @@ def demand_from_request(
     ``whole_gpu`` asks for entire GPUs (idle ones, never shared); the request model has no
     annotation for it, so callers that know (a trace row with a full-GPU share) say so. ``cpu`` and
     ``memory`` are only checked against nodes that publish ``cpu_free``/``memory_free`` (the replay).
+    The workload is keyed by the pod's namespace (from ``pod_key``), as the cache keys the nodes it holds.
     """
+    namespace = pod_key.partition("/")[0]
     return Demand(
         pod_key=pod_key,
         gpu_count=req.gpu_count,
@@ -31,7 +33,7 @@ def demand_from_request(
         qos=req.qos,
         pool=req.pool,
         gpu_model=req.gpu_model,
-        workload=req.workload,
+        workload=None if req.workload is None else workload_key(namespace, req.workload),
         is_local_gpu=req.is_local_gpu,
         policy=req.placement_policy,
         node_affinity=req.node_affinity,

@@ -121,7 +121,7 @@ class Demand:
     qos: Qos = Qos.MEDIUM
     pool: str | None = None
     gpu_model: str | None = None
-    workload: str | None = None
+    workload: str | None = None  # workload_key() of the workload the pod belongs to
     is_local_gpu: bool = False
     policy: PlacementPolicy | None = None
     node_affinity: Mapping[str, Any] | None = None
@@ -135,5 +135,10 @@ class Snapshot:
     """An immutable view of the cluster for one decision."""
 
     nodes: Mapping[str, NodeState]
-    # workload name -> node names where that workload already holds GPUs (local-GPU affinity)
+    # workload_key() -> node names where that workload already holds GPUs (local-GPU affinity)
     workload_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+def workload_key(namespace: str, workload: str) -> str:
+    """``<namespace>/<workload>``: a workload is named per namespace, so same-named ones elsewhere are others."""
+    return f"{namespace}/{workload}"

@@ -20,6 +20,7 @@ from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
+from vgpu.contract import resolved as resolved_contract
 from vgpu.names import LABEL_ENABLED, Qos, SystemAnnotation
 
 
@@ -318,6 +319,25 @@ def test_explain_of_a_body_not_shaped_like_a_pod_is_422_naming_the_field(
     response = run().client.post("/explain", json=body)
     assert response.status_code == 422
     assert response.json()["detail"] == f"not a Pod: {field}"
+
+
+def test_local_gpu_affinity_does_not_cross_namespaces(run: Callable[..., Running], fake: FakeGateway) -> None:
+    """A pod of workload "train" in team-a holds GPUs on 'home'; team-b's own "train" must not be drawn there."""
+    fake.put(Kind.NODE, make_node("home", gpus=1, vram=80 * GI))
+    fake.put(Kind.NODE, make_node("away", gpus=1, vram=80 * GI))
+    fake.put(Kind.POD, allocated_pod("hog", "away", grant("away", 0, 60 * GI)))  # binpack alone prefers 'away'
+    local = gpu_request(vram=4 * GI, workload="train", is_local_gpu=True)
+    member = allocated_pod("train-0", "home", grant("home", 0, 4 * GI), namespace="team-a")
+    member["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST] = resolved_contract.encode(local)
+    fake.put(Kind.POD, member)
+    app = run()
+
+    def scores(namespace: str) -> dict[str, int]:
+        reply = app.post("/prioritize", args(make_pod("train-1", local, namespace=namespace), "home", "away"))
+        return {s["Host"]: s["Score"] for s in reply}
+
+    assert scores("team-a") == {"home": 10, "away": 0}
+    assert scores("team-b") == {"home": 0, "away": 10}
 
 
 def test_memoised_verdicts_follow_node_changes(run: Callable[..., Running], cluster: FakeGateway) -> None:

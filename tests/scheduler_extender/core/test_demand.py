@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from scheduler_extender.core.demand import demand_from_request
+from scheduler_extender.core.model import workload_key
 from vgpu.names import Annotation as A
 from vgpu.names import PlacementPolicy, Qos
 from vgpu.quantity import parse_bytes
@@ -37,7 +38,7 @@ def test_a_resolved_pod_request_becomes_the_demand_the_core_decides_on() -> None
     d = demand_from_request(req, pod_key="ns/p", whole_gpu=True, cpu=500, memory=parse_bytes("1Gi"))
     assert (d.pod_key, d.gpu_count, d.tflops, d.tflops_limit) == ("ns/p", 2, 10_000, 20_000)
     assert (d.vram, d.vram_limit) == (parse_bytes("4Gi"), parse_bytes("8Gi"))
-    assert (d.qos, d.pool, d.gpu_model, d.workload) == (Qos.HIGH, "gold", "A100", "train")
+    assert (d.qos, d.pool, d.gpu_model, d.workload) == (Qos.HIGH, "gold", "A100", "ns/train")
     assert (d.is_local_gpu, d.policy, d.node_affinity) == (True, PlacementPolicy.SPREAD, affinity)
     assert (d.whole_gpu, d.cpu, d.memory) == (True, 500, parse_bytes("1Gi"))
 
@@ -47,3 +48,11 @@ def test_defaults_are_fractional_with_no_cpu_or_memory() -> None:
     d = demand_from_request(req, pod_key="ns/p")
     assert (d.whole_gpu, d.cpu, d.memory, d.policy, d.gpu_count) == (False, 0, 0, None, 1)
     assert d.pool == req.pool
+
+
+def test_the_workload_is_keyed_by_the_pods_namespace() -> None:
+    """Workload names are per namespace: the same name in two namespaces is two workloads."""
+    req = resolve(PodView(name="p", annotations={A.WORKLOAD: "train", A.VRAM_REQUEST: "1Gi"}, containers=("main",)))
+    assert demand_from_request(req, pod_key="team-a/p").workload == workload_key("team-a", "train") == "team-a/train"
+    assert demand_from_request(req, pod_key="team-b/p").workload == "team-b/train"
+    assert demand_from_request(replace(req, workload=None), pod_key="team-a/p").workload is None

@@ -6,9 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduler_extender.core.demand import demand_from_request
+from scheduler_extender.core.model import workload_key
 from scheduler_extender.core.policy import Binpack, Spread
 from scheduler_extender.core.scoring import ScoreTerms, score_nodes, to_extender_scores, top_nodes
 from tests.scheduler_extender.core.builders import CATALOG, T4, make_demand, make_node, make_snapshot
+from vgpu.names import Annotation as A
+from vgpu.request import PodView, resolve
 
 
 def test_only_nodes_that_fit_now_are_scored() -> None:
@@ -30,6 +34,24 @@ def test_local_gpu_affinity_prefers_the_workloads_nodes_over_any_packing() -> No
     assert max(raw, key=lambda n: raw[n]) == "busy"
     raw = score_nodes(local, snapshot, names, Binpack(), CATALOG, ScoreTerms(locality=0.0))
     assert max(raw, key=lambda n: raw[n]) == "busy"
+
+
+def test_local_gpu_affinity_is_only_to_the_same_workload_in_the_same_namespace() -> None:
+    """team-b's "train" is another workload than team-a's: it is not drawn to team-a's nodes."""
+    snapshot = make_snapshot(
+        make_node("busy", vram_used="70Gi"),
+        make_node("home"),
+        workload_nodes={workload_key("team-a", "train"): frozenset({"home"})},
+    )
+    annotations = {A.WORKLOAD: "train", A.IS_LOCAL_GPU: "true", A.VRAM_REQUEST: "4Gi"}
+    req = resolve(PodView(name="p", annotations=annotations, containers=("main",)))
+
+    def best(pod_key: str) -> str:
+        raw = score_nodes(demand_from_request(req, pod_key=pod_key), snapshot, ["busy", "home"], Binpack(), CATALOG)
+        return max(raw, key=lambda n: raw[n])
+
+    assert best("team-a/p") == "home"
+    assert best("team-b/p") == "busy"  # binpack's own choice: no affinity across namespaces
 
 
 def test_smaller_model_preference_picks_the_smallest_gpu_that_fits() -> None:
