@@ -25,6 +25,23 @@ STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 START=$(date +%s)
 log() { printf '[build-k8s %3ds] %s\n' "$(($(date +%s) - START))" "$*" >&2; }
 
+# `go build` prints nothing until it is done, 10+ minutes on a cold build: run "$@" in the
+# background and log every TICK_S seconds meanwhile, so CI logs show the build is alive.
+# The exit status is the command's; the command is killed if this script exits first.
+TICK_S=30
+with_ticker() {
+  "$@" &
+  local pid=$! waited=0
+  trap "kill $pid 2>/dev/null" EXIT
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if ((waited % TICK_S == 0)); then log "go build still running (${waited}s)"; fi
+  done
+  trap - EXIT
+  wait "$pid"
+}
+
 need_go() {
   command -v go >/dev/null || { log "go is not installed (need Go >= 1.26 to build Kubernetes $K8S_VERSION)"; exit 1; }
 }
@@ -73,7 +90,7 @@ build_k8s_binaries() {
   for name in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
   log "building ${missing[*]} (cold: 10+ minutes on 2 cores)"
   rm -rf "$BIN/.partial" && mkdir -p "$BIN/.partial"
-  (cd "$dir" && go build -trimpath -ldflags "-s -w \
+  (cd "$dir" && with_ticker go build -trimpath -ldflags "-s -w \
       -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
       -X k8s.io/component-base/version.gitMajor=1 \
       -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)" \
@@ -93,7 +110,7 @@ build_etcd() {
     cd "$dir"
     go mod init tensor-fusion-k8s/etcd >/dev/null 2>&1
     go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-    go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
+    with_ticker go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3
   )
   mv "$BIN/etcd.tmp" "$BIN/etcd"
   log "etcd: built"
