@@ -109,7 +109,10 @@ class DeviceBoard:
 
 
 class HealthMonitor:
-    """Feeds XID events and periodic checks into the board's health machine."""
+    """Feeds XID events and periodic checks into the board's health machine.
+
+    A failing event wait (an NVML error other than its timeout) is logged and the periodic checks go
+    on: the monitor must not end silently and leave every GPU advertised healthy for good."""
 
     def __init__(
         self,
@@ -136,7 +139,12 @@ class HealthMonitor:
         next_check = self._clock()
         while True:
             wait = max(0.0, next_check - self._clock())
-            events = await asyncio.to_thread(self._probe.wait_xid, min(wait, self._interval))
+            try:
+                events = await asyncio.to_thread(self._probe.wait_xid, min(wait, self._interval))
+            except Exception as exc:  # the event channel broke: keep the periodic checks going
+                log.warning("waiting for XID events failed (%s); periodic checks continue", exc)
+                events = ()
+                await asyncio.sleep(min(wait, self._interval))
             for event in events:
                 board, flipped = self._board.health.xid(event.uuid, event.xid, self._clock())
                 self._board.set_health(board, flipped)

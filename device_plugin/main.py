@@ -2,7 +2,9 @@
 
 Flags are the operator's whole interface on a node: where the kubelet's sockets are, how many
 slices each GPU offers, which enforcement backend this node uses, health-check timing, and the
-fake GPU file that replaces NVML on machines without GPUs (demo, end-to-end tests).
+fake GPU file that replaces NVML on machines without GPUs (demo, end-to-end tests). ``--probe``
+prints what the node's GPUs would be published as and exits (no kubelet or API server needed):
+the first thing to run on a new GPU node.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from device_plugin.fake_probe import FakeProbe
 from device_plugin.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
-from device_plugin.probe import GpuProbe
+from device_plugin.probe import GpuProbe, ProbeError
+from device_plugin.probe_report import report
+from vgpu.catalog import builtin
 from vgpu.names import EnforcementBackend
 from vgpu.quantity import parse_milli
 
@@ -64,7 +68,16 @@ def parser() -> argparse.ArgumentParser:
     add("metrics-port", "9400", "port of /metrics (0 disables)", type=int)
     add("kubeconfig", None, "kubeconfig path (default: in-cluster, then ~/.kube/config)")
     add("log-level", "info", "log level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="print the GPUs found (NVML, or --fake-gpus) as they would be published, then exit",
+    )
     return p
+
+
+def _default_tflops(args: argparse.Namespace) -> int:
+    return parse_milli(str(args.default_tflops), key="--default-tflops")
 
 
 def config_from(args: argparse.Namespace) -> PluginConfig:
@@ -83,7 +96,7 @@ def config_from(args: argparse.Namespace) -> PluginConfig:
             mps_pipe_host=args.mps_pipe_host,
             mps_pipe_container=args.mps_pipe_container,
         ),
-        default_tflops=parse_milli(str(args.default_tflops), key="--default-tflops"),
+        default_tflops=_default_tflops(args),
         health=HealthPolicy(ignored_xids=xids, recovery_s=args.health_recovery),
         health_check_s=args.health_check_interval,
         pool=args.pool,
@@ -99,7 +112,20 @@ def _probe(fake: str | None) -> GpuProbe:
         return FakeProbe(Path(fake))
     from device_plugin.nvml_backend import NvmlProbe  # only where a driver exists
 
-    return NvmlProbe()
+    try:
+        return NvmlProbe()
+    except ProbeError as exc:
+        raise SystemExit(f"tf-device-plugin: {exc}") from None
+
+
+def _print_probe(args: argparse.Namespace) -> int:
+    catalog, default_tflops = builtin(), _default_tflops(args)
+    probe = _probe(args.fake_gpus)
+    try:
+        sys.stdout.write(report(probe, catalog, default_tflops))
+    finally:
+        probe.close()
+    return 0
 
 
 async def _serve(daemon: Daemon) -> None:
@@ -114,6 +140,8 @@ async def _serve(daemon: Daemon) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.probe:
+        return _print_probe(args)
     config = config_from(args)
     from device_plugin.kube import KubeApi
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from device_plugin.probe import GpuDevice, GpuSample, ProcessUsage, XidEvent
+from device_plugin.probe import GpuDevice, GpuSample, ProbeError, ProcessUsage, XidEvent
 
 log = logging.getLogger(__name__)
 _SYS_PCI = Path("/sys/bus/pci/devices")
@@ -37,7 +37,12 @@ class NvmlProbe:
     """A :class:`~device_plugin.probe.GpuProbe` over the NVIDIA driver."""
 
     def __init__(self) -> None:
-        pynvml.nvmlInit()
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise ProbeError(
+                f"cannot initialise NVML ({exc}): is the NVIDIA driver loaded and are the GPUs visible here?"
+            ) from exc
         self._lock = threading.Lock()
         self._events: Any = None
 

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class ProbeError(RuntimeError):
+    """The probe cannot reach the GPUs at all (no driver, no device nodes); the message says what to check."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuDevice:
     """One physical GPU as the driver reports it. ``memory`` in bytes; ``name`` is NVML's product name."""
