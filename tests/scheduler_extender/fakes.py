@@ -176,9 +176,11 @@ class FakeGateway:
         return obj
 
     def _emit(self, kind: Kind, event_type: str, obj: RawObject) -> None:
-        if event_type == "DELETED":
+        obj = copy.deepcopy(obj)
+        if event_type == "DELETED":  # as the API server does: the deletion has its own resourceVersion
             self.rv += 1
-        self.log.append((self.rv, kind, WatchEvent(event_type, copy.deepcopy(obj))))  # type: ignore[arg-type]
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.log.append((self.rv, kind, WatchEvent(event_type, obj)))  # type: ignore[arg-type]
         self._cond.notify_all()
 
 

@@ -1,0 +1,128 @@
+"""/metrics through the HTTP API: per-verb latency, the capacity gauges and errors_total, and that each moves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler_extender.gateway import GatewayError, Kind
+from tests.scheduler_extender.conftest import Running, wait_for
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_bind import bind_body
+from tests.scheduler_extender.test_cache import allocated_pod, grant
+from tests.scheduler_extender.test_verbs import args, preempt_args
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def metric(app: Running, name: str, **labels: str) -> float:
+    """One sample's value as scraped now; 0 when the series is not exposed (yet)."""
+    for family in text_string_to_metric_families(app.client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+@pytest.fixture
+def cluster(fake: FakeGateway) -> FakeGateway:
+    """test_bind's cluster (n1: 2 GPUs × 100 TFLOPS / 16Gi; pod p1 asks 30 / 6Gi) plus a node with a corrupt inventory."""
+    for node in (make_node("n1", gpus=2, vram=16 * GI, tflops=100_000), make_node("broken", inventory="{oops")):
+        fake.put(Kind.NODE, node)
+    fake.put(Kind.POD, make_pod("p1", gpu_request(tflops=30_000, vram=6 * GI)))
+    return fake
+
+
+def test_request_latency_is_observed_per_verb(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    app = run()
+    verbs = ("filter", "prioritize", "bind", "preempt")
+    assert [metric(app, "tf_extender_request_seconds_count", verb=v) for v in verbs] == [0, 0, 0, 0]
+    pod = cluster.pod("default", "p1")
+    app.post("/filter", args(pod, "n1"))
+    app.post("/filter", args(pod, "n1"))
+    app.post("/prioritize", args(pod, "n1"))
+    app.post("/preempt", preempt_args(pod, {"n1": []}))
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    assert [metric(app, "tf_extender_request_seconds_count", verb=v) for v in verbs] == [2, 1, 1, 1]
+    assert metric(app, "tf_extender_request_seconds_bucket", verb="filter", le="+Inf") == 2
+    assert all(metric(app, "tf_extender_request_seconds_sum", verb=v) > 0 for v in verbs)
+
+
+def test_node_and_pool_gauges_follow_binds_receipts_and_deletions(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+    node = {"node": "n1", "pool": "default-pool"}
+    pool = {"pool": "default-pool", "model": A100}
+
+    def capacity_and_allocated() -> list[float]:
+        return [
+            metric(app, "tf_extender_node_tflops", **node, kind="capacity"),
+            metric(app, "tf_extender_node_tflops", **node, kind="allocated"),
+            metric(app, "tf_extender_node_vram_bytes", **node, kind="capacity"),
+            metric(app, "tf_extender_node_vram_bytes", **node, kind="allocated"),
+            metric(app, "tf_extender_pool_tflops", **pool, kind="capacity"),
+            metric(app, "tf_extender_pool_tflops", **pool, kind="allocated"),
+            metric(app, "tf_extender_pool_vram_bytes", **pool, kind="capacity"),
+            metric(app, "tf_extender_pool_vram_bytes", **pool, kind="allocated"),
+        ]
+
+    assert capacity_and_allocated() == [200, 0, 32 * GI, 0, 200, 0, 32 * GI, 0]
+    assert metric(app, "tf_extender_nodes_inventory_error") == 1
+    assert metric(app, "tf_extender_node_tflops", node="broken", pool="default-pool", kind="capacity") == 0
+
+    app.post("/filter", args(cluster.pod("default", "p1"), "n1"))  # one node passes: a tentative reservation
+    assert metric(app, "tf_extender_reservations") == 1
+    assert capacity_and_allocated() == [200, 30, 32 * GI, 6 * GI, 200, 30, 32 * GI, 6 * GI]
+
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    app.settle()
+    assert metric(app, "tf_extender_reservations") == 0  # the bind claimed it
+    assert capacity_and_allocated() == [200, 30, 32 * GI, 6 * GI, 200, 30, 32 * GI, 6 * GI]
+    assert metric(app, "tf_extender_handoff_gates_held") == 1  # no receipt yet
+
+    cluster.write_receipt("default", "p1")
+    app.settle()
+    assert metric(app, "tf_extender_handoff_gates_held") == 0
+
+    cluster.delete(Kind.POD, "default/p1")
+    app.settle()
+    assert capacity_and_allocated() == [200, 0, 32 * GI, 0, 200, 0, 32 * GI, 0]
+
+
+def test_allocation_conflicts_gauge_counts_allocations_the_ledger_refused(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+    assert metric(app, "tf_extender_allocation_conflicts") == 0
+    cluster.put(Kind.POD, allocated_pod("a", "n1", grant("n1", 0, 10 * GI)))
+    cluster.put(Kind.POD, allocated_pod("b", "n1", grant("n1", 0, 10 * GI)))  # 20Gi on a 16Gi GPU
+    app.settle()
+    assert metric(app, "tf_extender_allocation_conflicts") == 1
+
+
+def test_errors_total_counts_each_kind_of_failure(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    app = run()
+
+    def errors(verb: str, kind: str) -> float:
+        return metric(app, "tf_extender_errors_total", verb=verb, kind=kind)
+
+    assert app.post("/filter", {"Pod": None, "NodeNames": ["n1"]})["Error"]
+    assert errors("filter", "request") == 1
+
+    app.post("/prioritize", {"NodeNames": 7})
+    assert errors("prioritize", "invalid-body") == 1
+
+    assert "does not exist" in app.post("/bind", bind_body("ghost", "n1"))["Error"]
+    cluster.fail["patch"] = GatewayError("boom", 500)
+    assert "boom" in app.post("/bind", bind_body("p1", "n1"))["Error"]
+    assert (errors("bind", "request"), errors("bind", "annotate")) == (1, 1)
+
+    cluster.fail["event"] = GatewayError("events forbidden", 403)
+    assert app.post("/filter", args(make_pod("huge", gpu_request(vram=100 * GI)), "n1"))["NodeNames"] == []
+    wait_for(lambda: errors("event", "api") == 1, what="the failed event to be counted")
+
+    cluster.fail["watch-Pod"] = GatewayError("watch refused", 503)  # the pod watch's next round fails
+    wait_for(lambda: errors("watch-pod", "HTTP 503") == 1, what="the failed watch to be counted")
