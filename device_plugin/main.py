@@ -1,10 +1,10 @@
 """``tf-device-plugin``: command-line flags (each also a ``TF_PLUGIN_*`` variable) to a running daemon.
 
 Flags are the operator's whole interface on a node: where the kubelet's sockets are, how many
-slices each GPU offers, which enforcement backend this node uses, health-check timing, and the
-fake GPU file that replaces NVML on machines without GPUs (demo, end-to-end tests). ``--probe``
-prints what the node's GPUs would be published as and exits (no kubelet or API server needed):
-the first thing to run on a new GPU node.
+slices each GPU offers, which enforcement backend this node uses, health-check timing, GPU models
+added to or overriding the built-in catalog, and the fake GPU file that replaces NVML on machines
+without GPUs (demo, end-to-end tests). ``--probe`` prints what the node's GPUs would be published
+as and exits (no kubelet or API server needed): the first thing to run on a new GPU node.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import Any
 from device_plugin.daemon import Daemon, PluginConfig
 from device_plugin.envs import EnforcementPaths
 from device_plugin.fake_probe import FakeProbe
+from device_plugin.gpu_catalog import CatalogFileError, load
 from device_plugin.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
 from device_plugin.probe import GpuProbe, ProbeError
 from device_plugin.probe_report import report
-from vgpu.catalog import builtin
+from vgpu.catalog import Catalog
 from vgpu.names import EnforcementBackend
 from vgpu.quantity import parse_milli
 
@@ -53,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
     add("mps-pipe-container", EnforcementPaths().mps_pipe_container, "MPS pipe directory inside containers")
     add("fake-gpus", None, "YAML/JSON file describing fake GPUs; replaces NVML")
     add("default-tflops", "0", "TFLOPS advertised for GPU models missing from the catalog (quantity)")
+    add(
+        "gpu-catalog",
+        None,
+        "YAML/JSON list of GPU models {key, tflops, memoryMiB, nvmlNames, aliases} added to the built-in "
+        "catalog, replacing the model with the same key",
+    )
     add("ignored-xids", ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))), "XIDs that do not mark a GPU unhealthy")
     add("health-check-interval", "5", "seconds between periodic GPU health checks", type=float)
     add("health-recovery", "60", "seconds without faults before an unhealthy GPU is healthy again", type=float)
@@ -76,6 +83,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _catalog(args: argparse.Namespace) -> Catalog:
+    try:
+        return load(Path(args.gpu_catalog) if args.gpu_catalog else None)
+    except CatalogFileError as exc:
+        raise SystemExit(f"tf-device-plugin: --gpu-catalog {exc}") from None
+
+
 def _default_tflops(args: argparse.Namespace) -> int:
     return parse_milli(str(args.default_tflops), key="--default-tflops")
 
@@ -97,6 +111,7 @@ def config_from(args: argparse.Namespace) -> PluginConfig:
             mps_pipe_container=args.mps_pipe_container,
         ),
         default_tflops=_default_tflops(args),
+        catalog=_catalog(args),
         health=HealthPolicy(ignored_xids=xids, recovery_s=args.health_recovery),
         health_check_s=args.health_check_interval,
         pool=args.pool,
@@ -119,7 +134,7 @@ def _probe(fake: str | None) -> GpuProbe:
 
 
 def _print_probe(args: argparse.Namespace) -> int:
-    catalog, default_tflops = builtin(), _default_tflops(args)
+    catalog, default_tflops = _catalog(args), _default_tflops(args)
     probe = _probe(args.fake_gpus)
     try:
         sys.stdout.write(report(probe, catalog, default_tflops))

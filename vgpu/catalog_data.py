@@ -4,7 +4,8 @@ Source: ``reference/gpu-catalog.md``. Where TensorFusion's table and NVIDIA's da
 take NVIDIA's *dense* (no sparsity) figure and say so in ``note``; for GeForce/L40 parts that have
 two dense figures we take the FP32-accumulate rate (what mixed-precision training runs at).
 Pre-Volta parts have no tensor cores: their figure is the FP16 or FP32 shader rate, as noted.
-Operators override any of this through configuration (:func:`vgpu.catalog.load_overrides`).
+Operators add or override models through configuration, parsed by :func:`vgpu.catalog.parse_overrides`
+and applied with :meth:`vgpu.catalog.Catalog.with_overrides` (the device plugin's ``--gpu-catalog`` file).
 """
 
 from __future__ import annotations

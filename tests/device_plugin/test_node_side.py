@@ -3,6 +3,7 @@ GPU file and the command line — each through its own seam with fakes, no clust
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -14,13 +15,13 @@ from device_plugin.fake_probe import FakeProbe, FakeProbeError
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.health import HealthPolicy
 from device_plugin.kubelet_api import PodDevices
-from device_plugin.main import config_from, parser
+from device_plugin.main import config_from, main, parser
 from device_plugin.metrics import GpuCollector, PluginMetrics
 from device_plugin.pod_cache import PodCache
 from device_plugin.probe import GpuDevice
 from device_plugin.publisher import InventoryPublisher, label_value
 from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, allocation, gpu_file, make_pod, uid_of
-from tests.device_plugin.harness import run
+from tests.device_plugin.harness import plugin, run
 from vgpu.catalog import builtin
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
 from vgpu.contract.inventory import decode
@@ -221,3 +222,61 @@ def test_pod_cache_never_takes_an_older_version_of_a_pod_nor_revives_a_deleted_o
     assert cache.get(uid) is None  # ...but does not bring the pod back
     cache.replace(listed)
     assert cache.get(uid) is None
+
+
+def test_a_gpu_catalog_file_changes_the_tflops_the_plugin_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("- {key: A100-SXM4-80GB, tflops: '250.5', memoryMiB: 81920}\n- {key: Z1, tflops: 1}\n")
+    monkeypatch.setenv("TF_PLUGIN_GPU_CATALOG", str(catalog))
+    config = config_from(parser().parse_args(["--node-name", "node-a"]))
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), catalog=config.catalog):
+            while (text := kube.node["metadata"]["annotations"].get(SystemAnnotation.NODE_INVENTORY.value)) is None:
+                await asyncio.sleep(0.01)
+            assert [(g.uuid, g.model, g.tflops) for g in decode(text).gpus] == [
+                (GPU0, "A100-SXM4-80GB", 250_500),
+                (GPU1, "A100-SXM4-80GB", 250_500),
+            ]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- {key: A100-SXM4-80GB, tflops: fast}\n", "catalog.yaml[0].tflops 'fast': "),
+        (
+            "- {key: X, tflops: 1}\n- {key: Y, tflops: 1, memoryMiB: -1}\n",
+            "catalog.yaml[1].memoryMiB '-1': must be a whole number",
+        ),
+        ("{key: A100, tflops: 1}\n", "catalog.yaml: must be a list of models"),
+        ("- [unclosed\n", "catalog.yaml: not valid YAML or JSON"),
+        (None, "catalog.yaml: cannot read it (No such file or directory)"),
+    ],
+)
+def test_a_bad_gpu_catalog_file_stops_the_plugin_naming_the_file(
+    tmp_path: Path, text: str | None, expected: str
+) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    if text is not None:
+        catalog.write_text(text)
+    args = parser().parse_args(["--node-name", "node-a", "--gpu-catalog", str(catalog)])
+    with pytest.raises(SystemExit) as stopped:
+        config_from(args)
+    assert f"tf-device-plugin: --gpu-catalog {tmp_path}/{expected}" in str(stopped.value)
+
+
+def test_probe_shows_the_tflops_a_gpu_catalog_file_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    catalog = tmp_path / "catalog.json"
+    catalog.write_text('[{"key": "A100-SXM4-80GB", "tflops": "250.5"}]')
+    gpus = gpu_file(tmp_path / "gpus.yaml", fail={GPU1: "fell off the bus"})
+    assert main(["--probe", "--fake-gpus", str(gpus), "--gpu-catalog", str(catalog)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "2 GPU(s) found"
+    assert out[2] == "  published as A100-SXM4-80GB: 250.5 TFLOPS, 80Gi VRAM, NUMA node 0, MIG off"
+    assert out[7] == "  health check: fell off the bus"
+    assert out[8] == "  now: utilization 31%, memory used 1Gi, temperature 40 °C, power 90.5 W, compute processes 1"
