@@ -1,4 +1,5 @@
-"""What a tenant meets at admission: bad annotations are refused by name; allocations cannot be forged.
+"""What a tenant meets at admission: bad annotations are refused with the whole reason; a forged
+allocation is stripped on create (with a warning) and denied on update.
 
 The tenant is an ordinary user with the ``edit`` role in one namespace, as in a shared cluster.
 """
@@ -16,7 +17,7 @@ from vgpu.names import Annotation, Qos
 
 from .cluster import REAL_NODE, TENANT, Cluster
 from .kube import api_client, wait_bound
-from .pods import gpu_pod
+from .pods import allocation_of, gpu_pod
 
 NAMESPACE = "e2e-tenant"
 SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
@@ -76,17 +77,19 @@ def test_request_above_limit_is_denied_naming_the_key(tenant: CoreV1Api) -> None
     assert Annotation.VRAM_REQUEST.value in denied.value.body or Annotation.VRAM_LIMIT.value in denied.value.body
 
 
-def test_forged_allocation_on_create_never_reaches_the_pod(tenant: CoreV1Api, core: CoreV1Api) -> None:
+def test_forged_allocation_on_create_is_stripped_with_a_warning_and_replaced_at_bind(
+    tenant: CoreV1Api, core: CoreV1Api
+) -> None:
     pod = gpu_pod("forged-create", {**SHARE, allocation.KEY: forged("0000")})
-    try:
-        tenant.create_namespaced_pod(NAMESPACE, pod)
-    except ApiException as denied:
-        assert allocation.KEY in denied.body
-        return
-    # Admitted without it: the webhook stripped the tenant's value, and the extender wrote its own.
-    bound = wait_bound(core, NAMESPACE, "forged-create")
-    stored = (bound.metadata.annotations or {}).get(allocation.KEY)
-    assert stored is not None and allocation.decode(stored).pod_uid == bound.metadata.uid
+    created, _, headers = tenant.create_namespaced_pod_with_http_info(NAMESPACE, pod)
+    assert headers.getlist("Warning") == [
+        '299 - "removed tensor-fusion.ai/allocation: only tensor-fusion components may set it"'
+    ]
+    assert allocation.KEY not in (created.metadata.annotations or {}), "the webhook stored the tenant's value"
+    # Once bound it carries the extender's grant for its real request (default QoS), not the forgery.
+    alloc = allocation_of(wait_bound(core, NAMESPACE, "forged-create"))
+    assert alloc.pod_uid == created.metadata.uid and alloc.node == REAL_NODE and alloc.qos == Qos.MEDIUM
+    assert [(g.tflops_request, g.vram_request) for g in alloc.gpus] == [(10_000, 1 << 30)]
 
 
 def test_forged_allocation_patch_is_denied(tenant: CoreV1Api, core: CoreV1Api) -> None:
