@@ -24,9 +24,17 @@ A100_VRAM = 81920 * 1024 * 1024
 GIB = 1024**3
 
 
-def gpu_file(path: Path, *, fail: Mapping[str, str] | None = None, events: Sequence[tuple[str, int]] = ()) -> Path:
-    """Two A100s on NUMA 0 and 1; ``fail`` makes a GPU's check fail; ``events`` are XIDs."""
+def gpu_file(
+    path: Path,
+    *,
+    fail: Mapping[str, str] | None = None,
+    events: Sequence[tuple[str, int]] = (),
+    numa: Mapping[str, int | None] | None = None,
+) -> Path:
+    """Two A100s on NUMA 0 and 1 (``numa`` overrides; None: unknown); ``fail`` makes a GPU's check fail;
+    ``events`` are XIDs."""
     fail = fail or {}
+    numa = {GPU0: 0, GPU1: 1, **(numa or {})}
     doc = {
         "gpus": [
             {
@@ -34,7 +42,7 @@ def gpu_file(path: Path, *, fail: Mapping[str, str] | None = None, events: Seque
                 "index": i,
                 "name": "NVIDIA A100-SXM4-80GB",
                 "memoryMiB": 81920,
-                "numa": i,
+                **({"numa": numa[uuid]} if numa[uuid] is not None else {}),
                 **({"fail": fail[uuid]} if uuid in fail else {}),
                 "utilization": 30 + i,
                 "memoryUsedMiB": 1024,

@@ -72,9 +72,26 @@ class TestKubelet(dp_grpc.RegistrationServicer):
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(ids))])
         return await self.stub.Allocate(request, timeout=10)
 
-    async def next_list(self, timeout: float = 5.0) -> Devices:
+    async def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
+        """GetPreferredAllocation for one container, as the kubelet asks before Allocate."""
+        assert self.stub is not None, "no plugin registered"
+        request = dp.PreferredAllocationRequest(
+            container_requests=[
+                dp.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
+                )
+            ]
+        )
+        response = await self.stub.GetPreferredAllocation(request, timeout=10)
+        (container,) = response.container_responses
+        return list(container.deviceIDs)
+
+    async def next_devices(self, timeout: float = 5.0) -> list[dp.Device]:
         response = await asyncio.wait_for(self.lists.get(), timeout)
-        return [(d.ID, d.health) for d in response.devices]
+        return list(response.devices)
+
+    async def next_list(self, timeout: float = 5.0) -> Devices:
+        return [(d.ID, d.health) for d in await self.next_devices(timeout)]
 
     async def stop(self) -> None:
         """Stop like a restarting kubelet: close everything and delete every socket in the directory."""

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from device_plugin.health import HealthPolicy
-from device_plugin.slices import slice_id
+from device_plugin.slices import gpu_of, slice_id
 from tests.device_plugin.fakes import (
     GIB,
     GPU0,
@@ -51,6 +51,52 @@ def test_registers_and_lists_every_slice_with_numa(tmp_path: Path) -> None:
             assert all(len(d) <= 63 for d, _ in devices)
             assert (tmp_path / "tf-vgpu.sock").exists()
         assert not (tmp_path / "tf-vgpu.sock").exists(), "graceful shutdown removes our socket"
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("numa", [{GPU0: 1, GPU1: 0}, {GPU0: 0, GPU1: None}], ids=["swapped", "unknown"])
+def test_list_and_watch_devices_carry_their_gpus_numa_node(tmp_path: Path, numa: dict[str, int | None]) -> None:
+    async def scenario() -> None:
+        gpus = gpu_file(tmp_path / "gpus.yaml", numa=numa)
+        async with plugin(tmp_path, FakeKube(), gpus) as (_daemon, kubelet):
+            devices = await kubelet.next_devices()
+            assert len(devices) == 8
+            for device in devices:
+                node = numa[gpu_of(device.ID)]
+                if node is None:  # no topology at all: the Topology Manager treats it as any node
+                    assert not device.HasField("topology"), device
+                else:
+                    assert [n.ID for n in device.topology.nodes] == [node], device
+
+    run(scenario())
+
+
+def test_preferred_allocation_over_the_socket_follows_the_grant_then_the_freest_gpu(tmp_path: Path) -> None:
+    one = make_pod("one")
+    two = make_pod("two", containers=[("main", 2)])
+    kube = FakeKube([one])
+    available = [slice_id(GPU0, n) for n in range(4)] + [slice_id(GPU1, 2), slice_id(GPU1, 3)]
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            # Nothing awaits Allocate: slices of the GPU with the most free slices.
+            assert await kubelet.preferred(available, [], 1) == [slice_id(GPU0, 0)]
+            assert await kubelet.preferred(available, [], 2) == [slice_id(GPU0, 0), slice_id(GPU0, 1)]
+            # A pod granted GPU1 awaits: its slice comes from GPU1, though GPU0 has more free.
+            kube.annotate(uid_of(one), ALLOC, allocation(uid_of(one), gpus=[grant(GPU1, index=1)]))
+            await until(lambda: (p := daemon.cache.get(uid_of(one))) is not None and p.allocation is not None)
+            assert await kubelet.preferred(available, [], 1) == [slice_id(GPU1, 2)]
+            await kubelet.allocate(slice_id(GPU1, 2))
+            await receipt(kube, uid_of(one))
+            # A two-GPU pod spans both of its GPUs; a must-include ID stays and comes first.
+            both = [grant(GPU0), grant(GPU1, index=1)]
+            kube.put(
+                {**two, "metadata": {**two["metadata"], "annotations": {ALLOC: allocation(uid_of(two), gpus=both)}}}
+            )
+            await until(lambda: daemon.cache.get(uid_of(two)) is not None)
+            assert await kubelet.preferred(available, [], 2) == [slice_id(GPU0, 0), slice_id(GPU1, 2)]
+            assert await kubelet.preferred(available, [slice_id(GPU1, 3)], 2) == [slice_id(GPU1, 3), slice_id(GPU0, 0)]
 
     run(scenario())
 
