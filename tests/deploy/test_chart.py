@@ -94,6 +94,21 @@ def test_admission_policy_protects_every_system_annotation() -> None:
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
 
 
+def test_vgpu_bypass_check_covers_init_containers() -> None:
+    """Static: the kubelet Allocates devices for init containers too, so the check that refuses the
+    vGPU resource on pods the webhook did not see must walk them as well. (Ephemeral containers
+    cannot carry resources.) Only a real API server evaluates the CEL: tests/e2e installs this policy
+    for every pod it creates, but has no case for a pod that bypasses the webhook."""
+    policy = one("ValidatingAdmissionPolicy", "pod-contract")["spec"]
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in policy["variables"]}
+    assert variables["containers"] == (
+        "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])"
+    )
+    (check,) = [v["expression"] for v in policy["validations"] if f"'{RESOURCE_VGPU}'" in v["expression"]]
+    assert "variables.containers.exists(" in check
+    assert "object.spec.containers" not in check
+
+
 def test_device_plugin_mounts_only_the_kubelet_dirs() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
