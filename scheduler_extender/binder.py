@@ -5,7 +5,11 @@ serialised by the cache's lock, which is held only around the pure read-place-re
 across an API call. Every step after the reservation can fail (the pod was deleted, the API server
 refused, the Binding conflicted); each failure undoes everything done so far — the allocation
 annotation is removed, the reservation released, the gate given back — and comes back as the
-bind Error, so the scheduler retries and nothing is left behind.
+bind Error, so the scheduler retries and nothing is left behind. A failed Binding POST is not
+always a Binding that did not happen: a timeout, a lost answer or a 409 Conflict may hide one the
+API server committed. So after any such failure the binder re-reads the pod, and when it is bound
+to the node it keeps the allocation (undoing it would leave a bound pod without its GPUs); when it
+is not, or cannot be read, it undoes everything as for any other failure.
 """
 
 from __future__ import annotations
@@ -128,8 +132,9 @@ class Binder:
         try:
             self.gateway.bind(ref.namespace, ref.name, ref.uid, node)
         except GatewayError as exc:
-            cleanup = self._undo(ref, node, annotated=True)
-            raise BindError(f"could not bind pod {ref.key} to {node}: {exc}{cleanup}", "binding") from None
+            if not self._bound_after_all(ref, node, exc):
+                cleanup = self._undo(ref, node, annotated=True)
+                raise BindError(f"could not bind pod {ref.key} to {node}: {exc}{cleanup}", "binding") from None
         self.cache.commit(ref.key)
         view = self.cache.node(node)
         if view is not None:
@@ -146,6 +151,20 @@ class Binder:
         if pod_ref(pod).uid != ref.uid:
             raise BindError(f"pod {ref.key} has UID {pod_ref(pod).uid}, not {ref.uid} (recreated?)", "request")
         return pod
+
+    def _bound_after_all(self, ref: PodRef, node: str, failure: GatewayError) -> bool:
+        """Whether the pod is bound to ``node`` although posting its Binding failed (the answer was lost)."""
+        try:
+            pod = self.gateway.get_pod(ref.namespace, ref.name)
+        except GatewayError as exc:
+            log.warning("bind %s -> %s failed (%s) and re-reading the pod failed too (%s)", ref.key, node, failure, exc)
+            return False
+        if pod is None or pod_ref(pod).uid != ref.uid or pod_record(pod).node_name != node:
+            return False
+        log.warning(
+            "bind %s -> %s answered %s, yet the pod is bound there: keeping its allocation", ref.key, node, failure
+        )
+        return True
 
     def _post_binding(self, ref: PodRef, node: str) -> None:
         try:

@@ -46,6 +46,7 @@ class FakeGateway:
         self.events: list[PodEvent] = []
         self.bindings: list[tuple[str, str, str]] = []
         self.fail: dict[str, GatewayError] = {}  # operation name -> error to raise (once per entry)
+        self.lost_bind_answer: GatewayError | None = None  # raised once by a bind after it took effect
         self.calls: list[str] = []
         self.auto_receipt = auto_receipt
         self.closed = False
@@ -143,6 +144,9 @@ class FakeGateway:
             pod["spec"]["nodeName"] = node
             self._store(Kind.POD, pod, "MODIFIED")
             self.bindings.append((namespace, name, node))
+        lost, self.lost_bind_answer = self.lost_bind_answer, None
+        if lost is not None:
+            raise lost
         if self.auto_receipt and SystemAnnotation.ALLOCATION in pod["metadata"].get("annotations", {}):
             self.write_receipt(namespace, name)
 

@@ -64,6 +64,65 @@ def test_failed_step_leaves_no_reservation_no_annotation_no_gate(
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
 
 
+AMBIGUOUS = [
+    pytest.param(GatewayError("bind pod default/p1 to n1: ReadTimeoutError: read timed out"), id="timeout"),
+    pytest.param(GatewayError("Operation cannot be fulfilled: pod p1 is already assigned", 409), id="conflict"),
+]
+
+
+@pytest.mark.parametrize("error", AMBIGUOUS)
+def test_binding_committed_despite_a_failed_answer_keeps_the_allocation(
+    run: Callable[..., Running], cluster: FakeGateway, error: GatewayError
+) -> None:
+    """The API server bound the pod but the answer was a timeout or a conflict: the bind happened."""
+    app = run()
+    cluster.lost_bind_answer = error
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    assert cluster.bindings == [("default", "p1", "n1")]
+    assert cluster.calls == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]  # no undo
+    alloc = allocation(cluster, "p1")
+    entry = app.ext.cache.entry("default/p1")
+    assert alloc is not None and entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
+    app.settle()
+    assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]  # in hand-off until its receipt
+
+
+@pytest.mark.parametrize("error", AMBIGUOUS)
+def test_binding_that_failed_ambiguously_and_did_not_happen_is_rolled_back(
+    run: Callable[..., Running], cluster: FakeGateway, error: GatewayError
+) -> None:
+    app = run()
+    cluster.fail["bind"] = error
+    reply = app.post("/bind", bind_body("p1", "n1"))
+    assert reply["Error"] == f"could not bind pod default/p1 to n1: {error}"
+    assert cluster.calls[-1] == "patch default/p1 ['tensor-fusion.ai/allocation']"  # the undo
+    app.settle()
+    assert allocation(cluster, "p1") is None and cluster.bindings == []
+    assert app.ext.cache.entries() == {} and app.ext.gate.holders("n1") == ()
+
+
+def test_binding_whose_outcome_cannot_be_read_back_is_rolled_back(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """The pod cannot be re-read after a failed Binding: nothing says it happened, so undo as for any failure."""
+    app = run()
+    real_get = cluster.get_pod
+    reads: list[str] = []
+
+    def get_pod(namespace: str, name: str) -> Any:
+        reads.append(name)
+        if len(reads) > 1:  # the binder's first read (the pod to bind) succeeds; the re-read does not
+            raise GatewayError("api down", 503)
+        return real_get(namespace, name)
+
+    cluster.get_pod = get_pod  # type: ignore[method-assign]
+    cluster.fail["bind"] = GatewayError("read timed out")
+    assert "read timed out" in app.post("/bind", bind_body("p1", "n1"))["Error"]
+    assert reads == ["p1", "p1"]
+    app.settle()
+    assert allocation(cluster, "p1") is None and app.ext.cache.entries() == {}
+
+
 def test_rollback_reports_when_removing_the_annotation_fails_too(
     run: Callable[..., Running], cluster: FakeGateway
 ) -> None:
