@@ -48,10 +48,15 @@ def handle(body: bytes, cluster: AdmissionCluster, admissions: Counter) -> dict[
             try:
                 cluster.upsert_workload(decision.upsert)
             except ClusterUnavailable as exc:
-                verdict = review.deny(f"could not create or update the workload, try again: {exc}", code=503)
+                verdict = review.deny(
+                    f"could not create or update the workload, try again: {exc}",
+                    denial=review.Denial.SERVICE_UNAVAILABLE,
+                )
     except Exception:  # a bug must still produce an explained denial, not a transport failure
         log.exception("admission %s failed", req.uid)
-        verdict = review.deny("internal error in the tensor-fusion webhook; see its log", code=500)
+        verdict = review.deny(
+            "internal error in the tensor-fusion webhook; see its log", denial=review.Denial.INTERNAL_ERROR
+        )
     result = "patched" if verdict.patch else "allowed" if verdict.allowed else "denied"
     admissions.labels(result).inc()
     if not verdict.allowed:

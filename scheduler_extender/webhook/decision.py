@@ -15,7 +15,7 @@ from typing import Any
 
 from scheduler_extender.webhook.cluster import AdmissionReads, ClusterUnavailable
 from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, pod_patch
-from scheduler_extender.webhook.review import ReviewRequest, Verdict, allow, deny
+from scheduler_extender.webhook.review import Denial, ReviewRequest, Verdict, allow, deny
 from scheduler_extender.webhook.workload import WorkloadUpsert, spec_of
 from vgpu import fields
 from vgpu.errors import DomainError, FieldError
@@ -68,7 +68,12 @@ def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
     except DomainError as exc:
         return Decision(_deny_errors(exc.errors, warnings))
     except ClusterUnavailable as exc:
-        return Decision(deny(f"{LABEL_ENABLED}: could not read the cluster, try again: {exc}", code=503))
+        return Decision(
+            deny(
+                f"{LABEL_ENABLED}: could not read the cluster, try again: {exc}",
+                denial=Denial.SERVICE_UNAVAILABLE,
+            )
+        )
     ops, patch_warnings = pod_patch(review.object, req, view.annotations)
     upsert = None
     if req.generate_workload:

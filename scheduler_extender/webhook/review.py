@@ -11,6 +11,7 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Final
 
 API_VERSION: Final = "admission.k8s.io/v1"
@@ -33,13 +34,26 @@ class ReviewRequest:
     object: Mapping[str, Any]
 
 
+class Denial(Enum):
+    """Every kind of denial the webhook answers: its HTTP code with the metav1 StatusReason the API
+    server shows the client, together so that no code can go out without its reason."""
+
+    BAD_REQUEST = (400, "BadRequest")  # the pod or the review is wrong: fix it and resubmit
+    INTERNAL_ERROR = (500, "InternalError")  # a bug in the webhook
+    SERVICE_UNAVAILABLE = (503, "ServiceUnavailable")  # the cluster could not be read or written: retry
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     """The webhook's answer before encoding: allow (maybe with a JSONPatch) or deny with a message."""
 
     allowed: bool
     message: str = ""
-    code: int = 200
+    denial: Denial = Denial.BAD_REQUEST  # only read when not allowed
     patch: Sequence[Mapping[str, Any]] = ()
     warnings: tuple[str, ...] = field(default=())
 
@@ -56,8 +70,8 @@ def allow(*, patch: Sequence[Mapping[str, Any]] = (), warnings: tuple[str, ...] 
     return Verdict(allowed=True, patch=tuple(patch), warnings=warnings)
 
 
-def deny(message: str, *, code: int = 400, warnings: tuple[str, ...] = ()) -> Verdict:
-    return Verdict(allowed=False, message=message, code=code, warnings=warnings)
+def deny(message: str, *, denial: Denial = Denial.BAD_REQUEST, warnings: tuple[str, ...] = ()) -> Verdict:
+    return Verdict(allowed=False, message=message, denial=denial, warnings=warnings)
 
 
 def parse(body: bytes | str) -> ReviewRequest:
@@ -104,8 +118,8 @@ def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
         response["status"] = {
             "metadata": {},
             "status": "Failure",
-            "code": verdict.code,
-            "reason": _REASONS.get(verdict.code, "BadRequest"),
+            "code": verdict.denial.code,
+            "reason": verdict.denial.reason,
             "message": clip(verdict.message),
         }
     if verdict.warnings:
@@ -115,9 +129,6 @@ def respond(uid: str, verdict: Verdict) -> dict[str, Any]:
 
 def clip(message: str, limit: int = MAX_MESSAGE) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
-
-
-_REASONS: Final = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
 
 
 def _text(value: object) -> str:

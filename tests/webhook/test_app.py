@@ -79,6 +79,7 @@ def test_failed_workload_write_denies_the_pod_with_the_reason() -> None:
         response = client.post(MUTATE_PATH, content=body(seed_review())).json()["response"]
     assert response["allowed"] is False and "patch" not in response
     assert response["status"]["code"] == 503 and "HTTP 403 Forbidden" in response["status"]["message"]
+    assert response["status"]["reason"] == "ServiceUnavailable"
 
 
 def test_a_bug_still_answers_with_a_well_formed_denial() -> None:
@@ -89,7 +90,7 @@ def test_a_bug_still_answers_with_a_well_formed_denial() -> None:
         "metadata": {},
         "status": "Failure",
         "code": 500,
-        "reason": "BadRequest",
+        "reason": "InternalError",
         "message": "internal error in the tensor-fusion webhook; see its log",
     }
 

@@ -227,7 +227,18 @@ def test_pod_without_containers_is_denied() -> None:
 def test_cluster_read_failure_is_a_retryable_denial() -> None:
     response, _ = run(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), FakeCluster(down=True))
     assert response["allowed"] is False and response["status"]["code"] == 503
+    assert response["status"]["reason"] == "ServiceUnavailable"
     assert "try again" in response["status"]["message"]
+
+
+# metav1.StatusReason for each HTTP code (k8s.io/apimachinery/pkg/apis/meta/v1/types.go).
+STATUS_REASON = {400: "BadRequest", 500: "InternalError", 503: "ServiceUnavailable"}
+
+
+@pytest.mark.parametrize("kind", list(review.Denial), ids=lambda d: d.name)
+def test_every_denial_goes_out_with_the_status_reason_of_its_code(kind: review.Denial) -> None:
+    status = review.respond("u", review.deny("no", denial=kind))["response"]["status"]
+    assert (status["code"], status["reason"]) == (kind.code, STATUS_REASON[kind.code])
 
 
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
