@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         pool_label = {LABEL_NODE_POOL: DEFAULT_POOL}  # how an operator puts a node in a pool
         self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
         self.node.start()
+        self.set_gpu_faults({})
         self._start_device_plugin()
         self.wait_node_ready(REAL_NODE)
 
@@ -137,20 +139,33 @@ class Cluster(AbstractContextManager["Cluster"]):
         wait_until("tf-extender port", lambda: tcp_listening(self.extender_port), 60, [proc])
         return proc
 
+    @property
+    def fake_nvml(self) -> Path:
+        """The device plugin's fake GPU file; it re-reads it on change."""
+        return self.root / "fake-nvml.yaml"
+
+    def set_gpu_faults(self, faults: Mapping[str, str]) -> None:
+        """From now on the plugin's health check of each GPU in ``faults`` fails with its text; the others pass."""
+        staged = self.fake_nvml.with_suffix(".staged")
+        staged.write_text(fake_nvml_yaml(self.gpus, faults))
+        staged.replace(self.fake_nvml)  # atomic: the plugin never reads half a file
+
     def _start_device_plugin(self) -> None:
+        """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
+        again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips."""
         assert self.node is not None
-        config = self.root / "fake-nvml.yaml"
-        config.write_text(fake_nvml_yaml(self.gpus))
         self._ours(
             "tf-device-plugin",
             [
                 str(VENV_BIN / "tf-device-plugin"),
                 f"--node-name={REAL_NODE}",
-                f"--fake-gpus={config}",
+                f"--fake-gpus={self.fake_nvml}",
                 f"--plugin-dir={self.node.device_plugin_dir}",
                 f"--podresources-socket={self.node.pod_resources_socket}",
                 f"--slices-per-gpu={SLICES_PER_GPU}",
                 f"--backend={EnforcementBackend.HAMI_CORE.value}",
+                "--health-check-interval=1",
+                "--health-recovery=2",
                 "--metrics-port=0",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",
             ],

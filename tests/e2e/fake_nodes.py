@@ -11,6 +11,7 @@ lets no one else write it). Pods bound to such a node are scheduled but never ru
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import yaml
@@ -48,11 +49,14 @@ def gpus(prefix: str, count: int, name: str = "NVIDIA A100-SXM4-80GB") -> tuple[
     return tuple(FakeGpu(f"GPU-{prefix}-{i:012d}", i, name) for i in range(count))
 
 
-def fake_nvml_yaml(fake: tuple[FakeGpu, ...]) -> str:
-    """The device plugin's fake-NVML file (device_plugin/fake_probe.py format)."""
+def fake_nvml_yaml(fake: tuple[FakeGpu, ...], faults: Mapping[str, str]) -> str:
+    """The device plugin's fake-NVML file (device_plugin/fake_probe.py format); ``faults`` maps a
+    GPU's UUID to the text its health check fails with."""
     doc = {
         "gpus": [
-            {"uuid": g.uuid, "index": g.index, "name": g.name, "memoryMiB": g.model.memory_mib, "numa": 0} for g in fake
+            {"uuid": g.uuid, "index": g.index, "name": g.name, "memoryMiB": g.model.memory_mib, "numa": 0}
+            | ({"fail": faults[g.uuid]} if g.uuid in faults else {})
+            for g in fake
         ]
     }
     return yaml.safe_dump(doc, sort_keys=False)

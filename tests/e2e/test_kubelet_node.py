@@ -1,10 +1,13 @@
 """The kubelet node: our device plugin registered with the real kubelet and published its GPUs,
-and survives the kubelet restarting under running GPU pods (an upgrade, a crash).
+follows a GPU's health both ways, and survives the kubelet restarting under running GPU pods (an
+upgrade, a crash).
 
 On restart the kubelet wipes every socket in its device-plugin directory and makes a new kubelet.sock; our
 device plugin must notice, serve and register again. What an operator checks: the node's vGPU
 capacity comes back, pods that were running keep running with the containers they had (no new
 CreateContainer for them), and new GPU pods are admitted again.
+A GPU whose health check fails leaves the node's allocatable (the kubelet counts only healthy
+devices) and is marked Unhealthy in the inventory the extender places from, until it heals.
 """
 
 from __future__ import annotations
@@ -64,3 +67,43 @@ def test_plugin_reregisters_capacity_returns_and_running_pods_are_untouched(clus
     core.create_namespaced_pod(ns, gpu_pod("after", SHARE))
     after = wait_running(core, ns, "after")
     assert_env_matches_allocation(created_env(cluster.node, after, "main"), allocation_of(after))
+
+
+def gpu_state(core: CoreV1Api) -> tuple[int, int, dict[str, str]]:
+    """(vGPU capacity, vGPU allocatable, health per GPU UUID in the inventory) of the kubelet node."""
+    node = core.read_node(REAL_NODE)
+    inv = inventory.decode(node.metadata.annotations[inventory.KEY])
+    vgpu = (int(node.status.capacity.get(RESOURCE_VGPU, "0")), int(node.status.allocatable.get(RESOURCE_VGPU, "0")))
+    return (*vgpu, {g.uuid: g.health.value for g in inv.gpus})
+
+
+def wait_gpu_state(core: CoreV1Api, expected: tuple[int, int, dict[str, str]], what: str) -> None:
+    last = None
+
+    def reached() -> bool:
+        nonlocal last
+        last = gpu_state(core)
+        return last == expected
+
+    try:
+        eventually(what, reached, timeout=60)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; (capacity, allocatable, health) seen last: {last}") from None
+
+
+def test_failing_gpu_leaves_allocatable_and_is_marked_unhealthy_until_it_heals(
+    cluster: Cluster, core: CoreV1Api
+) -> None:
+    total = len(cluster.gpus) * SLICES_PER_GPU
+    sick = cluster.gpus[-1].uuid
+    healthy = {g.uuid: inventory.Health.HEALTHY.value for g in cluster.gpus}
+    assert gpu_state(core) == (total, total, healthy)
+
+    cluster.set_gpu_faults({sick: "fell off the bus"})
+    try:
+        # The kubelet keeps the unhealthy GPU's slices in capacity and takes them out of allocatable.
+        unhealthy = {**healthy, sick: inventory.Health.UNHEALTHY.value}
+        wait_gpu_state(core, (total, total - SLICES_PER_GPU, unhealthy), f"{sick} out of allocatable, Unhealthy")
+    finally:
+        cluster.set_gpu_faults({})
+    wait_gpu_state(core, (total, total, healthy), f"{sick} back in allocatable, Healthy")
