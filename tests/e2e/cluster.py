@@ -94,7 +94,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
         self.node.start()
         self.set_gpu_faults({})
-        self._start_device_plugin()
+        self.start_device_plugin()
         self.wait_node_ready(REAL_NODE)
 
     def _service_account_kubeconfig(self, component: str, namespace: str, account: str) -> Path:
@@ -150,7 +150,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         staged.write_text(fake_nvml_yaml(self.gpus, faults))
         staged.replace(self.fake_nvml)  # atomic: the plugin never reads half a file
 
-    def _start_device_plugin(self) -> None:
+    def start_device_plugin(self) -> None:
         """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
         again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips."""
         assert self.node is not None

@@ -1,11 +1,12 @@
 """The kubelet node: our device plugin registered with the real kubelet and published its GPUs,
-follows a GPU's health both ways, and survives the kubelet restarting under running GPU pods (an
-upgrade, a crash).
+follows a GPU's health both ways, and survives the kubelet or itself restarting under running GPU
+pods (an upgrade, a crash).
 
 On restart the kubelet wipes every socket in its device-plugin directory and makes a new kubelet.sock; our
-device plugin must notice, serve and register again. What an operator checks: the node's vGPU
-capacity comes back, pods that were running keep running with the containers they had (no new
-CreateContainer for them), and new GPU pods are admitted again.
+device plugin must notice, serve and register again; so must the plugin itself when it is killed
+(a crash) and started again. What an operator checks: the node's vGPU capacity comes back, pods
+that were running keep running with the containers and allocation they had (no new
+CreateContainer for them), and new GPU pods are admitted again with the env of their grant.
 A GPU whose health check fails leaves the node's allocatable (the kubelet counts only healthy
 devices) and is marked Unhealthy in the inventory the extender places from, until it heals.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from kubernetes.client import CoreV1Api
 
-from vgpu.contract import inventory
+from vgpu.contract import allocation, inventory
 from vgpu.names import DEFAULT_POOL, LABEL_NODE_GPU_COUNT, LABEL_NODE_POOL, RESOURCE_VGPU, Annotation
 
 from .cluster import REAL_NODE, Cluster
@@ -107,3 +108,30 @@ def test_failing_gpu_leaves_allocatable_and_is_marked_unhealthy_until_it_heals(
     finally:
         cluster.set_gpu_faults({})
     wait_gpu_state(core, (total, total, healthy), f"{sick} back in allocatable, Healthy")
+
+
+def test_killed_plugin_comes_back_and_running_pods_keep_their_allocation(cluster: Cluster, core: CoreV1Api) -> None:
+    assert cluster.node is not None
+    ns = cluster.namespace(NAMESPACE)
+    core.create_namespaced_pod(ns, gpu_pod("before-plugin-crash", SHARE))
+    before = wait_running(core, ns, "before-plugin-crash")
+    granted = before.metadata.annotations[allocation.KEY]
+    creates_before = len(cluster.node.creates())
+    capacity = vgpu_allocatable(core)
+    assert capacity == len(cluster.gpus) * SLICES_PER_GPU
+
+    cluster.ours["tf-device-plugin"].kill()
+    # The kubelet saw its ListAndWatch stream break: every slice is unhealthy, none allocatable.
+    eventually("no vGPU allocatable while the plugin is down", lambda: vgpu_allocatable(core) == 0, timeout=60)
+    cluster.start_device_plugin()
+
+    eventually("vGPU capacity back on the node", lambda: vgpu_allocatable(core) == capacity, timeout=90)
+    now = core.read_namespaced_pod("before-plugin-crash", ns)
+    assert now.metadata.uid == before.metadata.uid and now.status.phase == "Running"
+    assert now.status.container_statuses[0].restart_count == 0
+    assert now.metadata.annotations[allocation.KEY] == granted
+    assert all(r["podUid"] != before.metadata.uid for r in cluster.node.creates()[creates_before:])
+
+    core.create_namespaced_pod(ns, gpu_pod("after-plugin-crash", SHARE))
+    after = wait_running(core, ns, "after-plugin-crash")
+    assert_env_matches_allocation(created_env(cluster.node, after, "main"), allocation_of(after))
