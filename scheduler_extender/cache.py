@@ -6,6 +6,11 @@ pods alone, no local files), and in-memory reservations for binds in progress an
 pending pod is expected to land on (the next pod's filter may arrive before this pod's bind).
 Every transition is a method here with no I/O; the informer threads and the HTTP handlers call
 them, and one re-entrant lock serialises them, so a bind's read-decide-reserve is atomic.
+A relist (after a 410 Gone) is the new truth: a pod it does not show holding GPUs holds none, and
+that includes GPUs a bind committed for a pod whose events the 410 swallowed. Two kinds of entry
+survive it: a bind still in progress (it commits or undoes its own reservation), and one reserved
+or committed after the LIST was requested (its pod may be younger than the list; the watch that
+follows delivers it, or its deletion).
 Per-node views (inventory + ledger usage) are kept up to date on each change, so a request only
 copies a dict of ready NodeStates. The core's Ledger is kept one per node: a pod's GPUs are all on
 one node, so the per-GPU checks are the same, and each (copying) transition costs O(pods on that
@@ -21,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from scheduler_extender.core.ledger import Ledger, LedgerEntry, LedgerRefusal
+from scheduler_extender.core.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
 from scheduler_extender.core.model import NodeState, Snapshot, workload_key
 from scheduler_extender.gateway import Kind, RawObject, WatchEvent
 from scheduler_extender.handoff import HandoffGate
@@ -49,10 +54,16 @@ class ClusterCache:
         self._owner: dict[str, str] = {}  # ledger key -> uid of the pod that owns the entry
         self._tentative: dict[str, float] = {}  # ledger key -> expiry, for filter/prioritize reservations
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
+        self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         self._workload_view: Mapping[str, frozenset[str]] | None = None
 
     # --- informer sink ----------------------------------------------------------------------------
+    def listing(self, kind: Kind) -> None:
+        if kind is Kind.POD:
+            with self.lock:
+                self._since_listing = set()
+
     def replace(self, kind: Kind, items: list[RawObject]) -> None:
         with self.lock:
             if kind is Kind.NODE:
@@ -150,6 +161,7 @@ class ClusterCache:
             if entry is not None and key in self._tentative and (entry.node != node or tuple(grants) != entry.grants):
                 self._release(key)
             self._put(node, self._ledger(node).reserve(key, base, grants, expires_at, qos=qos))
+            self._note_since_listing(key)
             self._entry_node[key] = node
             self._owner[key] = ref.uid
             if expires_at is None:
@@ -162,6 +174,7 @@ class ClusterCache:
         with self.lock:
             node = self._entry_node.get(key)
             self._put(node or "", self._ledger(node or "").commit(key))
+            self._note_since_listing(key)
             self._tentative.pop(key, None)
 
     def release(self, key: str, uid: str) -> None:
@@ -171,6 +184,10 @@ class ClusterCache:
                 self._release(key)
 
     # --- internals (caller holds the lock) ------------------------------------------------------------
+    def _note_since_listing(self, key: str) -> None:
+        if self._since_listing is not None:
+            self._since_listing.add(key)
+
     def _expire(self) -> None:
         now = self.clock()
         for key in [k for k, at in self._tentative.items() if at <= now]:
@@ -228,6 +245,28 @@ class ClusterCache:
         for record in records.values():
             self._record_changed(record)
         self.gate.replace(records.values())
+        self._drop_unlisted({pod_ref(item).uid for item in items})
+
+    def _drop_unlisted(self, listed: set[str]) -> None:
+        """After a relist, release what the LIST contradicts.
+
+        A committed entry whose pod the LIST does not show holding GPUs (gone, finished, unallocated),
+        and a tentative one whose pod it does not show at all. Binds in progress keep their reservation,
+        and whatever was reserved or committed after the LIST was requested stays.
+        """
+        recent, self._since_listing = self._since_listing or set(), None
+        for key, uid in list(self._owner.items()):
+            if key in recent or uid in self._records:
+                continue
+            if key in self._tentative:
+                stale = uid not in listed
+            else:
+                entry = self._entry(key)
+                stale = entry is not None and entry.state is EntryState.COMMITTED
+            if stale:
+                log.info("relist: pod %s holds no GPUs any more; releasing what the extender held for it", key)
+                self._release(key)
+                self.gate.forget(uid)
 
     def _pod_changed(self, obj: RawObject) -> None:
         ref = pod_ref(obj)

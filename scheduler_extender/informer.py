@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 class Sink(Protocol):
     """Where the informer delivers what it sees (the cluster cache)."""
 
+    def listing(self, kind: Kind) -> None:
+        """A full list of this kind is about to be requested (what changes from now on may be missing from it)."""
+        ...
+
     def replace(self, kind: Kind, items: list[RawObject]) -> None:
         """A full list: the new truth for this kind (objects not in it are gone)."""
         ...
@@ -99,6 +103,7 @@ class Informer:
 
     def _round(self) -> None:
         if self.resource_version is None:
+            self.sink.listing(self.kind)
             listing = self.gateway.list(self.kind)
             listing_rv = listing.resource_version
             self.sink.replace(self.kind, listing.items)

@@ -222,6 +222,93 @@ def test_informer_relists_after_410_gone_and_drops_what_vanished(cache: ClusterC
     assert cache.entries() == {} and vram_used(cache, "n1") == [0, 0]
 
 
+def bind_in_cache(fake: FakeGateway, cache: ClusterCache, name: str) -> None:
+    """What the binder does for pod ``name`` on n1: gate, reservation, allocation, Binding, commit."""
+    pod = fake.pod("default", name)
+    ref = PodRef(namespace="default", name=name, uid=pod["metadata"]["uid"])
+    cache.gate.acquire("n1", ref.uid, ref.key, 0)
+    cache.reserve(ref, "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=None)
+    alloc = allocation_contract.decode(
+        allocated_pod(name, "n1")["metadata"]["annotations"][SystemAnnotation.ALLOCATION]
+    )
+    fake.patch_pod_annotations(
+        "default", name, ref.uid, {SystemAnnotation.ALLOCATION: allocation_contract.encode(alloc)}
+    )
+    fake.bind("default", name, ref.uid, "n1")
+    cache.commit(ref.key)
+
+
+def test_relist_releases_what_was_bound_for_pods_that_vanished_unseen(cache: ClusterCache) -> None:
+    """A 410 swallowed both the bound pod's allocation and its deletion: the relist must free its GPUs and gate."""
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1"))
+    fake.put(Kind.POD, make_pod("p", gpu_request()))
+    fake.put(Kind.POD, make_pod("guess", gpu_request()))
+    nodes, pods = informer(fake, cache, Kind.NODE), informer(fake, cache, Kind.POD)
+    fake.close()
+    nodes.run(iterations=1)
+    pods.run(iterations=1)
+    bind_in_cache(fake, cache, "p")
+    guess = PodRef(namespace="default", name="guess", uid="uid-default-guess")  # filter's tentative hold
+    cache.reserve(guess, "n1", (grant("n1", 1),), qos=Qos.MEDIUM, expires_at=2000.0)
+    assert set(cache.entries()) == {"default/p", "default/guess"} and cache.gate.holders("n1")
+    fake.delete(Kind.POD, "default/p")
+    fake.delete(Kind.POD, "default/guess")
+    fake.compact()  # the allocation, the Binding and the deletions are lost to history
+    pods.run(iterations=1)  # watch → 410
+    pods.run(iterations=1)  # relist: neither pod exists
+    assert cache.entries() == {} and vram_used(cache, "n1") == [0, 0]
+    assert cache.gate.holders("n1") == ()
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [
+        pytest.param(make_pod("p", gpu_request()), id="allocation-removed"),
+        pytest.param(allocated_pod("p", "n1", phase="Succeeded"), id="finished"),
+    ],
+)
+def test_relist_releases_a_bound_pod_the_list_shows_holding_no_gpus(cache: ClusterCache, listed: Any) -> None:
+    cache.replace(Kind.NODE, [make_node("n1")])
+    ref = PodRef(namespace="default", name="p", uid="uid-default-p")
+    cache.reserve(ref, "n1", (grant("n1"),), qos=Qos.MEDIUM, expires_at=None)
+    cache.commit(ref.key)  # a bind whose pod's events the 410 swallowed
+    cache.replace(Kind.POD, [listed])
+    assert cache.entries() == {} and vram_used(cache, "n1") == [0, 0]
+
+
+def test_relist_keeps_binds_in_flight_and_binds_newer_than_the_list(cache: ClusterCache) -> None:
+    """A bind still running owns its reservation (it undoes it itself when its pod is gone); a pod bound
+    after the LIST was taken is simply not in it yet."""
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1", vram=80 * GI))
+    fake.put(Kind.POD, make_pod("running", gpu_request()))
+    nodes, pods = informer(fake, cache, Kind.NODE), informer(fake, cache, Kind.POD)
+    fake.close()
+    nodes.run(iterations=1)
+    pods.run(iterations=1)
+    running = PodRef(namespace="default", name="running", uid="uid-default-running")
+    cache.reserve(running, "n1", (grant("n1", 1),), qos=Qos.MEDIUM, expires_at=None)  # bind between steps
+    fake.delete(Kind.POD, "default/running")  # meanwhile; its next API call will fail and undo it
+    real_list = fake.list
+
+    def list_then_bind(kind: Kind) -> Any:
+        listing = real_list(kind)  # the API server's snapshot, taken before "late" exists
+        if kind is Kind.POD:
+            fake.put(Kind.POD, make_pod("late", gpu_request()))
+            bind_in_cache(fake, cache, "late")
+        return listing
+
+    fake.list = list_then_bind  # type: ignore[method-assign]
+    fake.compact()
+    pods.run(iterations=1)  # 410
+    pods.run(iterations=1)  # relist, then the watch from the list's version
+    assert set(cache.entries()) == {"default/running", "default/late"}
+    assert cache.entries()["default/running"].state == "reserved"
+    assert cache.entries()["default/late"].state == "committed" and vram_used(cache, "n1") == [4 * GI, 4 * GI]
+    assert [h.pod_key for h in cache.gate.holders("n1")] == ["default/late"]
+
+
 def test_informer_backs_off_and_resumes_after_errors(cache: ClusterCache) -> None:
     fake = FakeGateway()
     fake.put(Kind.NODE, make_node("n1"))
