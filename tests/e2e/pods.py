@@ -9,7 +9,6 @@ here keeps each scenario to what it asserts.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,21 +58,26 @@ def created_env(node: KubeletNode | None, pod: Any, container: str) -> dict[str,
     return env
 
 
-def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodAllocation) -> None:
+def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodAllocation, sm_percent: int) -> None:
     """The container sees exactly its granted GPUs, each capped at its granted limits (design §7).
 
-    The cluster's device plugin runs the hami-core backend, so HAMi's variables are checked too.
+    ``sm_percent`` is the compute cap the scenario expects on every granted GPU (each GPU of an e2e
+    pod has the same share of the same A100), written out by the scenario rather than recomputed
+    here. The cluster's device plugin runs the hami-core backend, so HAMi's variables are checked
+    too: its per-GPU ``CUDA_DEVICE_SM_LIMIT_<i>`` and the shared ``CUDA_DEVICE_SM_LIMIT``, which
+    device_plugin/envs.py sets to the largest per-GPU percent (here the same one).
     """
     uuids = [g.uuid for g in alloc.gpus]
     assert env.get(Env.NVIDIA_VISIBLE_DEVICES) == ",".join(uuids), (env, uuids)
     mem = json.loads(env[Env.TF_MEM_LIMIT])
     tflops = json.loads(env[Env.TF_UP_LIMIT_TFLOPS])
-    percent = json.loads(env[Env.TF_UP_LIMIT])
-    assert set(mem) == set(tflops) == set(percent) == set(uuids), (mem, tflops, percent, uuids)
+    assert set(mem) == set(tflops) == set(uuids), (mem, tflops, uuids)
+    assert json.loads(env[Env.TF_UP_LIMIT]) == dict.fromkeys(uuids, sm_percent), env
     for i, grant in enumerate(alloc.gpus):
-        sm = min(100, max(1, math.ceil(grant.tflops_limit * 100 / grant.gpu_tflops)))
         assert mem[grant.uuid] == grant.vram_limit, (grant, mem)
         assert round(float(tflops[grant.uuid]) * 1000) == grant.tflops_limit, (grant, tflops)
-        assert percent[grant.uuid] == sm, (grant, percent)
         assert env[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] == f"{grant.vram_limit >> 20}m", (grant, env)
-    assert env[Env.HAMI_SM_LIMIT] == str(max(int(v) for v in percent.values())), env
+        assert env[f"{Env.HAMI_SM_LIMIT}_{i}"] == str(sm_percent), (grant, env)
+    per_gpu = {k for k in env if k.startswith(f"{Env.HAMI_SM_LIMIT}_")}
+    assert per_gpu == {f"{Env.HAMI_SM_LIMIT}_{i}" for i in range(len(uuids))}, env
+    assert env[Env.HAMI_SM_LIMIT] == str(sm_percent), env

@@ -77,7 +77,8 @@ def check_invariants(cluster: Cluster, core: CoreV1Api, pods: list[Any]) -> None
     for pod in running:
         alloc = allocation_of(pod)
         assert alloc.pod_uid == pod.metadata.uid and alloc.node == REAL_NODE
-        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), alloc)
+        sm_percent = 10  # TFLOPS (30, also the limit) of an A100's 312, rounded up
+        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), alloc, sm_percent)
     if len(running) < len(pods):  # someone waits: then no GPU may have room for one more pod
         room = [u for u, (cap_t, cap_v) in capacity.items() if cap_t - used.get(u, (0, 0))[0] >= parse_milli(TFLOPS)
                 and cap_v - used.get(u, (0, 0))[1] >= parse_bytes(VRAM)]  # fmt: skip
