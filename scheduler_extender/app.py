@@ -34,6 +34,7 @@ from scheduler_extender.metrics import Metrics
 from scheduler_extender.routes import router
 from scheduler_extender.settings import Settings
 from scheduler_extender.verbs import Verbs
+from scheduler_extender.workload_status import WorkloadStatusWriter
 from vgpu.catalog import Catalog, builtin
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Extender:
     events: EventRecorder
     metrics: Metrics
     informers: tuple[Informer, ...]
+    workload_status: WorkloadStatusWriter
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -71,9 +73,11 @@ class Extender:
         self.events.start()
         for informer in self.informers:
             informer.start()
+        self.workload_status.start()
 
     def shutdown(self) -> None:
         self.stop.set()
+        self.workload_status.stop()
         self.events.stop()
 
 
@@ -116,7 +120,15 @@ def build(
         )
         for kind in (Kind.NODE, Kind.POD)
     )
-    return Extender(settings, gateway, cache, gate, verbs, binder, events, metrics, informers, stop)
+    workload_status = WorkloadStatusWriter(
+        gateway,
+        cache.records,
+        interval=settings.workload_status_interval,
+        clock=clock,
+        ready=lambda: all(i.synced.is_set() for i in informers),
+        on_error=metrics.errors.labels("workload-status", "api").inc,
+    )
+    return Extender(settings, gateway, cache, gate, verbs, binder, events, metrics, informers, workload_status, stop)
 
 
 def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time) -> FastAPI:

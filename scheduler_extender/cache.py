@@ -131,6 +131,11 @@ class ClusterCache:
         with self.lock:
             return tuple(r for r in self._records.values() if r.allocation and r.allocation.node == node)
 
+    def records(self) -> tuple[PodRecord, ...]:
+        """Every pod that holds GPUs."""
+        with self.lock:
+            return tuple(self._records.values())
+
     def record(self, uid: str) -> PodRecord | None:
         with self.lock:
             return self._records.get(uid)

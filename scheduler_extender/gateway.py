@@ -8,7 +8,7 @@ helpers here, so both sides agree on the exact bodies.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
@@ -94,6 +94,14 @@ class KubeGateway(Protocol):
 
     def record_event(self, event: PodEvent) -> None:
         """Create a core/v1 Event on the pod."""
+        ...
+
+    def list_workloads(self) -> Sequence[RawObject]:
+        """Every TensorFusionWorkload, in all namespaces."""
+        ...
+
+    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
+        """Merge-patch a TensorFusionWorkload's ``status`` subresource (404 if it does not exist)."""
         ...
 
 

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         ge=0,
         description="At most one FailedGpuScheduling event per pod and message within this many seconds.",
     )
+    workload_status_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between passes that write each TensorFusionWorkload's status (replicas and "
+        "allocated TFLOPS/VRAM of its pods that hold GPUs); only changed workloads are patched.",
+    )
     kubeconfig: str | None = Field(
         None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
     )

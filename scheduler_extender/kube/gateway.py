@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
@@ -35,6 +35,7 @@ from scheduler_extender.gateway import (
     binding_body,
     event_body,
 )
+from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class KubernetesGateway:
 
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
     def _lister(self, kind: Kind) -> Callable[..., Any]:
         return self.core.list_node if kind is Kind.NODE else self.core.list_pod_for_all_namespaces
@@ -179,6 +181,33 @@ class KubernetesGateway:
             lambda: self.core.create_namespaced_event(
                 event.namespace,
                 body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                _preload_content=False,
+                _request_timeout=CALL_TIMEOUT,
+            ),
+        )
+
+    def list_workloads(self) -> Sequence[RawObject]:
+        body = _call(
+            f"list {PLURAL_WORKLOAD}",
+            lambda: _json(
+                self.custom.list_cluster_custom_object(
+                    CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, _preload_content=False, _request_timeout=(5.0, 120.0)
+                )
+            ),
+        )
+        return [i for i in body.get("items") or [] if isinstance(i, dict)]
+
+    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
+        _call(
+            f"patch {PLURAL_WORKLOAD}/status {namespace}/{name}",
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                CRD_GROUP,
+                CRD_VERSION,
+                namespace,
+                PLURAL_WORKLOAD,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
                 _preload_content=False,
                 _request_timeout=CALL_TIMEOUT,
             ),

@@ -35,7 +35,7 @@ GI = 1024**3
 
 
 class FakeGateway:
-    """Thread-safe fake API server for Nodes and Pods."""
+    """Thread-safe fake API server for Nodes and Pods (watchable) and TensorFusionWorkloads (list and status)."""
 
     def __init__(self, *, auto_receipt: bool = False) -> None:
         self._cond = threading.Condition()
@@ -50,6 +50,8 @@ class FakeGateway:
         self.calls: list[str] = []
         self.auto_receipt = auto_receipt
         self.closed = False
+        self.workloads: dict[tuple[str, str], RawObject] = {}  # TensorFusionWorkloads by (namespace, name)
+        self.status_patches: list[tuple[str, str, RawObject]] = []
 
     # --- test controls ----------------------------------------------------------------------------
     def put(self, kind: Kind, obj: RawObject) -> RawObject:
@@ -154,6 +156,20 @@ class FakeGateway:
         self._maybe_fail("event")
         with self._cond:
             self.events.append(event)
+
+    def list_workloads(self) -> list[RawObject]:
+        self._maybe_fail("list-workloads")
+        with self._cond:
+            return copy.deepcopy(list(self.workloads.values()))
+
+    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
+        self._maybe_fail("workload-status")
+        with self._cond:
+            workload = self.workloads.get((namespace, name))
+            if workload is None:
+                raise GatewayError(f"tensorfusionworkloads {name!r} not found", 404)
+            workload.setdefault("status", {}).update(copy.deepcopy(body["status"]))
+            self.status_patches.append((namespace, name, copy.deepcopy(body)))
 
     # --- internals ----------------------------------------------------------------------------
     def _maybe_fail(self, op: str) -> None:
