@@ -22,13 +22,13 @@ from typing import Any
 from device_plugin.daemon import Daemon, PluginConfig
 from device_plugin.envs import EnforcementPaths
 from device_plugin.fake_probe import FakeProbe
-from device_plugin.gpu_catalog import CatalogFileError, load
 from device_plugin.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
 from device_plugin.probe import GpuProbe, ProbeError
 from device_plugin.probe_report import report
 from vgpu.catalog import Catalog
+from vgpu.catalog_file import CatalogFileError, load
 from vgpu.names import EnforcementBackend
 from vgpu.quantity import parse_milli
 

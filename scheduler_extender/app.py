@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -35,7 +36,8 @@ from scheduler_extender.routes import router
 from scheduler_extender.settings import Settings
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import WorkloadStatusWriter
-from vgpu.catalog import Catalog, builtin
+from vgpu.catalog import Catalog
+from vgpu.catalog_file import load as load_catalog
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ def build(
     settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time, catalog: Catalog | None = None
 ) -> Extender:
     """Wire one extender (without starting threads)."""
-    catalog = catalog or builtin()
+    catalog = catalog or load_catalog(Path(settings.gpu_catalog) if settings.gpu_catalog else None)
     gate = HandoffGate(ttl=settings.handoff_ttl, deletion_grace=settings.handoff_deletion_grace, clock=clock)
     cache = ClusterCache(default_pool=settings.default_pool, gate=gate, clock=clock)
     policies = Policies(settings.policy.value)

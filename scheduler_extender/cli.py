@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from scheduler_extender import explain_client, planning
-from vgpu import catalog as gpu_catalog
+from vgpu.catalog_file import CatalogFileError
+from vgpu.catalog_file import load as load_catalog
 from vgpu.contract import resolved
 from vgpu.errors import DomainError
 from vgpu.profile import ProfileSpec, parse_spec
@@ -24,8 +25,15 @@ from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.request import PodView, is_enabled, resolve
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """tfctl's whole command line (each sub-command's ``run`` handler returns the exit code)."""
     parser = argparse.ArgumentParser(prog="tfctl", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--gpu-catalog",
+        type=Path,
+        metavar="FILE",
+        help="GPU models to add to or override in the built-in catalog (the extender's and device plugins' file)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -43,8 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     planning.add_subcommand(sub)
     explain_client.add_subcommand(sub)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         code: int = args.run(args)
     except DomainError as exc:
@@ -52,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for error in exc.errors:
             print(f"  - {error}", file=sys.stderr)
         return 1
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, CatalogFileError) as exc:
         print(f"tfctl: {exc}", file=sys.stderr)
         return 2
     return code
@@ -109,7 +120,7 @@ def _resolve(args: argparse.Namespace) -> int:
 
 
 def _catalog(args: argparse.Namespace) -> int:
-    table = gpu_catalog.builtin()
+    table = load_catalog(args.gpu_catalog)
     models = [m for m in table.models if args.match is None or any(table.matches(args.match, n) for n in m.nvml_names)]
     if not models:
         print(f"no known model matches {args.match!r} (an unknown model still matches GPUs reporting that name)")

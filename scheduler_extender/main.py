@@ -19,6 +19,7 @@ import uvicorn
 from scheduler_extender.app import create_app
 from scheduler_extender.kube.gateway import KubernetesGateway, api_client
 from scheduler_extender.settings import Settings
+from vgpu.catalog_file import CatalogFileError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = settings_from(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     gateway = KubernetesGateway(api_client(settings.kubeconfig))
-    app = create_app(settings, gateway)
+    try:
+        app = create_app(settings, gateway)
+    except CatalogFileError as exc:
+        raise SystemExit(f"tf-extender: --gpu-catalog {exc}") from None
     # uvloop + httptools (hard dependencies), named so a missing one fails loudly instead of falling
     # back to asyncio + the pure-Python h11 parser, which is slower on the 30–60 KB verb bodies.
     uvicorn.run(

@@ -37,7 +37,8 @@ from scheduler_extender.core.fit import ModelMatcher, check_node, gpu_fits
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.policy import REGISTRY
 from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
-from vgpu.catalog import Catalog, builtin
+from vgpu.catalog import Catalog
+from vgpu.catalog_file import load as load_catalog
 from vgpu.names import LABEL_NODE_GPU_MODEL
 from vgpu.quantity import MIB, parse_bytes, parse_milli
 
@@ -72,11 +73,11 @@ def add_subcommand(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0: every pod fits under every policy; 3: some do not; 2: unusable input (said on stderr)."""
-    catalog = builtin()
     try:
+        catalog = load_catalog(args.gpu_catalog)
         nodes = load_cluster(args.cluster, catalog)
         demands = load_pods(args.pods, nodes)
-    except (PlanError, KeyError, ValueError) as exc:
+    except (PlanError, KeyError, ValueError) as exc:  # CatalogFileError is a ValueError
         sys.stderr.write(f"tfctl plan: {exc}\n")
         return 2
     if args.shuffle is not None:

@@ -70,6 +70,11 @@ class Settings(BaseSettings):
         description="Seconds between passes that write each TensorFusionWorkload's status (replicas and "
         "allocated TFLOPS/VRAM of its pods that hold GPUs); only changed workloads are patched.",
     )
+    gpu_catalog: str | None = Field(
+        None,
+        description="YAML/JSON file of GPU models to add to or override in the built-in catalog (the same "
+        "file the device plugins get), so gpu-model values can name the models it adds.",
+    )
     kubeconfig: str | None = Field(
         None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
     )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from scheduler_extender import planning
+from scheduler_extender.cli import parser
 from vgpu.catalog import builtin
 
 CLUSTER = """
@@ -26,12 +26,6 @@ pods:
   - {name: whole, replicas: 2, whole_gpu: true, cpu: "2", memory: 2Gi}
   - {name: huge, gpu_count: 4, whole_gpu: true}
 """
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tfctl")
-    planning.add_subcommand(p.add_subparsers(dest="command", required=True))
-    return p
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

@@ -20,6 +20,7 @@ from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
+from vgpu.catalog_file import CatalogFileError
 from vgpu.contract import resolved as resolved_contract
 from vgpu.names import LABEL_ENABLED, Qos, SystemAnnotation
 
@@ -411,3 +412,26 @@ def test_memoised_replies_equal_the_cores_in_any_offered_order(
         scores = app.post("/prioritize", args(pod, *names))
         assert [s["Host"] for s in scores] == names
         assert {s["Host"]: s["Score"] for s in scores} == {n: wire.get(n, 0) for n in names}
+
+
+def test_gpu_models_added_by_the_catalog_file_can_be_requested_by_alias(
+    run: Callable[..., Running], fake: FakeGateway, tmp_path: Any
+) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(
+        "- {key: ACME-X1, tflops: 50, memoryMiB: 32768, nvmlNames: [ACME X1 Accelerator], aliases: [x1]}\n"
+    )
+    fake.put(Kind.NODE, make_node("acme", gpus=1, model="ACME X1 Accelerator", vram=32 * GI, tflops=50_000))
+    fake.put(Kind.NODE, make_node("a100", gpus=1, vram=80 * GI))
+    pod = make_pod("p", gpu_request(vram=4 * GI, model="x1"))
+    with_file = run(gpu_catalog=str(catalog)).post("/filter", args(pod, "acme", "a100"))
+    assert with_file["NodeNames"] == ["acme"]
+    without = run().post("/filter", args(pod, "acme", "a100"))  # the built-in catalog knows no alias x1
+    assert without["NodeNames"] == []
+
+
+def test_an_unusable_catalog_file_stops_the_extender_naming_it(fake: FakeGateway, tmp_path: Any) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("- {key: ACME-X1, tflops: fast}\n")
+    with pytest.raises(CatalogFileError, match=r"catalog\.yaml\[0\]\.tflops 'fast'"):
+        create_app(Settings(gpu_catalog=str(catalog)), fake)

@@ -1,10 +1,12 @@
-"""The GPU catalog a node runs with: the built-in models plus the operator's ``--gpu-catalog`` file.
+"""The GPU catalog a binary runs with: the built-in models plus the operator's ``--gpu-catalog`` file.
 
-The shared catalog (:mod:`vgpu.catalog`) is pure and only parses entries; reading the file is I/O
-and belongs to the node. The file is a YAML or JSON list of entries ``{key, tflops, memoryMiB,
-nvmlNames, aliases}``, each added, or replacing the built-in model with the same key. A file that
-cannot be used stops the plugin with an error naming the file (and the entry and field), rather
-than letting it advertise TFLOPS the operator did not intend.
+The one module of the shared domain that does I/O (the import contract names it): the device
+plugin, the extender and ``tfctl`` must read the same file the same way, or a model the operator
+added would be published by the node under a name the extender cannot match. :mod:`vgpu.catalog`
+stays pure and only parses entries. The file is a YAML or JSON list of entries ``{key, tflops,
+memoryMiB, nvmlNames, aliases}``, each added, or replacing the built-in model with the same key. A
+file that cannot be used stops the binary with an error naming the file (and the entry and field),
+rather than letting it run with TFLOPS or names the operator did not intend.
 """
 
 from __future__ import annotations
