@@ -91,6 +91,9 @@ class ProfileSpec:
     pool_name: str | None = None
     qos: Qos | None = None
     is_local_gpu: bool | None = None
+    # ``standaloneWorkerMode``; the annotation ``no-standalone-worker-mode: "true"`` sets it to true
+    # (TensorFusion's naming, kept as is), and either is only allowed in local-GPU mode.
+    standalone_worker_mode: bool | None = None
     gpu_model: str | None = None
     gpu_count: int | None = None
     node_affinity: Mapping[str, Any] | None = None
@@ -134,10 +137,8 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
     pool = _text(spec, "poolName", where, errors)
     if pool is not None:
         pool = fields.dns_name(f"{where}.poolName", pool, errors)
-    local = spec.get("isLocalGPU")
-    if local is not None and not isinstance(local, bool):
-        errors.append(FieldError(f"{where}.isLocalGPU", fields.shown(local), "must be true or false"))
-        local = None
+    local = _bool(spec, "isLocalGPU", where, errors)
+    standalone = _bool(spec, "standaloneWorkerMode", where, errors)
     affinity = spec.get("nodeAffinity")
     if affinity is not None and not isinstance(affinity, Mapping):
         errors.append(
@@ -154,6 +155,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
         pool_name=pool,
         qos=qos,
         is_local_gpu=local,
+        standalone_worker_mode=standalone,
         gpu_model=model,
         gpu_count=gpu_count,
         node_affinity=affinity,
@@ -174,6 +176,7 @@ def to_crd(spec: ProfileSpec) -> dict[str, Any]:
         ("poolName", spec.pool_name),
         ("qos", spec.qos and spec.qos.value),
         ("isLocalGPU", spec.is_local_gpu),
+        ("standaloneWorkerMode", spec.standalone_worker_mode),
         ("gpuModel", spec.gpu_model),
         ("gpuCount", spec.gpu_count),
         ("nodeAffinity", spec.node_affinity),
@@ -224,6 +227,15 @@ def _int(spec: Mapping[str, Any], key: str, where: str, low: int, high: int, err
         errors.append(FieldError(f"{where}.{key}", fields.shown(raw), f"must be a whole number from {low} to {high}"))
         return None
     return raw
+
+
+def _bool(spec: Mapping[str, Any], key: str, where: str, errors: list[FieldError]) -> bool | None:
+    raw = spec.get(key)
+    if isinstance(raw, bool):
+        return raw
+    if raw is not None:
+        errors.append(FieldError(f"{where}.{key}", fields.shown(raw), "must be true or false"))
+    return None
 
 
 def _text(spec: Mapping[str, Any], key: str, where: str, errors: list[FieldError]) -> str | None:

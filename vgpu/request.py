@@ -24,6 +24,7 @@ from vgpu.quantity import humanize_bytes, humanize_tflops
 
 A = Annotation
 _KNOWN_KEYS = frozenset(a.value for a in Annotation) | frozenset(a.value for a in SystemAnnotation)
+_ANNOTATIONS = "the pod's annotations"
 _AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits", A.AUTO_REPLICAS: "autoSetReplicas"}
 
 
@@ -66,6 +67,8 @@ class GpuRequest:
     qos: Qos
     gpu_model: str | None = None
     is_local_gpu: bool = False
+    # standaloneWorkerMode over every layer: the annotation no-standalone-worker-mode: "true" sets it,
+    # as in TensorFusion despite the name, and so does a lower layer's standaloneWorkerMode: true.
     no_standalone_worker_mode: bool = False
     workload: str | None = None
     generate_workload: bool | None = None
@@ -122,12 +125,15 @@ def resolve(
             errors.append(
                 FieldError(A.GPUPOOL, pool_name, f"no such GPU pool; known: {', '.join(sorted(pools)) or 'none'}")
             )
-    layers = [("the pod's annotations", top)]
+    layers = [(_ANNOTATIONS, top)]
     named = (("the workload", workload), ("the WorkloadProfile", profile), (f"pool {pool_name} defaults", pool))
     layers += [(n, s) for n, s in named if s]
 
+    def pick_from(attr: str) -> tuple[Any, str]:
+        return next(((getattr(s, attr), n) for n, s in layers if getattr(s, attr) is not None), (None, ""))
+
     def pick(attr: str) -> Any:
-        return next((getattr(s, attr) for _, s in layers if getattr(s, attr) is not None), None)
+        return pick_from(attr)[0]
 
     def pick_res(attr: str) -> tuple[int | None, str]:
         return next(
@@ -145,9 +151,9 @@ def resolve(
             )
         )
     is_local = pick("is_local_gpu") or False
-    no_standalone = _flag(ann, A.NO_STANDALONE_WORKER_MODE, errors)
-    if no_standalone and not is_local:
-        errors.append(FieldError(A.NO_STANDALONE_WORKER_MODE, "true", f'only allowed with {A.IS_LOCAL_GPU}: "true"'))
+    standalone, standalone_from = pick_from("standalone_worker_mode")
+    if standalone and not is_local:
+        _standalone_needs_local(standalone_from, errors)
     generate = _flag(ann, A.GENERATE_WORKLOAD, errors)
     workload_name = _name(ann, A.WORKLOAD, errors)
     if generate is False and workload_name is None:
@@ -173,7 +179,7 @@ def resolve(
         qos=pick("qos") or Qos.MEDIUM,
         gpu_model=pick("gpu_model"),
         is_local_gpu=is_local,
-        no_standalone_worker_mode=bool(no_standalone),
+        no_standalone_worker_mode=bool(standalone),
         workload=workload_name,
         generate_workload=generate,
         workload_profile=ann.get(A.WORKLOAD_PROFILE),
@@ -228,9 +234,18 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         pool_name=_name(ann, A.GPUPOOL, errors),
         qos=Qos(qos) if qos else None,
         is_local_gpu=_flag(ann, A.IS_LOCAL_GPU, errors),
+        standalone_worker_mode=_flag(ann, A.NO_STANDALONE_WORKER_MODE, errors),
         gpu_model=model,
         gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
     )
+
+
+def _standalone_needs_local(source: str, errors: list[FieldError]) -> None:
+    needs = f'only allowed with {A.IS_LOCAL_GPU}: "true"'
+    if source == _ANNOTATIONS:
+        errors.append(FieldError(A.NO_STANDALONE_WORKER_MODE, "true", needs))
+    else:
+        errors.append(FieldError("standaloneWorkerMode", None, f"true in {source}; {needs} (or isLocalGPU: true)"))
 
 
 def _opt(raw: str | None, parse: Any) -> Any:

@@ -116,12 +116,14 @@ def test_every_crd_field_is_accepted_by_parse_spec_and_every_parsed_field_is_in_
         pool_name="p",
         qos=Qos.LOW,
         is_local_gpu=True,
+        standalone_worker_mode=True,
         gpu_model="A100",
         gpu_count=1,
         node_affinity={},
         auto_scaling={"autoSetLimits": {"enable": True}},
     )
-    assert set(to_crd(full)) <= set(props)
+    assert set(to_crd(full)) == set(props)
+    assert parse_spec(to_crd(full), where="crd") == full
 
 
 def test_enums_and_ranges_match_vgpu() -> None:

@@ -82,6 +82,7 @@ PROFILE_CASES: list[tuple[dict[str, object], str]] = [
     ({"gpuCount": True}, "spec.gpuCount 'True': must be a whole number from 1 to 128"),
     ({"replicas": "2"}, "spec.replicas '2': must be a whole number from 0 to 1000000"),
     ({"isLocalGPU": "true"}, "spec.isLocalGPU 'true': must be true or false"),
+    ({"standaloneWorkerMode": 1}, "spec.standaloneWorkerMode '1': must be true or false"),
     ({"resources": {"requests": {"tflops": "lots"}}}, "spec.resources.requests.tflops 'lots': not a Kubernetes quantity"),
     ({"resources": []}, "spec.resources '[]': must be an object with requests and limits"),
     ({"poolName": "Bad Pool"}, "spec.poolName 'Bad Pool': must be a Kubernetes name"),

@@ -107,3 +107,43 @@ def test_auto_flags_set_enable_bits() -> None:
         )
     )
     assert got.auto_scaling == {"autoSetLimits": {"enable": True}, "autoSetReplicas": {"enable": False}}
+
+
+LOCAL = "tensor-fusion.ai/is-local-gpu"
+NO_STANDALONE = "tensor-fusion.ai/no-standalone-worker-mode"
+
+
+def test_standalone_worker_mode_defaults_to_embedded() -> None:
+    assert resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"})).no_standalone_worker_mode is False
+
+
+def test_profile_standalone_worker_mode_is_honoured_in_local_mode() -> None:
+    standalone = ProfileSpec(resources=Resources(vram_request=GI), is_local_gpu=True, standalone_worker_mode=True)
+    assert resolve(pod({}), profile=standalone).no_standalone_worker_mode is True
+    assert resolve(pod({}), workload=standalone).no_standalone_worker_mode is True
+    pools = {"default-pool": standalone}
+    assert resolve(pod({}), pools=pools).no_standalone_worker_mode is True
+
+
+def test_standalone_annotation_beats_profile_both_ways() -> None:
+    local = {LOCAL: "true"}
+    on = ProfileSpec(resources=Resources(vram_request=GI), standalone_worker_mode=True)
+    off = ProfileSpec(resources=Resources(vram_request=GI), standalone_worker_mode=False)
+    assert resolve(pod({**local, NO_STANDALONE: "false"}), profile=on).no_standalone_worker_mode is False
+    assert resolve(pod({**local, NO_STANDALONE: "true"}), profile=off).no_standalone_worker_mode is True
+    # the profile beats the pool default
+    pools = {"default-pool": on}
+    assert resolve(pod(local), profile=off, pools=pools).no_standalone_worker_mode is False
+
+
+def test_profile_standalone_worker_mode_needs_local_mode_too() -> None:
+    standalone = ProfileSpec(resources=Resources(vram_request=GI), is_local_gpu=True, standalone_worker_mode=True)
+    with pytest.raises(DomainError) as caught:
+        resolve(pod({LOCAL: "false"}), profile=standalone)
+    assert str(caught.value) == (
+        'standaloneWorkerMode: true in the WorkloadProfile; only allowed with tensor-fusion.ai/is-local-gpu: "true" '
+        "(or isLocalGPU: true)"
+    )
+    pools = {"default-pool": ProfileSpec(resources=Resources(vram_request=GI), standalone_worker_mode=True)}
+    with pytest.raises(DomainError, match="standaloneWorkerMode: true in pool default-pool defaults; only allowed"):
+        resolve(pod({}), pools=pools)

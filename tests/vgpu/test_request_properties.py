@@ -21,7 +21,7 @@ JSON = st.recursive(
     max_leaves=12,
 )
 PROFILE_KEYS = st.sampled_from(
-    ["resources", "qos", "gpuCount", "replicas", "isLocalGPU", "autoScalingConfig", "poolName"]
+    ["resources", "qos", "gpuCount", "replicas", "isLocalGPU", "standaloneWorkerMode", "autoScalingConfig", "poolName"]
 )
 
 
