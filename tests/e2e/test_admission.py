@@ -74,7 +74,12 @@ def test_request_above_limit_is_denied_naming_the_key(tenant: CoreV1Api) -> None
     pod = gpu_pod("above-limit", {Annotation.VRAM_REQUEST: "8Gi", Annotation.VRAM_LIMIT: "4Gi"})
     with pytest.raises(ApiException) as denied:
         tenant.create_namespaced_pod(NAMESPACE, pod)
-    assert Annotation.VRAM_REQUEST.value in denied.value.body or Annotation.VRAM_LIMIT.value in denied.value.body
+    assert denied.value.status == 400
+    assert json.loads(denied.value.body)["message"] == (
+        'admission webhook "pods.tensor-fusion.ai" denied the request: '
+        "tensor-fusion.ai/vram-request '8Gi': must not exceed the vram limit 4Gi "
+        "(request from the pod's annotations, limit from the pod's annotations)"
+    )
 
 
 def test_forged_allocation_on_create_is_stripped_with_a_warning_and_replaced_at_bind(
