@@ -1,5 +1,7 @@
 """What a tenant meets at admission: bad annotations are refused with the whole reason; a forged
-allocation is stripped on create (with a warning) and denied on update.
+allocation is stripped on create (with a warning) and denied on update; the vGPU resource on a pod
+that skips the webhook (no opt-in label) is refused by the ValidatingAdmissionPolicy, init
+containers included.
 
 The tenant is an ordinary user with the ``edit`` role in one namespace, as in a shared cluster.
 """
@@ -13,11 +15,11 @@ import pytest
 from kubernetes.client import ApiException, CoreV1Api, RbacAuthorizationV1Api
 
 from vgpu.contract import allocation
-from vgpu.names import Annotation, Qos
+from vgpu.names import RESOURCE_VGPU, Annotation, Qos
 
 from .cluster import REAL_NODE, TENANT, Cluster
 from .kube import api_client, wait_bound
-from .pods import allocation_of, gpu_pod
+from .pods import IMAGE, allocation_of, gpu_pod
 
 NAMESPACE = "e2e-tenant"
 SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
@@ -79,6 +81,24 @@ def test_request_above_limit_is_denied_naming_the_key(tenant: CoreV1Api) -> None
         'admission webhook "pods.tensor-fusion.ai" denied the request: '
         "tensor-fusion.ai/vram-request '8Gi': must not exceed the vram limit 4Gi "
         "(request from the pod's annotations, limit from the pod's annotations)"
+    )
+
+
+@pytest.mark.parametrize("field", ["containers", "initContainers"])
+def test_vgpu_resource_on_a_pod_the_webhook_skips_is_denied_by_the_policy(tenant: CoreV1Api, field: str) -> None:
+    # Unlabelled, so the webhook never sees it and only the policy stands between the resource and
+    # the device plugin. The vGPU container is the pod's only one, or an init container beside a plain one.
+    with_vgpu = {"name": "wants-gpu", "image": IMAGE, "resources": {"limits": {RESOURCE_VGPU: "1"}}}
+    spec = {"containers": [{"name": "main", "image": IMAGE}], "terminationGracePeriodSeconds": 0, field: [with_vgpu]}
+    name = f"bypass-{field.lower()}"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    with pytest.raises(ApiException) as denied:
+        tenant.create_namespaced_pod(NAMESPACE, pod)
+    assert denied.value.status == 403
+    assert json.loads(denied.value.body)["message"] == (
+        f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'tensor-fusion-pod-contract' with binding "
+        "'tensor-fusion-pod-contract' denied request: tensor-fusion.ai/vgpu is set by the tensor-fusion webhook: "
+        "label the pod tensor-fusion.ai/enabled=true and use the tensor-fusion.ai/* annotations"
     )
 
 
