@@ -3,15 +3,29 @@
 A user applies the examples and checks, per pod: it was mutated by our webhook (scheduler name,
 the vGPU resource, the resolved request), the real kube-scheduler bound it through our extender
 (allocation recorded), the real kubelet started it, and its container was created with its own
-GPU UUID and the granted limits in the env.
+GPU UUID and the granted limits in the env. Then ``kubectl get tensorfusionworkloads``: the
+workload the webhook generated shows what its bound pods reserve, written by the extender (as its
+shipped ServiceAccount, so through the shipped RBAC), and follows the Deployment as it scales down.
 """
 
 from __future__ import annotations
 
-from kubernetes.client import CoreV1Api
+import datetime as dt
+from typing import Any
+
+from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 
 from vgpu.contract import resolved
-from vgpu.names import LABEL_ENABLED, RESOURCE_VGPU, SCHEDULER_NAME, SystemAnnotation
+from vgpu.names import (
+    CRD_GROUP,
+    CRD_VERSION,
+    LABEL_ENABLED,
+    PLURAL_WORKLOAD,
+    RESOURCE_VGPU,
+    SCHEDULER_NAME,
+    Annotation,
+    SystemAnnotation,
+)
 
 from . import deploy
 from .cluster import REAL_NODE, Cluster
@@ -53,3 +67,42 @@ def test_seed_deployment_runs_two_replicas_each_with_its_own_gpu_share(cluster: 
             assert grant.tflops_limit == request.tflops_limit and grant.vram_limit == request.vram_limit
             uuids.add(grant.uuid)
     assert uuids <= {g.uuid for g in cluster.gpus}
+
+
+def wait_workload_status(
+    cluster: Cluster, namespace: str, name: str, expected: tuple[int, str, str], timeout: float
+) -> dict[str, Any]:
+    """The workload's status once its (replicas, allocatedTflops, allocatedVram) are ``expected``."""
+    workloads = CustomObjectsApi(cluster.admin)
+    seen: list[dict[str, Any]] = [{}]
+
+    def reached() -> dict[str, Any] | None:
+        obj = workloads.get_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, PLURAL_WORKLOAD, name)
+        seen[0] = status = obj.get("status", {})
+        totals = (status.get("replicas"), status.get("allocatedTflops"), status.get("allocatedVram"))
+        return status if totals == expected else None
+
+    try:
+        return eventually(f"workload {namespace}/{name} (replicas, TFLOPS, VRAM) = {expected}", reached, timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; status seen last: {seen[0]}") from None
+
+
+def test_generated_workload_status_sums_the_bound_pods_and_follows_a_scale_down(cluster: Cluster) -> None:
+    docs = deploy.examples()
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    name, namespace = deployment["metadata"]["name"], deployment["metadata"].get("namespace", "default")
+    template = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert template[Annotation.GENERATE_WORKLOAD] == "true"
+    workload = template[Annotation.WORKLOAD]
+    apply(cluster.admin, docs, namespace=namespace)  # as shipped, 2 replicas: a no-op after the test above
+
+    # Each replica holds one GPU with the example's tflops-request 10 and vram-request 4Gi.
+    status = wait_workload_status(cluster, namespace, workload, (2, "20", "8Gi"), timeout=90)
+    assert set(status) == {"replicas", "allocatedTflops", "allocatedVram", "lastUpdateTime"}
+    apps = AppsV1Api(cluster.admin)
+    for replicas, tflops, vram in ((1, "10", "4Gi"), (0, "0", "0")):
+        scaled = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
+        status = wait_workload_status(cluster, namespace, workload, (replicas, tflops, vram), timeout=60)
+        assert dt.datetime.strptime(status["lastUpdateTime"], "%Y-%m-%dT%H:%M:%S%z") >= scaled, status
