@@ -17,6 +17,7 @@ from typing import Any
 
 from vgpu.catalog_data import ROWS
 from vgpu.errors import DomainError, FieldError
+from vgpu.fields import shown
 from vgpu.quantity import parse_milli
 
 _VENDOR_WORDS = frozenset({"nvidia", "tesla", "geforce"})
@@ -113,11 +114,13 @@ def parse_overrides(entries: Sequence[Mapping[str, Any]], *, source: str = "gpu 
     for i, entry in enumerate(entries):
         where = f"{source}[{i}]"
         if not isinstance(entry, Mapping):
-            errors.append(FieldError(where, repr(entry)[:80], "must be a mapping with key and tflops"))
+            errors.append(FieldError(where, shown(entry), "must be a mapping with key and tflops"))
             continue
         key = entry.get("key")
         if not isinstance(key, str) or not tokens(key):
-            errors.append(FieldError(f"{where}.key", repr(key), "must be a non-empty model name"))
+            errors.append(
+                FieldError(f"{where}.key", None if key is None else shown(key), "must be a non-empty model name")
+            )
             continue
         try:
             tflops = parse_milli(str(entry.get("tflops", "")), key=f"{where}.tflops")
@@ -126,7 +129,7 @@ def parse_overrides(entries: Sequence[Mapping[str, Any]], *, source: str = "gpu 
             continue
         memory = entry.get("memoryMiB", 0)
         if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
-            errors.append(FieldError(f"{where}.memoryMiB", repr(memory), "must be a whole number ≥ 0"))
+            errors.append(FieldError(f"{where}.memoryMiB", shown(memory), "must be a whole number ≥ 0"))
             continue
         names = _strings(entry.get("nvmlNames", ()), f"{where}.nvmlNames", errors)
         aliases = _strings(entry.get("aliases", ()), f"{where}.aliases", errors)
@@ -139,5 +142,5 @@ def parse_overrides(entries: Sequence[Mapping[str, Any]], *, source: str = "gpu 
 def _strings(value: object, key: str, errors: list[FieldError]) -> tuple[str, ...]:
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    errors.append(FieldError(key, repr(value)[:80], "must be a list of strings"))
+    errors.append(FieldError(key, shown(value), "must be a list of strings"))
     return ()

@@ -18,6 +18,7 @@ _RATIO = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h|d|w))+$")
 
 MAX_GPU_COUNT: Final = 128
+MAX_REPLICAS: Final = 1_000_000
 MAX_SHOWN = 120  # characters of a bad value quoted back; annotations can be huge
 
 

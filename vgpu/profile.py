@@ -127,7 +127,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
                 FieldError(f"{where}.{key}", None, f"unknown field; accepted: {', '.join(sorted(_TOP_KEYS))}")
             )
     resources = _resources(spec.get("resources"), f"{where}.resources", errors)
-    replicas = _int(spec, "replicas", where, 0, 1_000_000, errors)
+    replicas = _int(spec, "replicas", where, 0, fields.MAX_REPLICAS, errors)
     gpu_count = _int(spec, "gpuCount", where, 1, fields.MAX_GPU_COUNT, errors)
     qos_raw = spec.get("qos")
     qos = None
@@ -204,7 +204,9 @@ def _resources(raw: object, where: str, errors: list[FieldError]) -> Resources:
         return Resources()
     values: dict[str, int | None] = {}
     for side, suffix in (("requests", "request"), ("limits", "limit")):
-        block = raw.get(side) or {}
+        block = raw.get(side)
+        if block is None:
+            continue
         if not isinstance(block, Mapping):
             errors.append(FieldError(f"{where}.{side}", fields.shown(block), "must be an object with tflops and vram"))
             continue

@@ -230,7 +230,7 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
     _name(ann, A.WORKLOAD_PROFILE, errors)
     return ProfileSpec(
         resources=resources,
-        replicas=_opt(get(A.REPLICAS), lambda v: fields.integer(A.REPLICAS, v, 0, 1_000_000, errors)),
+        replicas=_opt(get(A.REPLICAS), lambda v: fields.integer(A.REPLICAS, v, 0, fields.MAX_REPLICAS, errors)),
         pool_name=_name(ann, A.GPUPOOL, errors),
         qos=Qos(qos) if qos else None,
         is_local_gpu=_flag(ann, A.IS_LOCAL_GPU, errors),
@@ -320,9 +320,11 @@ def _auto(ann: Mapping[str, str], inherited: AutoScaling, errors: list[FieldErro
 def _unknown_keys(ann: Mapping[str, str], errors: list[FieldError]) -> None:
     for key in ann:
         if key.startswith(PREFIX) and key not in _KNOWN_KEYS:
-            close = difflib.get_close_matches(key, sorted(a.value for a in Annotation), n=1)
+            # Compare what follows the prefix: every key shares it, so whole keys all look close.
+            suffixes = sorted(a.value.removeprefix(PREFIX) for a in Annotation)
+            close = difflib.get_close_matches(key.removeprefix(PREFIX), suffixes, n=1)
             hint = (
-                f"did you mean {close[0]}?"
+                f"did you mean {PREFIX}{close[0]}?"
                 if close
                 else f"accepted keys: {', '.join(sorted(a.value for a in Annotation))}"
             )

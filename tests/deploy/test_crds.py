@@ -130,6 +130,7 @@ def test_enums_and_ranges_match_vgpu() -> None:
     props = spec_schema(KIND_WORKLOAD_PROFILE)["properties"]
     assert props["qos"]["enum"] == [q.value for q in Qos]
     assert (props["gpuCount"]["minimum"], props["gpuCount"]["maximum"]) == (1, fields.MAX_GPU_COUNT)
+    assert (props["replicas"]["minimum"], props["replicas"]["maximum"]) == (0, fields.MAX_REPLICAS)
 
 
 QUANTITY = re.compile(

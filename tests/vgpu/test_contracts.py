@@ -80,9 +80,9 @@ def test_round_trip_and_strictness(name: str, values: Any, encode: Any, decode: 
     text = encode(value)
     assert decode(text) == value
     assert encode(decode(text)) == text  # deterministic bytes: patch only on change
-    cut = data.draw(st.integers(0, len(text) - 1))
-    with pytest.raises(DomainError):
-        decode(text[:cut])  # every truncation is rejected
+    for cut in range(len(text)):
+        with pytest.raises(DomainError):
+            decode(text[:cut])  # every truncation is rejected
     doc = json.loads(text)
     for where, broken in mutilations(doc):
         if "autoScalingConfig." in where or "nodeAffinity." in where:

@@ -82,6 +82,26 @@ def test_bytes_round_trip(count: int) -> None:
     assert len(text) <= len(str(count))  # canonical form is never longer than plain bytes
 
 
+DIGITS = st.text(alphabet="0123456789", min_size=1, max_size=12)
+NUMBERS = st.one_of(
+    DIGITS, st.builds("{}.{}".format, DIGITS, DIGITS), DIGITS.map("{}.".format), DIGITS.map(".{}".format)
+)
+SUFFIXES = st.one_of(
+    st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]),
+    st.builds("{}{}".format, st.sampled_from("eE"), st.integers(-30, 30).map(str)),
+    st.builds("e+{}".format, st.integers(0, 30)),
+)
+VALID_QUANTITIES = st.builds("{}{}{}".format, st.sampled_from(["", "+"]), NUMBERS, SUFFIXES)
+
+
+@given(VALID_QUANTITIES)
+def test_any_valid_quantity_parses_formats_and_parses_back_to_the_same_value(text: str) -> None:
+    milli = quantity.parse_milli(text)
+    assert quantity.parse_milli(quantity.format_milli(milli)) == milli
+    count = quantity.parse_bytes(text)
+    assert quantity.parse_bytes(quantity.format_bytes(count)) == count
+
+
 @given(st.text(max_size=40))
 def test_arbitrary_text_parses_or_raises_domain_error(text: str) -> None:
     with contextlib.suppress(DomainError):

@@ -1,11 +1,21 @@
-"""Every error the request model can report, with the exact message a user will read."""
+"""Every error the domain can report, with the exact message a user or an operator will read.
+
+The request model's messages reach users through the webhook; the catalog's, the contracts' and the
+quantity parser's reach operators through a binary that refuses to start or a pod event.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from vgpu import quantity
+from vgpu.catalog import parse_overrides
+from vgpu.contract import allocation, inventory, resolved
 from vgpu.errors import DomainError
 from vgpu.profile import parse_spec
 from vgpu.request import is_enabled, resolve
@@ -49,6 +59,17 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/placement-policy 'random': must be one of binpack, spread, fragmentation"),
     ("typo key", {**OK, f"{P}vram-requests": "1Gi"}, ("python",),
      "tensor-fusion.ai/vram-requests: unknown tensor-fusion.ai/ annotation; did you mean tensor-fusion.ai/vram-request?"),
+    ("unknown key, nothing close", {**OK, f"{P}colour": "blue"}, ("python",),
+     "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
+     "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/generate-workload, "
+     "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
+     "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/no-standalone-worker-mode, tensor-fusion.ai/placement-policy, "
+     "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
+     "tensor-fusion.ai/vram-limit, tensor-fusion.ai/vram-request, tensor-fusion.ai/workload, "
+     "tensor-fusion.ai/workload-profile"),
+    ("exponent too large", {f"{P}vram-limit": "1e31"}, ("python",), "tensor-fusion.ai/vram-limit '1e31': exponent must be within ±30"),
+    ("exponent too small", {f"{P}tflops-limit": "1e-31"}, ("python",),
+     "tensor-fusion.ai/tflops-limit '1e-31': exponent must be within ±30"),
     ("huge value is shortened", {**OK, f"{P}qos": "x" * 5000}, ("python",), "'" + "x" * 120 + "…': must be one of"),
 ]  # fmt: skip
 
@@ -85,6 +106,9 @@ PROFILE_CASES: list[tuple[dict[str, object], str]] = [
     ({"standaloneWorkerMode": 1}, "spec.standaloneWorkerMode '1': must be true or false"),
     ({"resources": {"requests": {"tflops": "lots"}}}, "spec.resources.requests.tflops 'lots': not a Kubernetes quantity"),
     ({"resources": []}, "spec.resources '[]': must be an object with requests and limits"),
+    ({"resources": {"requests": "lots"}}, "spec.resources.requests 'lots': must be an object with tflops and vram"),
+    ({"resources": {"requests": []}}, "spec.resources.requests '[]': must be an object with tflops and vram"),
+    ({"resources": {"limits": 4}}, "spec.resources.limits '4': must be an object with tflops and vram"),
     ({"poolName": "Bad Pool"}, "spec.poolName 'Bad Pool': must be a Kubernetes name"),
     ({"gpuModel": ""}, "spec.gpuModel '': must be a non-empty string"),
     ({"nodeAffinity": "zone-a"}, "spec.nodeAffinity 'zone-a': must be a core/v1 NodeAffinity object"),
@@ -108,3 +132,111 @@ def test_each_profile_error_message(spec: dict[str, object], message: str) -> No
     with pytest.raises(DomainError) as caught:
         parse_spec(spec, where="spec")
     assert message in str(caught.value)
+
+
+RESOLVED: dict[str, Any] = {
+    "version": "v1", "pool": "p", "containers": ["c"], "gpuCount": 1, "tflopsRequest": "1", "tflopsLimit": "1",
+    "vramRequest": "1Gi", "vramLimit": "1Gi", "qos": "low", "isLocalGPU": False, "noStandaloneWorkerMode": False,
+    "gpuModel": None, "workload": None, "generateWorkload": None, "workloadProfile": None, "replicas": None,
+    "placementPolicy": None, "nodeAffinity": None, "autoScalingConfig": {},
+}  # fmt: skip
+INVENTORY: dict[str, Any] = {
+    "version": "v1", "node": "n", "pool": "p", "slicesPerGpu": 4, "backend": "none", "heartbeat": "t",
+    "gpus": [{"uuid": "GPU-1", "index": 0, "model": "T4", "tflops": "65", "vram": "15109Mi", "health": "Healthy",
+              "numa": None, "mig": False}],
+}  # fmt: skip
+ALLOCATION: dict[str, Any] = {
+    "version": "v1", "podUID": "u", "node": "n", "pool": "p", "qos": "low", "containers": ["c"], "boundAt": "t",
+    "gpus": [{"uuid": "GPU-1", "index": 0, "tflopsRequest": "1", "tflopsLimit": "1", "vramRequest": "1Gi",
+              "vramLimit": "1Gi", "gpuTflops": "65"}],
+}  # fmt: skip
+GONE = object()
+
+
+def changed(doc: dict[str, Any], *path: str | int, to: object) -> str:
+    """The JSON text of ``doc`` with the value at ``path`` replaced by ``to`` (removed when GONE)."""
+    copy = json.loads(json.dumps(doc))
+    parent = copy
+    for step in path[:-1]:
+        parent = parent[step]
+    if to is GONE:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = to
+    return json.dumps(copy)
+
+
+RR, INV, ALLOC = "tensor-fusion.ai/resolved-request", "tensor-fusion.ai/gpu-inventory", "tensor-fusion.ai/allocation"
+CATALOG_ENTRY = {"key": "A10G", "tflops": "70"}
+
+OTHER_CASES: list[tuple[str, Callable[[], object], str]] = [
+    ("catalog entry not a mapping", lambda: parse_overrides(["A10G"]),
+     "gpu catalog[0] 'A10G': must be a mapping with key and tflops"),
+    ("catalog key missing", lambda: parse_overrides([{"tflops": "70"}]), "gpu catalog[0].key: must be a non-empty model name"),
+    ("catalog key only separators", lambda: parse_overrides([{**CATALOG_ENTRY, "key": " - "}]),
+     "gpu catalog[0].key ' - ': must be a non-empty model name"),
+    ("catalog key not text", lambda: parse_overrides([{**CATALOG_ENTRY, "key": 10}]),
+     "gpu catalog[0].key '10': must be a non-empty model name"),
+    ("catalog tflops", lambda: parse_overrides([{**CATALOG_ENTRY, "tflops": "fast"}]),
+     "gpu catalog[0].tflops 'fast': not a Kubernetes quantity such as 10, 2.5, 500m, 4Gi, 4096Mi, 4G or 1e3"),
+    ("catalog tflops exponent", lambda: parse_overrides([{**CATALOG_ENTRY, "tflops": "1e31"}]),
+     "gpu catalog[0].tflops '1e31': exponent must be within ±30"),
+    ("catalog tflops negative", lambda: parse_overrides([{**CATALOG_ENTRY, "tflops": "-70"}]),
+     "gpu catalog[0].tflops '-70': must not be negative"),
+    ("catalog memory negative", lambda: parse_overrides([{**CATALOG_ENTRY, "memoryMiB": -1}]),
+     "gpu catalog[0].memoryMiB '-1': must be a whole number ≥ 0"),
+    ("catalog memory boolean", lambda: parse_overrides([{**CATALOG_ENTRY, "memoryMiB": True}]),
+     "gpu catalog[0].memoryMiB 'True': must be a whole number ≥ 0"),
+    ("catalog memory fractional", lambda: parse_overrides([{**CATALOG_ENTRY, "memoryMiB": 1.5}]),
+     "gpu catalog[0].memoryMiB '1.5': must be a whole number ≥ 0"),
+    ("catalog nvml names not a list", lambda: parse_overrides([{**CATALOG_ENTRY, "nvmlNames": "NVIDIA A10G"}]),
+     "gpu catalog[0].nvmlNames 'NVIDIA A10G': must be a list of strings"),
+    ("catalog aliases not strings", lambda: parse_overrides([{**CATALOG_ENTRY, "aliases": ["a10g", 10]}]),
+     "gpu catalog[0].aliases \"['a10g', 10]\": must be a list of strings"),
+    ("catalog names the file and every entry", lambda: parse_overrides([CATALOG_ENTRY, {}, 7], source="/etc/tf/catalog.yaml"),
+     "/etc/tf/catalog.yaml[1].key: must be a non-empty model name; "
+     "/etc/tf/catalog.yaml[2] '7': must be a mapping with key and tflops"),
+    ("contract unknown version", lambda: resolved.decode(changed(RESOLVED, "version", to="v2")),
+     f"{RR}.version 'v2': unsupported; this build reads v1"),
+    ("contract version missing", lambda: inventory.decode(changed(INVENTORY, "version", to=GONE)), f"{INV}.version: missing"),
+    ("contract version not text", lambda: allocation.decode(changed(ALLOCATION, "version", to=1)),
+     f"{ALLOC}.version '1': must be a string"),
+    ("contract field missing", lambda: resolved.decode(changed(RESOLVED, "qos", to=GONE)), f"{RR}.qos: missing"),
+    ("contract nested field missing", lambda: inventory.decode(changed(INVENTORY, "gpus", 0, "uuid", to=GONE)),
+     f"{INV}.gpus[0].uuid: missing"),
+    ("contract unknown field", lambda: allocation.decode(changed(ALLOCATION, "gpus", 0, "colour", to="red")),
+     f"{ALLOC}.gpus[0].colour: unknown field"),
+    ("contract gpu count zero", lambda: resolved.decode(changed(RESOLVED, "gpuCount", to=0)),
+     f"{RR}.gpuCount '0': must be a whole number from 1 to 128"),
+    ("contract gpu count huge", lambda: resolved.decode(changed(RESOLVED, "gpuCount", to=129)),
+     f"{RR}.gpuCount '129': must be a whole number from 1 to 128"),
+    ("contract gpu count text", lambda: resolved.decode(changed(RESOLVED, "gpuCount", to="2")),
+     f"{RR}.gpuCount '2': must be a whole number"),
+    ("contract replicas negative", lambda: resolved.decode(changed(RESOLVED, "replicas", to=-1)),
+     f"{RR}.replicas '-1': must be a whole number from 0 to 1000000"),
+    ("contract slices zero", lambda: inventory.decode(changed(INVENTORY, "slicesPerGpu", to=0)),
+     f"{INV}.slicesPerGpu '0': must be ≥ 1"),
+    ("contract index negative", lambda: allocation.decode(changed(ALLOCATION, "gpus", 0, "index", to=-1)),
+     f"{ALLOC}.gpus[0].index '-1': must be ≥ 0"),
+    ("contract quantity negative", lambda: allocation.decode(changed(ALLOCATION, "gpus", 0, "vramLimit", to="-1Gi")),
+     f"{ALLOC}.gpus[0].vramLimit '-1Gi': must not be negative"),
+    ("contract quantity exponent", lambda: inventory.decode(changed(INVENTORY, "gpus", 0, "tflops", to="1e31")),
+     f"{INV}.gpus[0].tflops '1e31': exponent must be within ±30"),
+    ("contract choice", lambda: inventory.decode(changed(INVENTORY, "gpus", 0, "health", to="Sick")),
+     f"{INV}.gpus[0].health 'Sick': must be one of Healthy, Unhealthy"),
+    ("quantity exponent bound", lambda: quantity.parse("5E+31", key="tflops"), "tflops '5E+31': exponent must be within ±30"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("call", "message"), [c[1:] for c in OTHER_CASES], ids=[c[0] for c in OTHER_CASES])
+def test_each_catalog_contract_and_quantity_error_message(call: Callable[[], object], message: str) -> None:
+    with pytest.raises(DomainError) as caught:
+        call()
+    assert str(caught.value) == message
+
+
+def test_the_contract_documents_above_are_valid() -> None:
+    resolved.decode(json.dumps(RESOLVED))
+    inventory.decode(json.dumps(INVENTORY))
+    allocation.decode(json.dumps(ALLOCATION))
+    parse_overrides([CATALOG_ENTRY])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from vgpu.contract.strict import dump, load
+from vgpu.fields import MAX_GPU_COUNT, MAX_REPLICAS
 from vgpu.names import PlacementPolicy, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
 from vgpu.request import GpuRequest
@@ -48,7 +49,7 @@ def decode(text: str) -> GpuRequest:
     req = GpuRequest(
         pool=r.text("pool"),
         containers=r.strings("containers"),
-        gpu_count=r.integer("gpuCount", 1),
+        gpu_count=r.integer("gpuCount", 1, MAX_GPU_COUNT),
         tflops_request=r.quantity("tflopsRequest", parse_milli),
         tflops_limit=r.quantity("tflopsLimit", parse_milli),
         vram_request=r.quantity("vramRequest", parse_bytes),
@@ -60,7 +61,7 @@ def decode(text: str) -> GpuRequest:
         workload=r.opt_text("workload"),
         generate_workload=r.opt_flag("generateWorkload"),
         workload_profile=r.opt_text("workloadProfile"),
-        replicas=r.opt_integer("replicas"),
+        replicas=r.opt_integer("replicas", (0, MAX_REPLICAS)),
         placement_policy=None if policy is None else PlacementPolicy(policy),
         node_affinity=r.obj("nodeAffinity", optional=True),
         auto_scaling=r.obj("autoScalingConfig") or {},

@@ -45,14 +45,19 @@ class Reader:
         value: str | None = self._get(key, str, "a string", True)
         return value
 
-    def integer(self, key: str, low: int = 0) -> int:
+    def integer(self, key: str, low: int = 0, high: int | None = None) -> int:
         value: int = self._get(key, int, "a whole number", False)
+        return self._within(key, value, low, high)
+
+    def opt_integer(self, key: str, bounds: tuple[int, int] | None = None) -> int | None:
+        value: int | None = self._get(key, int, "a whole number or null", True)
+        return value if value is None or bounds is None else self._within(key, value, *bounds)
+
+    def _within(self, key: str, value: int, low: int, high: int | None) -> int:
+        if high is not None and not low <= value <= high:
+            raise DomainError.one(f"{self.path}.{key}", str(value), f"must be a whole number from {low} to {high}")
         if value < low:
             raise DomainError.one(f"{self.path}.{key}", str(value), f"must be ≥ {low}")
-        return value
-
-    def opt_integer(self, key: str) -> int | None:
-        value: int | None = self._get(key, int, "a whole number or null", True)
         return value
 
     def flag(self, key: str) -> bool:
