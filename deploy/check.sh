@@ -22,6 +22,7 @@ variants=(
   "--set webhook.tls.mode=cert-manager --set webhook.tls.certManager.issuerRef.name=ca --set webhook.tls.certManager.issuerRef.kind=ClusterIssuer"
   "--set webhook.tls.mode=provided --set webhook.tls.caBundle=Q0E= --set webhook.externalURL=https://127.0.0.1:9443/mutate"
   "--set serviceMonitor.enabled=true --set devicePlugin.backend=hami-core --set priorityClasses.create=false --set admissionPolicy.create=false"
+  "--set gpuCatalog[0].key=A10G --set gpuCatalog[0].tflops=70 --set devicePlugin.backend=hami-core"
 )
 for v in "${variants[@]}"; do
   # shellcheck disable=SC2086

@@ -3,12 +3,16 @@ config carry the names vgpu/names.py defines and the settings the design depends
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from device_plugin.main import parser as plugin_parser
+from scheduler_extender.main import settings_from as extender_settings
 from scheduler_extender.webhook.app import MUTATE_PATH
+from vgpu import catalog_file
 from vgpu.names import LABEL_ENABLED, QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, Qos, SystemAnnotation
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -171,3 +175,67 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
     assert role_rules("-device-plugin") == (
         triples("", "nodes", "get", "patch") | triples("", "pods", "list", "watch", "patch")
     )
+
+
+def render(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    """The chart rendered by helm (the pinned build deploy/check.sh uses) as deploy/manifests is, with
+    ``values`` on top."""
+    helm = subprocess.run([DEPLOY / "build-helm.sh"], check=True, capture_output=True, text=True).stdout.strip()
+    given = tmp_path / "values.yaml"
+    given.write_text(yaml.safe_dump(values), encoding="utf-8")
+    chart = DEPLOY / "helm" / "tensor-fusion"
+    command = [helm, "template", "tensor-fusion", chart, "-n", "tensor-fusion-system", "--kube-version", "1.36.2"]
+    command += ["-f", DEPLOY / "manifests-values.yaml", "-f", given]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind_and_name(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+WORKLOADS = (
+    ("Deployment", "tensor-fusion-scheduler", "extender"),
+    ("DaemonSet", "tensor-fusion-device-plugin", "device-plugin"),
+)
+
+
+def pod_spec(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    workload = by_kind_and_name(docs)[(kind, name)]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in spec["containers"] if c["name"] == name]
+    return found
+
+
+def test_gpu_catalog_is_one_file_given_to_the_extender_and_every_device_plugin(tmp_path: Path) -> None:
+    entry = {"key": "A10G", "tflops": "70", "memoryMiB": 22731, "nvmlNames": ["NVIDIA A10G"], "aliases": ["g5"]}
+    docs = render({"gpuCatalog": [entry]}, tmp_path)
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-gpu-catalog")]
+    shipped = tmp_path / "catalog.yaml"
+    shipped.write_text(config_map["data"]["catalog.yaml"], encoding="utf-8")
+    models = catalog_file.load(shipped)  # what either binary makes of the file
+    a10g = models.lookup("NVIDIA A10G")
+    assert a10g is not None and (a10g.tflops_milli, a10g.memory_mib) == (70_000, 22731)
+    assert models.matches("g5", "NVIDIA A10G")
+    for kind, workload, name in WORKLOADS:
+        spec = pod_spec(docs, kind, workload)
+        (volume,) = [v for v in spec["volumes"] if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
+        (mount,) = [m for m in container(spec, name)["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        args = container(spec, name)["args"]  # read by the binary's own flag parser
+        given = (
+            extender_settings(args).gpu_catalog if name == "extender" else plugin_parser().parse_args(args).gpu_catalog
+        )
+        assert given == f"{mount['mountPath']}/catalog.yaml", name
+
+
+def test_no_gpu_catalog_renders_nothing_extra(tmp_path: Path) -> None:
+    empty = render({"gpuCatalog": []}, tmp_path)
+    assert by_kind_and_name(empty) == by_kind_and_name(objects())  # the committed manifests, default gpuCatalog
+    assert "gpu-catalog" not in yaml.safe_dump_all(empty)
+    for kind, workload, name in WORKLOADS:
+        assert not any(a.startswith("--gpu-catalog") for a in container(pod_spec(empty, kind, workload), name)["args"])

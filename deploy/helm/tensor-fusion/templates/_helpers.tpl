@@ -32,3 +32,12 @@ system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
 {{- define "tf.webhookService" -}}
 {{ .Release.Name }}-webhook
 {{- end }}
+
+{{/* The GPU catalog (values gpuCatalog): its ConfigMap, and the directory the binaries mount it at. */}}
+{{- define "tf.gpuCatalogName" -}}
+{{ .Release.Name }}-gpu-catalog
+{{- end }}
+
+{{- define "tf.gpuCatalogDir" -}}
+/etc/tensor-fusion/gpu-catalog
+{{- end }}
