@@ -8,7 +8,9 @@ API server) against the test kubelet, and drives it the way the extender and kub
   includes the event-driven wait for the pod cache; the earlier pods stay on the node, so every
   lookup scans all of them.
 * ``reboot``: all N pods hold receipts and the kubelet re-allocates every one concurrently (node
-  reboot): N Allocate RPCs in flight at the same time.
+  reboot): N Allocate RPCs in flight at the same time. Each still decides on a LIST begun after it
+  arrived, shared with the Allocates that arrived while the previous LIST was in flight
+  (:mod:`device_plugin.fresh_read`), so the burst costs a LIST per round trip, not one each.
 
 Prints p50/p99/max per mode, the process's peak RSS and the hardware. Target: p99 ≤ 10 ms. The RSS
 counts what the real daemon loads but this run does not use, the Kubernetes client

@@ -16,6 +16,12 @@ until the last pod is refused (seen end to end). The kubelet only admits pods al
 the extender writes the allocation before binding, so that LIST holds the pod this Allocate is for;
 pods it does not hold were bound later and are never candidates for this Allocate, even while it
 waits for a late annotation. Only when the API cannot be read does the cache decide alone.
+
+Concurrent Allocates share LISTs through :class:`~device_plugin.fresh_read.FreshRead`, which never
+hands one a LIST begun before it arrived: one arriving while a LIST is in flight waits for the next,
+shared by all who arrived meanwhile, so a burst (a node reboot re-allocates every pod at once) costs
+a LIST per round trip instead of one each, queued. A failed LIST fails every Allocate sharing it,
+and each falls back to the cache alone, counted and logged.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 
 from device_plugin.board import DeviceBoard
 from device_plugin.envs import ContainerGrant, EnforcementPaths, Target, build
+from device_plugin.fresh_read import FreshRead
 from device_plugin.gateway import KubeGateway
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.lookup import AllocateError, Match, awaiting, choose, validate
@@ -62,6 +69,7 @@ class Allocator:
         self._config, self._gateway, self._cache = config, gateway, cache
         self._board, self._keeper, self._metrics = board, keeper, metrics
         self._served: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        self._fresh = FreshRead(self._list_pods)
 
     def served_counts(self) -> Mapping[str, int]:
         return {uid: len(done) for uid, done in self._served.items()}
@@ -101,17 +109,21 @@ class Allocator:
         target = Target(namespace=found.pod.namespace, pod=found.pod.name, container=found.container)
         return build(alloc, target, self._config.backend, self._config.paths)
 
-    async def _fresh_pods(self) -> list[PodRecord] | None:
-        """The node's pods as the API server has them now (also fed to the cache); None when unreadable."""
+    async def _fresh_pods(self) -> tuple[PodRecord, ...] | None:
+        """The node's pods from a LIST begun after this call; None when unreadable."""
         try:
-            pods, _ = await asyncio.to_thread(self._gateway.list_pods, self._config.node)
+            return await self._fresh.get()
         except Exception as exc:
             self._metrics.errors.labels("pod_list").inc()
             log.warning(
                 "cannot list the pods of node %s; Allocate relies on the watch alone: %s", self._config.node, exc
             )
             return None
-        return self._cache.merge(pods)
+
+    async def _list_pods(self) -> tuple[PodRecord, ...]:
+        """One LIST of the node's pods, fed to the cache; shared by the Allocates waiting for it."""
+        pods, _ = await asyncio.to_thread(self._gateway.list_pods, self._config.node)
+        return tuple(self._cache.merge(pods))
 
     def adopt(self, uid: str, done: Iterable[tuple[str, tuple[str, ...]]]) -> None:
         """Containers the kubelet already allocated (seen in PodResources) for a pod we have no record of,

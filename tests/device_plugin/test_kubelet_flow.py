@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from device_plugin.gateway import Json
 from device_plugin.health import HealthPolicy
 from device_plugin.slices import gpu_of, slice_id
 from tests.device_plugin.fakes import (
@@ -26,7 +27,7 @@ from tests.device_plugin.fakes import (
 )
 from tests.device_plugin.harness import plugin, run
 from tests.device_plugin.kubelet import TestKubelet
-from vgpu.contract.allocation import decode_handoff
+from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
 from vgpu.contract.inventory import decode as decode_inventory
 from vgpu.names import RESOURCE_VGPU, Env, SystemAnnotation
 
@@ -425,5 +426,47 @@ def test_without_the_api_allocate_still_serves_from_the_watch(tmp_path: Path) ->
             response = await kubelet.allocate(slice_id(GPU0, 0))
             assert response.container_responses[0].envs[Env.TF_POD_NAME] == "cached"
             assert kube.fail_pod_lists == 0
+
+    run(scenario())
+
+
+# --- a node reboot: every pod re-allocated at once ---
+
+
+class CountingKube(FakeKube):
+    def __init__(self, pods: list[dict[str, object]]) -> None:
+        super().__init__(pods)
+        self.lists = 0
+
+    def list_pods(self, node: str) -> tuple[list[Json], str]:
+        self.lists += 1
+        return super().list_pods(node)
+
+
+def test_allocates_arriving_together_share_one_list_and_its_failure(tmp_path: Path) -> None:
+    pods = []
+    for i in range(8):
+        pod = _bound(f"p{i}")
+        receipt = Handoff(pod_uid=uid_of(pod), node="node-a", devices=(("main", (slice_id(GPU0, i),)),), at="t")
+        pod["metadata"]["annotations"][HANDOFF] = encode_handoff(receipt)  # type: ignore[index]
+        pods.append(pod)
+    kube = CountingKube(pods)
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, _):
+            await until(lambda: len(list(daemon.cache.pods())) == 8)
+            allocator, before = daemon.allocator, kube.lists
+
+            async def burst() -> list[str]:
+                grants = await asyncio.gather(*(allocator.allocate((slice_id(GPU0, i),)) for i in range(8)))
+                return [g.envs[Env.TF_POD_NAME] for g in grants]
+
+            assert await burst() == [f"p{i}" for i in range(8)]
+            assert kube.lists == before + 1
+            kube.fail_pod_lists = 1  # the shared LIST fails: each Allocate falls back to the watch, counted
+            assert await burst() == [f"p{i}" for i in range(8)]
+            assert kube.lists == before + 2
+            failed = daemon.metrics.registry.get_sample_value("tf_device_plugin_errors_total", {"where": "pod_list"})
+            assert failed == 8
 
     run(scenario())
