@@ -5,7 +5,8 @@ Allocate needs the node's pods as they are after its request arrived (see
 once) must not queue one LIST each. A read already in flight does not qualify for a newcomer: it
 began before the newcomer asked. So one read runs at a time, and whoever arrives while it runs waits
 for the next, which begins when the running one ends and is shared by everyone who arrived
-meanwhile. A caller waits for at most two reads, and a burst of any size costs two.
+meanwhile. A caller waits for at most two reads, and any number of callers arriving during one
+read share one.
 
 Pure asyncio, generic over the result; all on one event loop.
 """
