@@ -46,6 +46,7 @@ def spec_of(req: GpuRequest) -> dict[str, Any]:
             pool_name=req.pool,
             qos=req.qos,
             is_local_gpu=req.is_local_gpu,
+            standalone_worker_mode=req.no_standalone_worker_mode,
             gpu_model=req.gpu_model,
             gpu_count=req.gpu_count,
             node_affinity=req.node_affinity,

@@ -80,7 +80,18 @@ def test_generate_workload_asks_for_the_resolved_spec_to_be_written() -> None:
     spec = decision.upsert.spec
     assert spec["resources"] == {"requests": {"tflops": "10", "vram": "4Gi"}, "limits": {"tflops": "20", "vram": "4Gi"}}
     assert (spec["replicas"], spec["qos"], spec["gpuModel"], spec["isLocalGPU"]) == (1, "medium", "A100", True)
+    assert spec["standaloneWorkerMode"] is False
     assert spec["autoScalingConfig"] == {"autoSetLimits": {"enable": True}}
+
+
+def test_standalone_worker_mode_travels_through_the_generated_workload() -> None:
+    local = {A.IS_LOCAL_GPU.value: "true", A.NO_STANDALONE_WORKER_MODE.value: "true", A.WORKLOAD.value: "w"}
+    _, decision = run(review_of({**BASIC, **local, A.GENERATE_WORKLOAD.value: "true"}))
+    assert decision.upsert is not None
+    assert decision.upsert.spec["standaloneWorkerMode"] is True
+    cluster = FakeCluster(workloads={("default", "w"): {"spec": decision.upsert.spec}})
+    pod = patched_pod(review_of({A.WORKLOAD.value: "w", A.GENERATE_WORKLOAD.value: "false"}), cluster)
+    assert resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]).no_standalone_worker_mode
 
 
 def test_namespace_comes_from_the_request_when_the_object_has_none() -> None:
