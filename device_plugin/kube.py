@@ -20,6 +20,11 @@ from kubernetes.client.exceptions import ApiException
 from device_plugin.gateway import Json, WatchExpired, WatchKind
 
 _WATCH_TIMEOUT_S = 60
+# (connect, read) seconds. Allocate waits on the pod LIST (and concurrent Allocates share it), so a
+# hung API server must turn into an error the allocator falls back from, quickly; other calls are
+# off the kubelet's path and may take longer.
+_LIST_TIMEOUT = (2.0, 5.0)
+_CALL_TIMEOUT = (5.0, 15.0)
 # The client's config loaders and watch helper are untyped; use them through Any.
 config: Any = _config
 watch: Any = _watch
@@ -48,7 +53,7 @@ class KubeApi:
 
     def list_pods(self, node: str) -> tuple[list[Json], str]:
         response: Any = self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _preload_content=False
+            field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=_LIST_TIMEOUT
         )
         data = json.loads(response.data)
         return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
@@ -81,10 +86,14 @@ class KubeApi:
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Json:
         body = {"metadata": {"annotations": dict(annotations)}}
-        return self._plain(self._core.patch_namespaced_pod(name, namespace, body))
+        return self._plain(self._core.patch_namespaced_pod(name, namespace, body, _request_timeout=_CALL_TIMEOUT))
 
     def get_node(self, name: str) -> Json:
-        return self._plain(self._core.read_node(name))
+        return self._plain(self._core.read_node(name, _request_timeout=_CALL_TIMEOUT))
 
     def patch_node(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
-        self._core.patch_node(name, {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}})
+        self._core.patch_node(
+            name,
+            {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}},
+            _request_timeout=_CALL_TIMEOUT,
+        )
