@@ -166,6 +166,12 @@ class StaticCluster:
     def record_event(self, event: PodEvent) -> None:  # noqa: ARG002
         return None
 
+    def list_workloads(self) -> list[dict[str, object]]:
+        return []
+
+    def patch_workload_status(self, namespace: str, name: str, body: dict[str, object]) -> None:  # noqa: ARG002
+        return None
+
 
 def serve(nodes: int, pods: int, port: int) -> None:
     import uvicorn

@@ -180,7 +180,13 @@ class WorkloadStatusWriter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.sync()
+            try:
+                self.sync()
+            except Exception:  # a status is best effort: log it, keep the worker, relist next pass
+                log.exception("workload status pass failed")
+                self._written = None
+                if self.on_error is not None:
+                    self.on_error()
 
     def _failed(self, message: str) -> None:
         log.warning("%s", message)

@@ -194,3 +194,25 @@ def test_the_running_extender_writes_the_status_of_bound_pods_workloads(
     fake.delete(Kind.POD, "default/p2")
     wait_for(lambda: fake.workloads[("default", "train")]["status"]["replicas"] == 1, what="status after deletion")
     assert fake.workloads[("default", "train")]["status"]["allocatedTflops"] == "30"
+
+
+def test_an_unexpected_failure_does_not_stop_the_worker() -> None:
+    fake = FakeGateway()
+    fake.workloads[("team-a", "train")] = workload("team-a", "train")
+    calls = []
+
+    def records() -> list[PodRecord]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("cache went away")
+        return [record("a")]
+
+    errors = []
+    w = WorkloadStatusWriter(fake, records, interval=0.01, clock=lambda: 0.0, on_error=lambda: errors.append(1))
+    w.start()
+    try:
+        wait_for(lambda: fake.status_patches, what="a pass after the failure")
+    finally:
+        w.stop()
+    assert errors == [1]
+    assert fake.workloads[("team-a", "train")]["status"]["replicas"] == 1
