@@ -7,7 +7,8 @@ selection (it is placed and granted a share, but no kubelet runs it).
 WHY: the first thing a newcomer runs. It uses the same cluster as the end-to-end tests (real
 API server, scheduler, kubelet; our webhook, extender and device plugin), so what it prints is
 what the tests check: pod → node, GPU UUID, TFLOPS and VRAM granted, and the env one container
-was created with. Everything is stopped before it returns.
+was created with, and the status the extender wrote on the generated TensorFusionWorkload.
+Everything is stopped before it returns.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kubernetes.client import CustomObjectsApi
+
 from vgpu.contract import allocation
-from vgpu.names import LABEL_ENABLED, Annotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation
 from vgpu.quantity import format_bytes, format_milli
 
 from . import deploy
@@ -69,7 +72,8 @@ def run(keep: bool) -> None:
                                            Annotation.TFLOPS_REQUEST: "100", Annotation.VRAM_REQUEST: "20Gi"})  # fmt: skip
         cluster.core.create_namespaced_pod(namespace, extra)
         print(f"created pod/inference-h100 asking for an H100 in {DEMO_POOL} (its nodes have no kubelet)")
-        wanted = int(deployment["spec"].get("replicas", 1)) + 1
+        replicas = int(deployment["spec"].get("replicas", 1))
+        wanted = replicas + 1  # the Deployment's pods and inference-h100
 
         def placed() -> list[Any] | None:
             pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_ENABLED}=true").items
@@ -88,6 +92,19 @@ def run(keep: bool) -> None:
             print(f"\nenv of {pod.metadata.name}/{container} as the kubelet created it (fake runtime's record):")
             for key in sorted(k for k in env if k.startswith(("NVIDIA_", "TENSOR_FUSION_", "CUDA_"))):
                 print(f"  {key}={env[key]}")
+        workloads = CustomObjectsApi(cluster.admin)
+
+        def workload_statuses() -> list[tuple[str, ...]] | None:
+            items = workloads.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, PLURAL_WORKLOAD)["items"]
+            found = [(w["metadata"]["name"], w.get("status") or {}) for w in items]
+            if sum(s.get("replicas") or 0 for _, s in found) < replicas:  # the Deployment's workload
+                return None  # the extender writes them within its status interval
+            return [("NAME", "REPLICAS", "TFLOPS", "VRAM")] + [
+                (n, str(s["replicas"]), str(s["allocatedTflops"]), str(s["allocatedVram"])) for n, s in found
+            ]
+
+        print(f"\nkubectl get tensorfusionworkloads -n {namespace} (status written by the extender):")
+        print(table(eventually("workload status", workload_statuses, timeout=30)))
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
 
