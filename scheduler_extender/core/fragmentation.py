@@ -16,6 +16,9 @@ FGD where the openb replay showed FGD losing capacity (see ``benchmarks/placemen
   in advance; before the first observation the pod being placed stands for the mix.
 - **Both dimensions.** A shape can use a GPU only if its compute *and* its memory fit, and a node
   only if its CPU, memory, model and node affinity admit the shape.
+- **Joint fill.** The cutting-stock LP of the observed fractional sizes prices GPU space
+  (:mod:`scheduler_extender.core.cutting_stock`); a pod that spoils a pattern the optimal packing
+  needs (a 470 in an 810's room) adds the LP value it loses, in GPUs, to its growth.
 - **Float scores.** No integer truncation; equal scores are left to kube-scheduler's tie-break.
 
 The learned mix changes the scores, so the policy exposes ``revision``, bumped whenever the mix
@@ -33,6 +36,7 @@ from math import exp
 from typing import Any, Final
 
 from scheduler_extender.core.affinity import node_affinity_matches
+from scheduler_extender.core.cutting_stock import CAPACITY, Prices, prices
 from scheduler_extender.core.fit import fitting_gpus
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.policy import REGISTRY
@@ -133,6 +137,7 @@ class FragmentationPolicy:
         "_mix",
         "_models",
         "_observed",
+        "_prices",
         "_refreshed",
         "_scores",
         "_used",
@@ -150,6 +155,7 @@ class FragmentationPolicy:
         self._cpu_per_gpu = 0.0  # the mix's CPU (memory) per GPU: what an idle GPU will need to be used
         self._memory_per_gpu = 0.0
         self._mix: tuple[_Weighted, ...] = ()
+        self._prices: Prices | None = None  # cutting-stock duals of the fractional sizes
         self._memo: dict[tuple[object, ...], float] = {}  # node state → fragmentation
         self._scores: dict[str, tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float]]] = {}
         self._last_demand: Demand | None = None
@@ -197,10 +203,23 @@ class FragmentationPolicy:
         self._mix = tuple(_Weighted(s, n * self._demand[s] / mass, self._affinities[s]) for s, n in kept)
         self._cpu_per_gpu = self._used[0] / self._gpus_seen
         self._memory_per_gpu = self._used[1] / self._gpus_seen
+        self._prices = self._price()
         self._refreshed = self._observed
         self._memo.clear()
         self._scores.clear()
         self.revision += 1
+
+    def _price(self) -> Prices | None:
+        """Cutting-stock duals of the observed fractional sizes (per GPU, in thousandths of a GPU)."""
+        sizes: Counter[int] = Counter()
+        for shape, n in self._counts.items():
+            if shape.whole:
+                continue
+            size = round(CAPACITY * self._demand[shape] / shape.gpu_count)
+            if 0 < size < CAPACITY:
+                sizes[size] += n * shape.gpu_count
+        kept = dict(sizes.most_common(MAX_SHAPES))
+        return prices(kept) if kept else None
 
     # --- fragmentation -------------------------------------------------------------------------
     def _admits(self, w: _Weighted, node: NodeState) -> bool:
@@ -275,7 +294,12 @@ class FragmentationPolicy:
             cpu_free=None if node.cpu_free is None else node.cpu_free - demand.cpu,
             memory_free=None if node.memory_free is None else node.memory_free - demand.memory,
         )
-        return self.fragmentation(after, mix) - self.fragmentation(node, mix)
+        growth = self.fragmentation(after, mix) - self.fragmentation(node, mix)
+        if self._prices is not None and not demand.whole_gpu:
+            for g in gpus:
+                share = gpu_demand(shape_of(demand), g) / demand.gpu_count
+                growth += self._prices.loss(round(CAPACITY * share), round(CAPACITY * idle(g)))
+        return growth
 
     def _best(self, demand: Demand, node: NodeState) -> tuple[float, tuple[GpuState, ...]] | None:
         """The least growth and the GPUs that achieve it (among equals: fullest GPU, then lowest index)."""
