@@ -8,8 +8,9 @@ annotation is removed, the reservation released, the gate given back — and com
 bind Error, so the scheduler retries and nothing is left behind. A failed Binding POST is not
 always a Binding that did not happen: a timeout, a lost answer or a 409 Conflict may hide one the
 API server committed. So after any such failure the binder re-reads the pod, and when it is bound
-to the node it keeps the allocation (undoing it would leave a bound pod without its GPUs); when it
-is not, or cannot be read, it undoes everything as for any other failure.
+to the node the bind succeeded (a GPU pod keeps its allocation: undoing it would leave a bound pod
+without its GPUs); when it is not, or cannot be read, it undoes everything as for any other
+failure. GPU pods and plain pods post their Binding through the same step.
 """
 
 from __future__ import annotations
@@ -129,12 +130,7 @@ class Binder:
         except GatewayError as exc:
             self._undo(ref, node, annotated=False)
             raise BindError(f"could not record the GPU allocation on pod {ref.key}: {exc}", "annotate") from None
-        try:
-            self.gateway.bind(ref.namespace, ref.name, ref.uid, node)
-        except GatewayError as exc:
-            if not self._bound_after_all(ref, node, exc):
-                cleanup = self._undo(ref, node, annotated=True)
-                raise BindError(f"could not bind pod {ref.key} to {node}: {exc}{cleanup}", "binding") from None
+        self._post_binding(ref, node, undo=lambda: self._undo(ref, node, annotated=True))
         self.cache.commit(ref.key)
         view = self.cache.node(node)
         if view is not None:
@@ -166,11 +162,15 @@ class Binder:
         )
         return True
 
-    def _post_binding(self, ref: PodRef, node: str) -> None:
+    def _post_binding(self, ref: PodRef, node: str, *, undo: Callable[[], str] = lambda: "") -> None:
+        """POST the Binding. On failure, unless the pod turns out bound to ``node`` after all, ``undo``
+        (which returns a note when cleaning up failed) runs and the failure is raised as a BindError."""
         try:
             self.gateway.bind(ref.namespace, ref.name, ref.uid, node)
         except GatewayError as exc:
-            raise BindError(f"could not bind pod {ref.key} to {node}: {exc}", "binding") from None
+            if self._bound_after_all(ref, node, exc):
+                return
+            raise BindError(f"could not bind pod {ref.key} to {node}: {exc}{undo()}", "binding") from None
 
     def _reserve(self, ref: PodRef, demand: Demand, node: str) -> Placement:
         """Under the cache lock: fresh view without the pod's own tentative hold, place, reserve."""

@@ -170,6 +170,20 @@ def test_pod_without_gpu_request_is_bound_plainly(run: Callable[..., Running], c
     assert cluster.bindings == [("default", "web", "n1")] and allocation(cluster, "web") is None
 
 
+@pytest.mark.parametrize("error", AMBIGUOUS)
+def test_plain_pod_bound_despite_a_failed_answer_is_a_success(
+    run: Callable[..., Running], cluster: FakeGateway, error: GatewayError
+) -> None:
+    cluster.put(Kind.POD, make_pod("web"))
+    app = run()
+    cluster.lost_bind_answer = error
+    assert app.post("/bind", bind_body("web", "n1")) == {"Error": ""}
+    assert cluster.bindings == [("default", "web", "n1")]
+    cluster.fail["bind"] = error  # a Binding that really failed is still reported
+    cluster.put(Kind.POD, make_pod("api"))
+    assert app.post("/bind", bind_body("api", "n1")) == {"Error": f"could not bind pod default/api to n1: {error}"}
+
+
 def test_retried_bind_after_lost_answer_is_success(run: Callable[..., Running], cluster: FakeGateway) -> None:
     app = run()
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
