@@ -102,7 +102,8 @@ def status_patch(totals: WorkloadTotals, now_rfc3339: str) -> RawObject:
     }
 
 
-def workload_key(workload: Mapping[str, Any]) -> WorkloadKey | None:
+def _listed_key(workload: Mapping[str, Any]) -> WorkloadKey | None:
+    """(namespace, name) of a listed workload; None for an object without them."""
     meta = workload.get("metadata")
     if not isinstance(meta, Mapping):
         return None
@@ -145,7 +146,7 @@ class WorkloadStatusWriter:
         try:
             if self._written is None:
                 listed = self.gateway.list_workloads()
-                self._written = {k: status_of(w) for w in listed if (k := workload_key(w)) is not None}
+                self._written = {k: status_of(w) for w in listed if (k := _listed_key(w)) is not None}
         except GatewayError as exc:
             self._failed(f"could not list TensorFusionWorkloads: {exc}")
             return 0

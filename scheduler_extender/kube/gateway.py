@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 MERGE_PATCH: Final = "application/merge-patch+json"
 # (connect, read) seconds for single calls; a watch reads for its own timeout plus this slack.
 CALL_TIMEOUT: Final = (5.0, 15.0)
+LIST_TIMEOUT: Final = (5.0, 120.0)  # a LIST of every pod in a big cluster takes a while to read
 WATCH_SLACK: Final = 30.0
 T = TypeVar("T")
 
@@ -97,7 +98,7 @@ class KubernetesGateway:
 
     def list(self, kind: Kind) -> Listing:
         lister = self._lister(kind)
-        body = _call(f"list {kind}s", lambda: _json(lister(_preload_content=False, _request_timeout=(5.0, 120.0))))
+        body = _call(f"list {kind}s", lambda: _json(lister(_preload_content=False, _request_timeout=LIST_TIMEOUT)))
         items = body.get("items") or []
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         return Listing(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
@@ -191,7 +192,7 @@ class KubernetesGateway:
             f"list {PLURAL_WORKLOAD}",
             lambda: _json(
                 self.custom.list_cluster_custom_object(
-                    CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, _preload_content=False, _request_timeout=(5.0, 120.0)
+                    CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, _preload_content=False, _request_timeout=LIST_TIMEOUT
                 )
             ),
         )
