@@ -24,6 +24,8 @@ from vgpu.quantity import humanize_bytes, humanize_tflops
 
 A = Annotation
 _KNOWN_KEYS = frozenset(a.value for a in Annotation) | frozenset(a.value for a in SystemAnnotation)
+_USER_KEYS = ", ".join(sorted(a.value for a in Annotation))  # what an unknown key is told
+_USER_KEY_SUFFIXES = sorted(a.value.removeprefix(PREFIX) for a in Annotation)
 _ANNOTATIONS = "the pod's annotations"
 _AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits", A.AUTO_REPLICAS: "autoSetReplicas"}
 
@@ -321,11 +323,6 @@ def _unknown_keys(ann: Mapping[str, str], errors: list[FieldError]) -> None:
     for key in ann:
         if key.startswith(PREFIX) and key not in _KNOWN_KEYS:
             # Compare what follows the prefix: every key shares it, so whole keys all look close.
-            suffixes = sorted(a.value.removeprefix(PREFIX) for a in Annotation)
-            close = difflib.get_close_matches(key.removeprefix(PREFIX), suffixes, n=1)
-            hint = (
-                f"did you mean {PREFIX}{close[0]}?"
-                if close
-                else f"accepted keys: {', '.join(sorted(a.value for a in Annotation))}"
-            )
+            close = difflib.get_close_matches(key.removeprefix(PREFIX), _USER_KEY_SUFFIXES, n=1)
+            hint = f"did you mean {PREFIX}{close[0]}?" if close else f"accepted keys: {_USER_KEYS}"
             errors.append(FieldError(key, None, f"unknown {PREFIX} annotation; {hint}"))
