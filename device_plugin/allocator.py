@@ -22,6 +22,15 @@ hands one a LIST begun before it arrived: one arriving while a LIST is in flight
 shared by all who arrived meanwhile, so a burst (a node reboot re-allocates every pod at once) costs
 a LIST per round trip instead of one each, queued. A failed LIST fails every Allocate sharing it,
 and each falls back to the cache alone, counted and logged.
+
+An answer is provisional until the kubelet's PodResources record confirms it went to the pod whose
+grant it carried (:mod:`device_plugin.proof`): every Allocate first settles the earlier answers
+against a PodResources read begun after it arrived (the kubelet admits one pod at a time and records
+an answer before its next Allocate, so that read shows every earlier answer), and a confirmation
+task settles the last one. Confirmed containers are served; a stolen answer returns its container to
+the grant's pod; the receipt is written once all of a pod's containers are confirmed.
+:meth:`Allocator.verify_start` is PreStartContainer's check: a container starts only on a grant
+proven its own.
 """
 
 from __future__ import annotations
@@ -29,23 +38,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 from device_plugin.board import DeviceBoard
 from device_plugin.envs import ContainerGrant, EnforcementPaths, Target, build
 from device_plugin.fresh_read import FreshRead
 from device_plugin.gateway import KubeGateway
 from device_plugin.handoff import HandoffKeeper
+from device_plugin.kubelet_api import PodDevices
 from device_plugin.lookup import AllocateError, Match, awaiting, choose, validate
 from device_plugin.metrics import PluginMetrics
 from device_plugin.pod_cache import PodCache
 from device_plugin.pods import PodRecord
+from device_plugin.proof import Answer, Outcome, holders, refusal, settle
 from vgpu.contract.allocation import decode
 from vgpu.errors import DomainError
 from vgpu.names import EnforcementBackend
 
 log = logging.getLogger(__name__)
+# When the confirmation task reads PodResources after an answer: the kubelet records the answer as
+# soon as Allocate returns, so the first read usually settles it; ~4 s in all.
+CONFIRM_BACKOFF_S: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5)
+STOLEN_KEPT: Final = 1024  # stolen answers remembered for PreStartContainer's message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,20 +81,37 @@ class Allocator:
         board: DeviceBoard,
         keeper: HandoffKeeper,
         metrics: PluginMetrics,
+        pod_devices: Callable[[], Awaitable[PodDevices]],
     ) -> None:
         self._config, self._gateway, self._cache = config, gateway, cache
         self._board, self._keeper, self._metrics = board, keeper, metrics
-        self._served: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        self._pending: dict[frozenset[str], Answer] = {}  # provisional answers, by their device IDs
+        self._confirmed: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID → container → IDs, kubelet order
+        self._stolen: dict[frozenset[str], Answer] = {}  # answers whose IDs the kubelet gave another pod
         self._fresh = FreshRead(self._list_pods)
+        self._truth = FreshRead(pod_devices)
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def served_counts(self) -> Mapping[str, int]:
-        return {uid: len(done) for uid, done in self._served.items()}
+    def served(self) -> Mapping[str, frozenset[str]]:
+        """Containers per pod UID that are answered (pending) or confirmed: not to be answered again."""
+        out: dict[str, set[str]] = {uid: set(done) for uid, done in self._confirmed.items()}
+        for answer in self._pending.values():
+            out.setdefault(answer.uid, set()).add(answer.container)
+        return {uid: frozenset(names) for uid, names in out.items()}
+
+    def serving(self) -> Collection[str]:
+        return self.served().keys()
+
+    def confirmed(self) -> Mapping[str, Mapping[str, frozenset[str]]]:
+        return {uid: {c: frozenset(ids) for c, ids in done.items()} for uid, done in self._confirmed.items()}
 
     async def allocate(self, ids: tuple[str, ...]) -> ContainerGrant:
         """The answer for one container request; raises :class:`AllocateError` with the reason."""
         started = time.perf_counter()
         node = self._config.node
-        fresh = await self._fresh_pods()
+        fresh, truth = await asyncio.gather(self._fresh_pods(), self._fresh_truth())
+        if truth is not None:
+            self._settle(truth)
         self.prune()
         eligible = None if fresh is None else {p.uid for p in fresh}
 
@@ -86,10 +119,10 @@ class Allocator:
             return list(pods) if eligible is None else [p for p in pods if p.uid in eligible]
 
         def attempt() -> Match | AllocateError | None:
-            result = choose(candidates(self._cache.pods()), node, ids, self.served_counts())
+            result = choose(candidates(self._cache.pods()), node, ids, self.served())
             return None if isinstance(result, AllocateError) and result.waitable else result
 
-        found = attempt() if fresh is None else choose(fresh, node, ids, self.served_counts())
+        found = attempt() if fresh is None else choose(fresh, node, ids, self.served())
         if isinstance(found, AllocateError) and found.waitable:
             found = None
         if found is None:  # a candidate's allocation may still be on its way: wait for the cache to show it
@@ -97,17 +130,87 @@ class Allocator:
             self._metrics.lookup_wait_seconds.observe(time.perf_counter() - started)
         if found is None:  # nothing within the wait: a last authoritative read before refusing
             final = await self._fresh_pods()
-            found = choose(candidates(self._cache.pods() if final is None else final), node, ids, self.served_counts())
+            found = choose(candidates(self._cache.pods() if final is None else final), node, ids, self.served())
         if isinstance(found, AllocateError):
             raise found
         alloc = validate(found.pod, node, self._board.by_uuid())
         if not found.again:
-            done = self._served.setdefault(found.pod.uid, [])
-            done.append((found.container, ids))
-            if len(done) == len(found.pod.vgpu_containers):
-                self._keeper.record(found.pod, tuple(done))
+            pod = found.pod
+            self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
+            self._spawn(self._confirm(frozenset(ids)))
         target = Target(namespace=found.pod.namespace, pod=found.pod.name, container=found.container)
         return build(alloc, target, self._config.backend, self._config.paths)
+
+    async def verify_start(self, ids: tuple[str, ...]) -> None:
+        """PreStartContainer: raise :class:`AllocateError` unless the container holding ``ids`` is proven
+        to hold its own pod's grant (:func:`device_plugin.proof.refusal`)."""
+        truth = await self._fresh_truth()
+        if truth is None:
+            raise AllocateError(
+                f"cannot read the kubelet's PodResources on node {self._config.node} to prove which pod holds "
+                f"devices {list(ids)}; the container starts once it can"
+            )
+        self._settle(truth)
+        pods = {(p.namespace, p.name): p for p in self._cache.pods()}
+        reason = refusal(ids, truth, pods, self.confirmed(), self._stolen, self._config.node)
+        if reason is not None and any((h.namespace, h.pod) not in pods for h in holders(truth, ids)):
+            fresh = await self._fresh_pods()  # a pod the watch has not shown yet
+            if fresh is not None:
+                pods = {(p.namespace, p.name): p for p in fresh}
+                reason = refusal(ids, truth, pods, self.confirmed(), self._stolen, self._config.node)
+        if reason is not None:
+            raise AllocateError(reason)
+
+    def _settle(self, truth: PodDevices) -> None:
+        """Settle every provisional answer against the kubelet's record (see :mod:`device_plugin.proof`)."""
+        for key, answer in list(self._pending.items()):
+            result = settle(answer, truth)
+            if result.outcome is Outcome.PENDING:
+                continue
+            del self._pending[key]
+            assert result.holder is not None
+            if result.outcome is Outcome.STOLEN:
+                self._stolen[key] = answer
+                self._metrics.errors.labels("stolen_answer").inc()
+                log.warning(
+                    "the Allocate answered with pod %s's grant (devices %s) was pod %s's: %s holds no grant "
+                    "of its own, so its container will not start; %s stays in hand-off for its own Allocate",
+                    answer.key,
+                    list(answer.ids),
+                    result.holder.key,
+                    result.holder.key,
+                    answer.key,
+                )
+                continue
+            done = self._confirmed.setdefault(answer.uid, {})
+            done[result.holder.container] = answer.ids
+            pod = self._cache.get(answer.uid)
+            if pod is not None and all(c in done for c, _ in pod.vgpu_containers):
+                self._keeper.record(pod, tuple((c, done[c]) for c, _ in pod.vgpu_containers))
+
+    async def _confirm(self, key: frozenset[str]) -> None:
+        """Settle one answer as soon as the kubelet records it (it does so when Allocate returns)."""
+        for delay in CONFIRM_BACKOFF_S:
+            await asyncio.sleep(delay)
+            if key not in self._pending:
+                return
+            truth = await self._fresh_truth()
+            if truth is not None:
+                self._settle(truth)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fresh_truth(self) -> PodDevices | None:
+        """The kubelet's PodResources record from a read begun after this call; None when unreadable."""
+        try:
+            return await self._truth.get()
+        except Exception as exc:
+            self._metrics.errors.labels("podresources").inc()
+            log.warning("PodResources List failed on node %s: %s", self._config.node, exc)
+            return None
 
     async def _fresh_pods(self) -> tuple[PodRecord, ...] | None:
         """The node's pods from a LIST begun after this call; None when unreadable."""
@@ -127,20 +230,27 @@ class Allocator:
 
     def adopt(self, uid: str, done: Iterable[tuple[str, tuple[str, ...]]]) -> None:
         """Containers the kubelet already allocated (seen in PodResources) for a pod we have no record of,
-        e.g. after a plugin restart in the middle of a multi-container pod."""
-        if uid not in self._served:
-            self._served[uid] = list(done)
+        e.g. after a plugin restart in the middle of a multi-container pod: confirmed by that record."""
+        if uid not in self.served():
+            self._confirmed[uid] = dict(done)
 
     def prune(self) -> None:
-        """Drop bookkeeping for pods that left the cache, ended, or whose receipt is visible."""
-        for uid in list(self._served):
+        """Drop bookkeeping for pods that left the cache or ended, and stolen answers whose thief left."""
+        for uid in list(self._confirmed):
             pod = self._cache.get(uid)
+            if pod is None or not pod.active:
+                del self._confirmed[uid]
+        for key, answer in list(self._pending.items()):
+            pod = self._cache.get(answer.uid)
             if pod is None or not pod.active or pod.handoff is not None:
-                del self._served[uid]
+                del self._pending[key]
+        if len(self._stolen) > STOLEN_KEPT:
+            for key in list(self._stolen)[: len(self._stolen) - STOLEN_KEPT]:
+                del self._stolen[key]
 
     def preferred_gpus(self, size: int) -> tuple[str, ...]:
         """GPUs granted to the one pod whose next container wants ``size`` devices (a hint), else ()."""
-        found = awaiting(self._cache.pods(), self._config.node, size, self.served_counts())
+        found = awaiting(self._cache.pods(), self._config.node, size, self.served())
         if len(found) != 1 or found[0].allocation is None:
             return ()
         try:

@@ -22,7 +22,7 @@ from device_plugin.envs import EnforcementPaths
 from device_plugin.gateway import KubeGateway
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.health import HealthPolicy
-from device_plugin.kubelet_api import PodDevices, list_pod_devices
+from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET, PodDevices, list_pod_devices
 from device_plugin.lifecycle import PluginServer, SocketConfig
 from device_plugin.metrics import GpuCollector, PluginMetrics
 from device_plugin.pod_cache import PodCache, PodFeed
@@ -30,7 +30,7 @@ from device_plugin.probe import GpuProbe
 from device_plugin.publisher import InventoryPublisher
 from device_plugin.server import DevicePluginServicer
 from vgpu.catalog import Catalog, builtin
-from vgpu.names import EnforcementBackend
+from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 class PluginConfig:
     node: str
     sockets: SocketConfig = field(default_factory=SocketConfig)
-    podresources_socket: Path | None = None
-    slices_per_gpu: int = 16
+    podresources_socket: Path = Path(DEFAULT_PODRESOURCES_SOCKET)
+    slices_per_gpu: int = DEFAULT_SLICES_PER_GPU
     backend: EnforcementBackend = EnforcementBackend.NONE
     paths: EnforcementPaths = field(default_factory=EnforcementPaths)
     default_tflops: int = 0  # milli-TFLOPS for models missing from the catalog
@@ -72,7 +72,7 @@ class Daemon:
         self.board = DeviceBoard(gpus, config.slices_per_gpu, config.health)
         self.cache = PodCache()
         self.feed = PodFeed(gateway, config.node, self.cache)
-        if pod_devices is None and config.podresources_socket is not None:
+        if pod_devices is None:
             socket = config.podresources_socket
 
             async def from_kubelet() -> PodDevices:
@@ -83,7 +83,9 @@ class Daemon:
         allocator_config = AllocatorConfig(
             node=config.node, backend=config.backend, paths=config.paths, lookup_wait_s=config.lookup_wait_s
         )
-        self.allocator = Allocator(allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics)
+        self.allocator = Allocator(
+            allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics, pod_devices
+        )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         self.server = PluginServer(self.servicer, config.sockets, self.metrics)
         self.monitor = HealthMonitor(probe, self.board, check_interval_s=config.health_check_s)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -35,7 +35,7 @@ def rfc3339_now() -> str:
 
 
 class ServedBook(Protocol):
-    def served_counts(self) -> Mapping[str, int]: ...
+    def serving(self) -> Collection[str]: ...
 
     def adopt(self, uid: str, done: Iterable[tuple[str, tuple[str, ...]]]) -> None: ...
 
@@ -101,7 +101,7 @@ class HandoffKeeper:
             self._metrics.errors.labels("podresources").inc()
             log.warning("PodResources List failed: %s", exc)
             return
-        served = book.served_counts()
+        served = book.serving()
         for pod in list(self._cache.pods()):
             if pod.node != self._node or not pod.active or pod.allocation is None or pod.uid in self._pending:
                 continue
@@ -116,7 +116,7 @@ class HandoffKeeper:
         for uid in list(self._pending):
             await self._write(uid)
 
-    def _recover(self, pod: PodRecord, kubelet_order: Devices, served: Mapping[str, int], book: ServedBook) -> None:
+    def _recover(self, pod: PodRecord, kubelet_order: Devices, served: Collection[str], book: ServedBook) -> None:
         names = [c for c, _ in pod.vgpu_containers]
         if len(kubelet_order) == len(names):
             log.info("pod %s: every container is allocated but no receipt exists; writing it", pod.key)

@@ -8,12 +8,16 @@ Exactly one such pod is served; none or several is an error that says so (we nev
 gpushare's oldest-pending match). A pod whose receipt already lists these exact IDs is served again
 (the kubelet re-allocates non-running containers after a node reboot). Every rule that makes an
 allocation unusable becomes an :class:`AllocateError` whose text the kubelet shows on the pod.
+
+A match is the best the request allows, not a proof: a pod that reached the node without the
+extender may be the one being admitted. :mod:`device_plugin.proof` settles each answer against the
+kubelet's record afterwards, and no container starts on a grant that is not proven its own.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from device_plugin.pods import PodRecord
@@ -49,17 +53,20 @@ class Match:
     again: bool  # a re-allocation of a container whose hand-off is already recorded
 
 
-def next_container(pod: PodRecord, served: int) -> tuple[str, int] | None:
-    return pod.vgpu_containers[served] if served < len(pod.vgpu_containers) else None
+def next_container(pod: PodRecord, served: Collection[str]) -> tuple[str, int] | None:
+    """The first container, in the kubelet's admission order, not yet served (answered or confirmed)."""
+    return next(((c, n) for c, n in pod.vgpu_containers if c not in served), None)
 
 
-def awaiting(pods: Iterable[PodRecord], node: str, count: int, served: Mapping[str, int]) -> list[PodRecord]:
+def awaiting(
+    pods: Iterable[PodRecord], node: str, count: int, served: Mapping[str, Collection[str]]
+) -> list[PodRecord]:
     """Pods on ``node`` in hand-off whose next container to serve wants ``count`` devices."""
     found = []
     for pod in pods:
         if pod.node != node or pod.allocation is None or pod.handoff is not None or not pod.active:
             continue
-        nxt = next_container(pod, served.get(pod.uid, 0))
+        nxt = next_container(pod, served.get(pod.uid, ()))
         if nxt is not None and nxt[1] == count:
             found.append(pod)
     return found
@@ -82,14 +89,14 @@ def recorded(pods: Iterable[PodRecord], node: str, ids: Iterable[str]) -> Match 
 
 
 def choose(
-    pods: Iterable[PodRecord], node: str, ids: tuple[str, ...], served: Mapping[str, int]
+    pods: Iterable[PodRecord], node: str, ids: tuple[str, ...], served: Mapping[str, Collection[str]]
 ) -> Match | AllocateError:
     """The pod this Allocate is for, or the error to return (no match, or ambiguous)."""
     pods = list(pods)
     found = awaiting(pods, node, len(ids), served)
     if len(found) == 1:
         pod = found[0]
-        nxt = next_container(pod, served.get(pod.uid, 0))
+        nxt = next_container(pod, served.get(pod.uid, ()))
         assert nxt is not None  # awaiting() only returns pods with a next container
         return Match(pod, nxt[0], again=False)
     if len(found) > 1:

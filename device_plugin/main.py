@@ -29,7 +29,7 @@ from device_plugin.probe import GpuProbe, ProbeError
 from device_plugin.probe_report import report
 from vgpu.catalog import Catalog
 from vgpu.catalog_file import CatalogFileError, load
-from vgpu.names import EnforcementBackend
+from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
 from vgpu.quantity import parse_milli
 
 log = logging.getLogger("device_plugin")
@@ -45,8 +45,13 @@ def parser() -> argparse.ArgumentParser:
     add("node-name", os.environ.get("NODE_NAME"), "this node's name (default: $NODE_NAME)")
     add("plugin-dir", str(DEFAULT_PLUGIN_DIR), "kubelet device-plugin socket directory")
     add("endpoint", DEFAULT_ENDPOINT, "our socket's file name in the plugin dir")
-    add("podresources-socket", DEFAULT_PODRESOURCES_SOCKET, "kubelet PodResources socket ('' disables)")
-    add("slices-per-gpu", "16", "device IDs advertised per healthy GPU", type=int)
+    add(
+        "podresources-socket",
+        DEFAULT_PODRESOURCES_SOCKET,
+        "kubelet PodResources socket: its record of which pod got which devices proves every grant before "
+        "a container starts (required)",
+    )
+    add("slices-per-gpu", str(DEFAULT_SLICES_PER_GPU), "device IDs advertised per healthy GPU", type=int)
     add("backend", EnforcementBackend.NONE.value, "limit enforcement", choices=[b.value for b in EnforcementBackend])
     add("hami-library", EnforcementPaths().hami_library, "host path of HAMi-core's libvgpu.so")
     add("hami-preload", EnforcementPaths().hami_preload, "host file mounted as the container's /etc/ld.so.preload")
@@ -94,6 +99,15 @@ def _default_tflops(args: argparse.Namespace) -> int:
     return parse_milli(str(args.default_tflops), key="--default-tflops")
 
 
+def _podresources(args: argparse.Namespace) -> Path:
+    if not args.podresources_socket:
+        raise SystemExit(
+            "tf-device-plugin: --podresources-socket must name the kubelet's PodResources socket: without it no "
+            "grant can be proven and no GPU container could start"
+        )
+    return Path(args.podresources_socket)
+
+
 def config_from(args: argparse.Namespace) -> PluginConfig:
     if not args.node_name:
         raise SystemExit("tf-device-plugin: --node-name (or $NODE_NAME) is required")
@@ -101,7 +115,7 @@ def config_from(args: argparse.Namespace) -> PluginConfig:
     return PluginConfig(
         node=args.node_name,
         sockets=SocketConfig(plugin_dir=Path(args.plugin_dir), endpoint=args.endpoint),
-        podresources_socket=Path(args.podresources_socket) if args.podresources_socket else None,
+        podresources_socket=_podresources(args),
         slices_per_gpu=args.slices_per_gpu,
         backend=EnforcementBackend(args.backend),
         paths=EnforcementPaths(

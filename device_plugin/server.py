@@ -4,6 +4,9 @@ ListAndWatch streams the full slice list at once and after every health change a
 (the kubelet reads the end of the stream as a disconnect); it is an async generator woken by the
 board, the shape of grpc's aio health ``Watch``. Allocate turns an :class:`AllocateError` into a
 FAILED_PRECONDITION status whose text the kubelet puts on the pod (``UnexpectedAdmissionError``).
+PreStartContainer, which the kubelet calls before creating every container, refuses a container
+whose devices carry no grant proven its own (:mod:`device_plugin.proof`); the kubelet then does not
+create it and retries the start with backoff.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from protos.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 log = logging.getLogger(__name__)
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-OPTIONS = dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+# PreStartContainer is where a grant is proven before the kubelet creates the container.
+OPTIONS = dp.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -95,8 +99,13 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         return dp.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(
-        self,
-        request: dp.PreStartContainerRequest,  # noqa: ARG002
-        context: Context,  # noqa: ARG002
+        self, request: dp.PreStartContainerRequest, context: Context
     ) -> dp.PreStartContainerResponse:
+        ids = tuple(request.devices_ids)
+        try:
+            await self._allocator.verify_start(ids)
+        except AllocateError as exc:
+            self._metrics.errors.labels("prestart").inc()
+            log.warning("PreStartContainer %s refused: %s", list(ids), exc)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"tensor-fusion: {exc}")
         return dp.PreStartContainerResponse()

@@ -39,12 +39,13 @@ async def plugin(
     pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[tuple[Daemon, TestKubelet]]:
-    """A registered plugin; on exit it is stopped (SIGTERM path) and the kubelet too."""
+    """A registered plugin reading the test kubelet's PodResources record (unless ``pod_devices``); on exit
+    it is stopped (SIGTERM path) and the kubelet too."""
     own = kubelet is None
     if kubelet is None:
         kubelet = TestKubelet(tmp)
         await kubelet.start()
-    daemon = Daemon(config(tmp, **overrides), FakeProbe(gpus), kube, pod_devices=pod_devices)
+    daemon = Daemon(config(tmp, **overrides), FakeProbe(gpus), kube, pod_devices=pod_devices or kubelet.pod_devices)
     stopping = asyncio.Event()
     task = asyncio.create_task(daemon.run(stopping))
     try:

@@ -3,7 +3,9 @@
 It does what kubelet 1.36 was recorded doing (reference/kubelet-captures/run2): on Register it checks
 the version and resource name, dials the plugin back, calls GetDevicePluginOptions and opens
 ListAndWatch *before* Register returns; on restart it deletes every socket in the directory and
-creates a new ``kubelet.sock``. Every ListAndWatch message lands in a queue for assertions.
+creates a new ``kubelet.sock``. Every ListAndWatch message lands in a queue for assertions. Like the
+kubelet, it records which pod and container each successful Allocate was for, and shows that record
+as PodResources does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from device_plugin.kubelet_api import PodDevices
 from protos.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from vgpu.names import RESOURCE_VGPU
@@ -34,6 +37,7 @@ class TestKubelet(dp_grpc.RegistrationServicer):
         self._channel: grpc.aio.Channel | None = None
         self._watch: asyncio.Task[None] | None = None
         self.stub: dp_grpc.DevicePluginAsyncStub | None = None
+        self.records: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}  # what PodResources shows
 
     async def start(self) -> None:
         self._server = grpc.aio.server()
@@ -67,10 +71,27 @@ class TestKubelet(dp_grpc.RegistrationServicer):
         if self._channel is not None:
             await self._channel.close()
 
-    async def allocate(self, *ids: str) -> dp.AllocateResponse:
+    async def allocate(
+        self, *ids: str, pod: str | None = None, container: str = "main", namespace: str = "default"
+    ) -> dp.AllocateResponse:
+        """Allocate as the kubelet does while admitting ``pod``: on success the IDs are recorded for its
+        ``container``, and PodResources (:meth:`pod_devices`) shows them. Without ``pod`` nothing is
+        recorded (an admission the kubelet abandoned)."""
         assert self.stub is not None, "no plugin registered"
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=list(ids))])
-        return await self.stub.Allocate(request, timeout=10)
+        response = await self.stub.Allocate(request, timeout=10)
+        if pod is not None:
+            self.records.setdefault((namespace, pod), {})[container] = tuple(ids)
+        return response
+
+    async def prestart(self, *ids: str) -> dp.PreStartContainerResponse:
+        """PreStartContainer, as the kubelet calls it before creating a container holding ``ids``."""
+        assert self.stub is not None, "no plugin registered"
+        return await self.stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=list(ids)), timeout=10)
+
+    async def pod_devices(self) -> PodDevices:
+        """PodResources ``List`` as the plugin reads it: the IDs recorded per pod and container."""
+        return {key: dict(containers) for key, containers in self.records.items()}
 
     async def preferred(self, available: list[str], must_include: list[str], size: int) -> list[str]:
         """GetPreferredAllocation for one container, as the kubelet asks before Allocate."""

@@ -88,7 +88,7 @@ def test_preferred_allocation_over_the_socket_follows_the_grant_then_the_freest_
             kube.annotate(uid_of(one), ALLOC, allocation(uid_of(one), gpus=[grant(GPU1, index=1)]))
             await until(lambda: (p := daemon.cache.get(uid_of(one))) is not None and p.allocation is not None)
             assert await kubelet.preferred(available, [], 1) == [slice_id(GPU1, 2)]
-            await kubelet.allocate(slice_id(GPU1, 2))
+            await kubelet.allocate(slice_id(GPU1, 2), pod="one")
             await receipt(kube, uid_of(one))
             # A two-GPU pod spans both of its GPUs; a must-include ID stays and comes first.
             both = [grant(GPU0), grant(GPU1, index=1)]
@@ -110,6 +110,7 @@ def test_registration_request_matches_the_api(tmp_path: Path) -> None:
             assert request.endpoint == "tf-vgpu.sock"  # a file name relative to the plugin dir
             assert request.resource_name == RESOURCE_VGPU
             assert request.options.get_preferred_allocation_available
+            assert request.options.pre_start_required  # where a grant is proven before the container exists
 
     run(scenario())
 
@@ -162,8 +163,8 @@ def test_allocate_serves_pods_in_flight_even_before_their_allocation_arrives(tmp
     async def scenario() -> None:
         async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
             calls = asyncio.gather(
-                kubelet.allocate(slice_id(GPU1, 0)),
-                kubelet.allocate(slice_id(GPU0, 1), slice_id(GPU1, 1)),
+                kubelet.allocate(slice_id(GPU1, 0), pod="one"),
+                kubelet.allocate(slice_id(GPU0, 1), slice_id(GPU1, 1), pod="two"),
             )
             await asyncio.sleep(0.1)  # the extender's annotations reach the watch after Allocate began
             kube.annotate(uid_of(one), ALLOC, allocation(uid_of(one), gpus=[grant(GPU0, tflops=31_200)]))
@@ -194,8 +195,12 @@ def test_init_and_app_containers_are_served_in_kubelet_order(tmp_path: Path) -> 
     async def scenario() -> None:
         async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
             names = []
-            for ids in ([slice_id(GPU0, 3)], [slice_id(GPU0, 3)], [slice_id(GPU0, 0)]):
-                response = await kubelet.allocate(*ids)
+            for container, ids in (
+                ("init", [slice_id(GPU0, 3)]),
+                ("a", [slice_id(GPU0, 3)]),
+                ("b", [slice_id(GPU0, 0)]),
+            ):
+                response = await kubelet.allocate(*ids, pod="vgpu-multi", container=container)
                 names.append(response.container_responses[0].envs[Env.TF_CONTAINER_NAME])
             assert names == ["init", "a", "b"]
             assert await receipt(kube, uid_of(multi)) == {
@@ -259,7 +264,7 @@ def test_kubelet_restart_reregisters_within_two_seconds_and_keeps_allocations(tm
 
     async def scenario() -> None:
         async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (_daemon, kubelet):
-            await kubelet.allocate(slice_id(GPU0, 0))
+            await kubelet.allocate(slice_id(GPU0, 0), pod="first")
             await receipt(kube, uid_of(first))
             await kubelet.stop()  # deletes every socket, like kubelet's device manager on start
             restarted = TestKubelet(tmp_path)
@@ -271,7 +276,7 @@ def test_kubelet_restart_reregisters_within_two_seconds_and_keeps_allocations(tm
             assert len(await restarted.next_list()) == 8
             both = [grant(GPU0), grant(GPU1, index=1)]
             kube.annotate(uid_of(second), ALLOC, allocation(uid_of(second), gpus=both))
-            response = await restarted.allocate(slice_id(GPU0, 2), slice_id(GPU1, 2))
+            response = await restarted.allocate(slice_id(GPU0, 2), slice_id(GPU1, 2), pod="second")
             assert response.container_responses[0].envs[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
             assert await receipt(kube, uid_of(first)) == {"main": (slice_id(GPU0, 0),)}
             await restarted.stop()
@@ -290,7 +295,7 @@ def test_plugin_restart_serves_new_pods_and_reallocation_of_recorded_ones(tmp_pa
         await kubelet.start()
         gpus = gpu_file(tmp_path / "gpus.yaml")
         async with plugin(tmp_path, kube, gpus, kubelet=kubelet):
-            await kubelet.allocate(slice_id(GPU1, 3))
+            await kubelet.allocate(slice_id(GPU1, 3), pod="old")
             await receipt(kube, uid_of(old))
         assert not (tmp_path / "tf-vgpu.sock").exists()
         async with plugin(tmp_path, kube, gpus, kubelet=kubelet):
@@ -298,7 +303,7 @@ def test_plugin_restart_serves_new_pods_and_reallocation_of_recorded_ones(tmp_pa
             again = await kubelet.allocate(slice_id(GPU1, 3))
             assert again.container_responses[0].envs[Env.TF_POD_NAME] == "old"
             kube.annotate(uid_of(new), ALLOC, allocation(uid_of(new)))
-            fresh = await kubelet.allocate(slice_id(GPU0, 0))
+            fresh = await kubelet.allocate(slice_id(GPU0, 0), pod="new")
             assert fresh.container_responses[0].envs[Env.TF_POD_NAME] == "new"
             assert await receipt(kube, uid_of(new)) == {"main": (slice_id(GPU0, 0),)}
         await kubelet.stop()
@@ -325,7 +330,7 @@ def test_a_pod_the_watch_has_not_delivered_yet_is_served_at_once(tmp_path: Path)
             late = _bound("late")
             kube.put(late)
             began = time.monotonic()
-            response = await kubelet.allocate(slice_id(GPU0, 0))
+            response = await kubelet.allocate(slice_id(GPU0, 0), pod="late")
             assert time.monotonic() - began < 1.0  # not after the lookup wait: from the fresh read
             assert response.container_responses[0].envs[Env.TF_POD_NAME] == "late"
             assert daemon.cache.get(uid_of(late)) is not None  # the read was fed to the cache too
@@ -344,13 +349,13 @@ def test_a_deleted_pod_and_its_successor_never_shift_allocations(tmp_path: Path)
             kube.watch_held.set()
             a = _bound("a")
             kube.put(a)
-            for_a = asyncio.create_task(kubelet.allocate(slice_id(GPU0, 0)))
+            for_a = asyncio.create_task(kubelet.allocate(slice_id(GPU0, 0), pod="a"))
             await asyncio.sleep(0.2)
             kube.delete(uid_of(a))
             kube.put(_bound("b"))
             kube.watch_held.clear()
             assert (await for_a).container_responses[0].envs[Env.TF_POD_NAME] == "a"
-            for_b = await kubelet.allocate(slice_id(GPU0, 1))
+            for_b = await kubelet.allocate(slice_id(GPU0, 1), pod="b")
             assert for_b.container_responses[0].envs[Env.TF_POD_NAME] == "b"
 
     run(scenario())
@@ -365,13 +370,13 @@ def test_a_stale_cache_never_serves_a_pod_the_api_no_longer_has(tmp_path: Path) 
             await until(lambda: daemon.cache.get(uid_of(gone)) is not None)
             kube.watch_held.set()  # the cache still shows both: "ambiguous" there, one pod in the API
             kube.delete(uid_of(gone))
-            response = await kubelet.allocate(slice_id(GPU0, 0))
+            response = await kubelet.allocate(slice_id(GPU0, 0), pod="alone")
             assert response.container_responses[0].envs[Env.TF_POD_NAME] == "alone"
             await receipt(kube, uid_of(alone))
             kube.delete(uid_of(alone))  # the held watch still shows "gone" awaiting: never served from there
             successor = _bound("successor")
             kube.put(successor)
-            response = await kubelet.allocate(slice_id(GPU0, 1))
+            response = await kubelet.allocate(slice_id(GPU0, 1), pod="successor")
             assert response.container_responses[0].envs[Env.TF_POD_NAME] == "successor"
             await receipt(kube, uid_of(successor))
             kube.delete(uid_of(successor))
@@ -468,5 +473,104 @@ def test_allocates_arriving_together_share_one_list_and_its_failure(tmp_path: Pa
             assert kube.lists == before + 2
             failed = daemon.metrics.registry.get_sample_value("tf_device_plugin_errors_total", {"where": "pod_list"})
             assert failed == 8
+
+    run(scenario())
+
+
+# --- a pod that reached the node without the extender (preset nodeName, a Binding posted by hand) ---
+
+
+@pytest.mark.parametrize("rogue_namespace", ["default", "tenant-b"], ids=["same-namespace", "other-namespace"])
+def test_a_rogue_pod_admitted_first_takes_no_grant_and_the_pod_in_hand_off_gets_its_own(
+    tmp_path: Path, rogue_namespace: str
+) -> None:
+    # The kubelet admits the rogue (no allocation) while "legit" is in hand-off: the request cannot tell
+    # them apart, so the answer carries legit's grant, but the kubelet's record shows whose it became.
+    legit = _bound("legit")
+    rogue = make_pod("rogue", namespace=rogue_namespace)
+    kube = FakeKube([legit, rogue])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            stolen = await kubelet.allocate(slice_id(GPU1, 0), pod="rogue", namespace=rogue_namespace)
+            assert stolen.container_responses[0].envs[Env.TF_POD_NAME] == "legit"  # the request says no more
+            own = await kubelet.allocate(slice_id(GPU0, 3), pod="legit")
+            assert own.container_responses[0].envs[Env.TF_POD_NAME] == "legit"
+            assert await receipt(kube, uid_of(legit)) == {"main": (slice_id(GPU0, 3),)}
+            assert kube.annotation(uid_of(rogue), HANDOFF) is None
+            await kubelet.prestart(slice_id(GPU0, 3))  # legit's container starts
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.prestart(slice_id(GPU1, 0))  # the rogue's never does
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert (
+                f"pod {rogue_namespace}/rogue (container main) was admitted with devices ['{slice_id(GPU1, 0)}'], "
+                "but the Allocate that gave them answered with pod default/legit's GPU grant"
+            ) in (err.value.details() or "")
+            stolen_count = daemon.metrics.registry.get_sample_value(
+                "tf_device_plugin_errors_total", {"where": "stolen_answer"}
+            )
+            assert stolen_count == 1
+
+    run(scenario())
+
+
+def test_a_rogue_pod_admitted_after_the_hand_off_fails_allocate(tmp_path: Path) -> None:
+    legit = _bound("legit")
+    kube = FakeKube([legit, make_pod("rogue")])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.1) as (_, kubelet):
+            await kubelet.allocate(slice_id(GPU0, 0), pod="legit")
+            await receipt(kube, uid_of(legit))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.allocate(slice_id(GPU0, 1), pod="rogue")
+            assert "no pod on node node-a awaits an allocation of 1" in (err.value.details() or "")
+
+    run(scenario())
+
+
+def test_a_pod_in_hand_off_is_not_released_until_the_kubelet_records_its_devices(tmp_path: Path) -> None:
+    # An answer the kubelet never recorded (it abandoned the admission) is not a hand-off.
+    legit = _bound("legit")
+    kube = FakeKube([legit])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            await kubelet.allocate(slice_id(GPU0, 0))  # not recorded
+            await asyncio.sleep(0.3)
+            assert kube.annotation(uid_of(legit), HANDOFF) is None
+            assert daemon.allocator.served() == {uid_of(legit): frozenset({"main"})}
+            kubelet.records[("default", "legit")] = {"main": (slice_id(GPU0, 0),)}  # recorded late
+            await daemon.keeper.reconcile_once(daemon.allocator)
+            assert await receipt(kube, uid_of(legit)) == {"main": (slice_id(GPU0, 0),)}
+
+    run(scenario())
+
+
+def test_prestart_proves_a_grant_from_the_receipt_after_a_plugin_restart_and_refuses_the_unknown(
+    tmp_path: Path,
+) -> None:
+    legit = _bound("legit")
+    kube = FakeKube([legit, make_pod("stranger")])
+
+    async def scenario() -> None:
+        kubelet = TestKubelet(tmp_path)
+        await kubelet.start()
+        gpus = gpu_file(tmp_path / "gpus.yaml")
+        async with plugin(tmp_path, kube, gpus, kubelet=kubelet):
+            await kubelet.allocate(slice_id(GPU0, 0), pod="legit")
+            await receipt(kube, uid_of(legit))
+        kubelet.records[("default", "stranger")] = {"main": (slice_id(GPU0, 1),)}
+        async with plugin(tmp_path, kube, gpus, kubelet=kubelet):  # nothing in memory: the receipt proves it
+            await kubelet.prestart(slice_id(GPU0, 0))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.prestart(slice_id(GPU0, 1))
+            assert "no tensor-fusion grant is proven for pod default/stranger (container main)" in (
+                err.value.details() or ""
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.prestart(slice_id(GPU1, 3))
+            assert "PodResources shows no container holding devices" in (err.value.details() or "")
+        await kubelet.stop()
 
     run(scenario())

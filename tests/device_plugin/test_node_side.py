@@ -4,7 +4,7 @@ GPU file and the command line — each through its own seam with fakes, no clust
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import pytest
@@ -40,8 +40,8 @@ class Book:
     def __init__(self) -> None:
         self.adopted: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
 
-    def served_counts(self) -> Mapping[str, int]:
-        return {u: len(d) for u, d in self.adopted.items()}
+    def serving(self) -> Collection[str]:
+        return self.adopted.keys()
 
     def adopt(self, uid: str, done: Iterable[tuple[str, tuple[str, ...]]]) -> None:
         self.adopted[uid] = list(done)
@@ -192,12 +192,18 @@ def test_fake_probe_delivers_new_events_once_and_reports_check_failures(tmp_path
 def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_PLUGIN_BACKEND", "mps")
     args = parser().parse_args(
-        ["--node-name", "n1", "--ignored-xids", "13,79", "--default-tflops", "2.5", "--podresources-socket", ""]
+        ["--node-name", "n1", "--ignored-xids", "13,79", "--default-tflops", "2.5", "--podresources-socket", "/x.sock"]
     )
     config = config_from(args)
     assert config.node == "n1" and config.backend is EnforcementBackend.MPS
     assert config.health.ignored_xids == {13, 79} and config.default_tflops == 2500
-    assert config.podresources_socket is None
+    assert config.podresources_socket == Path("/x.sock")
+
+
+def test_the_podresources_socket_cannot_be_switched_off() -> None:
+    # Without the kubelet's record no grant is proven, so no GPU container could ever start.
+    with pytest.raises(SystemExit, match="--podresources-socket must name the kubelet's PodResources socket"):
+        config_from(parser().parse_args(["--node-name", "n1", "--podresources-socket", ""]))
 
 
 def test_pod_cache_never_takes_an_older_version_of_a_pod_nor_revives_a_deleted_one() -> None:

@@ -10,6 +10,7 @@ from device_plugin.envs import EnforcementPaths, Target, build, sm_percent
 from device_plugin.health import HEALTHY, GpuHealth, HealthBoard, HealthPolicy, on_check, on_xid
 from device_plugin.lookup import AllocateError, Match, choose, validate
 from device_plugin.pods import from_json
+from device_plugin.proof import Answer, Holder, Outcome, Settled, refusal, settle
 from device_plugin.slices import SliceIdError, gpu_of, preferred, slice_id, slices
 from tests.device_plugin.fakes import A100_TFLOPS, A100_VRAM, GIB, GPU0, GPU1, allocation, grant, make_pod
 from vgpu.contract.allocation import Handoff, decode, encode_handoff
@@ -175,8 +176,8 @@ def test_choose_serves_the_next_unserved_container_and_rejects_ambiguity() -> No
     a = from_json(make_pod("a", alloc="{}", containers=[("x", 1), ("y", 1)]))
     b = from_json(make_pod("b", alloc="{}", containers=[("z", 2)]))
     assert choose([a, b], "node-a", ("d1",), {}) == Match(a, "x", again=False)
-    assert choose([a, b], "node-a", ("d1",), {a.uid: 1}) == Match(a, "y", again=False)
-    assert isinstance(choose([a, b], "node-a", ("d1",), {a.uid: 2}), AllocateError)
+    assert choose([a, b], "node-a", ("d1",), {a.uid: {"x"}}) == Match(a, "y", again=False)
+    assert isinstance(choose([a, b], "node-a", ("d1",), {a.uid: {"x", "y"}}), AllocateError)
     assert choose([a, b], "node-a", ("d1", "d2"), {}) == Match(b, "z", again=False)
     twin = from_json(make_pod("twin", alloc="{}"))
     result = choose([a, twin], "node-a", ("d1",), {})
@@ -224,3 +225,57 @@ def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> N
     sick = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=1, vram=1, health=Health.UNHEALTHY)}
     with pytest.raises(AllocateError, match="unhealthy on node node-a"):
         validate(pod, "node-a", sick)
+
+
+# --- proof: the kubelet's record settles answers, and only proven grants start ---
+
+ANSWER = Answer("uid-p", "ns-a", "p", "main", ("d1",))
+
+
+@pytest.mark.parametrize(
+    ("truth", "expected"),
+    [
+        ({}, Settled(Outcome.PENDING)),
+        ({("ns-a", "p"): {"main": ("d1",)}}, Settled(Outcome.CONFIRMED, Holder("ns-a", "p", "main"))),
+        ({("ns-a", "p"): {"side": ("d1",)}}, Settled(Outcome.CONFIRMED, Holder("ns-a", "p", "side"))),
+        ({("ns-b", "p"): {"main": ("d1",)}}, Settled(Outcome.STOLEN, Holder("ns-b", "p", "main"))),
+        ({("ns-a", "t"): {"main": ("d1",)}}, Settled(Outcome.STOLEN, Holder("ns-a", "t", "main"))),
+        ({("ns-a", "p"): {"main": ("d1", "d2")}}, Settled(Outcome.PENDING)),  # not these IDs exactly
+    ],
+    ids=["unrecorded", "confirmed", "same-pod-other-container", "same-name-other-namespace", "thief", "superset"],
+)
+def test_settle_reads_the_kubelets_record(
+    truth: dict[tuple[str, str], dict[str, tuple[str, ...]]], expected: Settled
+) -> None:
+    assert settle(ANSWER, truth) == expected
+
+
+def test_refusal_starts_only_containers_whose_grant_is_proven_their_own() -> None:
+    p = from_json(make_pod("p", uid="uid-p", alloc="{}"))
+    t = from_json(make_pod("t", uid="uid-t"))
+    receipt = encode_handoff(Handoff(pod_uid="uid-p", node="node-a", devices=(("main", ("d9",)),), at="x"))
+    restarted = from_json(make_pod("r", uid="uid-r", alloc="{}", handoff=receipt.replace("uid-p", "uid-r")))
+    pods = {(x.namespace, x.name): x for x in (p, t, restarted)}
+    truth = {
+        ("default", "p"): {"main": ("d1",)},
+        ("default", "t"): {"main": ("d2",)},
+        ("default", "r"): {"main": ("d9",)},
+    }
+    confirmed = {"uid-p": {"main": frozenset({"d1"})}}
+    stolen = {frozenset({"d2"}): Answer("uid-p", "default", "p", "main", ("d2",))}
+    assert refusal(("d1",), truth, pods, confirmed, stolen, "node-a") is None
+    assert refusal(("d9",), truth, pods, confirmed, stolen, "node-a") is None  # proven by its receipt
+    thief = refusal(("d2",), truth, pods, confirmed, stolen, "node-a")
+    assert thief is not None and "answered with pod default/p's GPU grant" in thief
+    assert "no tensor-fusion grant is proven for pod default/t" in str(
+        refusal(("d2",), truth, pods, confirmed, {}, "node-a")
+    )
+    assert "shows no container holding devices ['d7']" in str(
+        refusal(("d7",), truth, pods, confirmed, stolen, "node-a")
+    )
+    # A grant confirmed for p proves nothing for another pod holding the same name later (new UID).
+    successor = from_json(make_pod("p", uid="uid-q", alloc="{}"))
+    assert refusal(("d1",), truth, {("default", "p"): successor}, confirmed, {}, "node-a") is not None
+    # A pod that ended proves nothing, even with a receipt.
+    ended = from_json(make_pod("r", uid="uid-r", alloc="{}", handoff=receipt.replace("uid-p", "uid-r"), phase="Failed"))
+    assert refusal(("d9",), truth, {("default", "r"): ended}, {}, {}, "node-a") is not None
