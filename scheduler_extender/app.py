@@ -1,10 +1,15 @@
-"""The extender's FastAPI app: ``create_app(settings, gateway)`` wires cache, informers, binder and routes.
+"""The extender's FastAPI apps: ``create_app(settings, gateway)`` wires cache, informers, binder and
+routes into the app kube-scheduler calls; ``public_app(extender)`` serves the same extender's
+read-only routes alone.
 
+Two apps because they listen in different places (``main.py``): the verbs app, on loopback by
+default, serves every route; the public one, reachable from the cluster for probes, Prometheus and
+``tfctl explain``, has no verb at all (a POST to ``/bind`` there is a 404/405).
 No module globals: everything an app needs is built here and lives on ``app.state.extender``; the
-lifespan starts the informer threads and the event worker and stops them. The scheduler must get
-HTTP 200 from every verb (any other status is a scheduling error with a useless message), so a body
-that fails validation is answered 200 with the problem in ``Error`` (filter, bind) or with the
-verb's neutral answer (prioritize: no scores; preempt: no victims).
+verbs app's lifespan starts the informer threads and the event worker and stops them. The scheduler
+must get HTTP 200 from every verb (any other status is a scheduling error with a useless message), so
+a body that fails validation is answered 200 with the problem in ``Error`` (filter, bind) or with the
+verb's neutral answer (prioritize: no scores; preempt: no victims); elsewhere it is a 422 naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import scheduler_extender.core.fragmentation  # noqa: F401  (registers the fragmentation policy)
+from scheduler_extender import routes
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.policy import Policies
@@ -32,7 +38,6 @@ from scheduler_extender.gateway import Kind, KubeGateway
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.informer import Informer
 from scheduler_extender.metrics import Metrics
-from scheduler_extender.routes import router
 from scheduler_extender.settings import Settings
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import WorkloadStatusWriter
@@ -134,7 +139,8 @@ def build(
 
 
 def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time) -> FastAPI:
-    """The ASGI app. The informers start with the lifespan (``with TestClient(app)`` in tests)."""
+    """The verbs' ASGI app, with every route. The informers start with its lifespan (``with TestClient(app)``
+    in tests)."""
     extender = build(settings, gateway, clock=clock)
 
     @asynccontextmanager
@@ -152,11 +158,34 @@ def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], 
         lifespan=lifespan,
     )
     app.state.extender = extender
-    app.include_router(router)
+    app.include_router(routes.verbs)
+    app.include_router(routes.public)
     if settings.url_prefix:
-        app.include_router(router, prefix=settings.url_prefix, include_in_schema=False)
+        app.include_router(routes.verbs, prefix=settings.url_prefix, include_in_schema=False)
+    _answer_bad_bodies(
+        app, extender, {f"/{v}": v for v in _NEUTRAL} | {f"{settings.url_prefix}/{v}": v for v in _NEUTRAL}
+    )
+    return app
 
-    verbs = {f"/{v}": v for v in _NEUTRAL} | {f"{settings.url_prefix}/{v}": v for v in _NEUTRAL}
+
+def public_app(extender: Extender) -> FastAPI:
+    """The read-only routes of ``extender`` (explain, health, readiness, metrics) and nothing else.
+
+    It owns no lifespan: the verbs app's starts and stops the extender they share.
+    """
+    app = FastAPI(
+        title="tensor-fusion scheduler extender (read-only)",
+        summary="explain, health, readiness and metrics of the GPU extender; the verbs are served on loopback only",
+        version="1",
+    )
+    app.state.extender = extender
+    app.include_router(routes.public)
+    _answer_bad_bodies(app, extender, {})
+    return app
+
+
+def _answer_bad_bodies(app: FastAPI, extender: Extender, verbs: dict[str, str]) -> None:
+    """A body that is not what a route takes: the verb's neutral 200 for ``verbs`` (path -> verb), else 422."""
 
     def neutral(verb: str, problem: str) -> Response:
         extender.metrics.errors.labels(verb, "invalid-body").inc()
@@ -179,12 +208,13 @@ def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], 
             return await http_exception_handler(request, exc)
         return neutral(verb, str(exc.detail))
 
-    return app
-
 
 def _describe(exc: RequestValidationError) -> str:
     parts = []
     for error in exc.errors()[:5]:
+        if error.get("type") == "json_invalid":  # strict_json's message says what and where
+            parts.append(str(error.get("ctx", {}).get("error", "the body is not valid JSON")))
+            continue
         where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {error.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid body"

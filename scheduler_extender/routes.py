@@ -1,4 +1,11 @@
-"""The HTTP routes: the four extender verbs, explain, health, readiness and metrics.
+"""The HTTP routes: the four extender verbs (``verbs``), and the read-only ones (``public``):
+explain, health, readiness and metrics.
+
+The two routers exist because they are served on different listeners: anyone who can reach
+``/bind`` can pin a pod to a node, so the verbs listen on loopback for the kube-scheduler beside
+the extender, while probes, Prometheus and ``tfctl explain`` reach the read-only routes on their own
+port (``app.py``, ``main.py``). Every JSON body is decoded by ``strict_json`` (a lone surrogate,
+invalid UTF-8 or runaway nesting is refused before a verb runs, with a message naming it).
 
 bind, preempt and explain are sync ``def``s (FastAPI runs them in its thread pool): bind makes
 blocking Kubernetes calls and waits on the hand-off gate, and all of them take the cache's lock.
@@ -14,15 +21,17 @@ verb's neutral answer, because kube-scheduler cannot read anything from a 5xx.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from scheduler_extender import strict_json
 from scheduler_extender.binder import BindError
 from scheduler_extender.explain import MalformedPod, explain_pod, explain_submission
 from scheduler_extender.gateway import GatewayError
@@ -41,7 +50,27 @@ if TYPE_CHECKING:
     from scheduler_extender.app import Extender
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+
+
+class _StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        return strict_json.loads(await self.body())
+
+
+class _StrictJsonRoute(APIRoute):
+    """A route whose JSON body is decoded by ``strict_json`` instead of the standard ``json`` module."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict
+
+
+verbs = APIRouter(route_class=_StrictJsonRoute)
+public = APIRouter(route_class=_StrictJsonRoute)
 
 NOT_READY = "the GPU extender is starting: its cluster cache has not synced yet; the scheduler will retry"
 
@@ -67,7 +96,7 @@ async def _without_blocking(ext: Extender, work: Callable[[], Response]) -> Resp
     return await run_in_threadpool(work)
 
 
-@router.post("/filter", tags=["extender"], response_model=ExtenderFilterResult)
+@verbs.post("/filter", tags=["extender"], response_model=ExtenderFilterResult)
 async def filter_(request: Request, args: ExtenderArgs) -> Response:
     """Which of the offered nodes can hold the pod's GPU request, with a reason for each that cannot."""
     ext = _extender(request)
@@ -91,7 +120,7 @@ def _filter(ext: Extender, args: ExtenderArgs) -> Response:
         return _json(result)
 
 
-@router.post("/prioritize", tags=["extender"], response_model=list[HostPriority])
+@verbs.post("/prioritize", tags=["extender"], response_model=list[HostPriority])
 async def prioritize(request: Request, args: ExtenderArgs) -> Response:
     """A 0–10 score for every offered node (nodes that cannot hold the pod get 0)."""
     ext = _extender(request)
@@ -113,7 +142,7 @@ def _prioritize(ext: Extender, args: ExtenderArgs) -> Response:
         return Response(body, media_type="application/json")
 
 
-@router.post("/bind", tags=["extender"])
+@verbs.post("/bind", tags=["extender"])
 def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
     """Choose the pod's GPUs on the node, record them on the pod and create the Binding — or undo all of it."""
     ext = _extender(request)
@@ -138,7 +167,7 @@ def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         return ExtenderBindingResult(Error="")
 
 
-@router.post("/preempt", tags=["extender"])
+@verbs.post("/preempt", tags=["extender"])
 def preempt(request: Request, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
     """Per candidate node, the fewest lowest-QoS GPU pods to evict; nodes where none would do are left out."""
     ext = _extender(request)
@@ -154,7 +183,7 @@ def preempt(request: Request, args: ExtenderPreemptionArgs) -> ExtenderPreemptio
             return ExtenderPreemptionResult()
 
 
-@router.get("/explain/{namespace}/{name}", tags=["explain"])
+@public.get("/explain/{namespace}/{name}", tags=["explain"])
 def explain(request: Request, namespace: str, name: str) -> JSONResponse:
     """Why is this pod pending (or where did it go): its request, per-node verdicts, summary, allocation."""
     ext = _extender(request)
@@ -167,7 +196,7 @@ def explain(request: Request, namespace: str, name: str) -> JSONResponse:
     return JSONResponse(explain_pod(ext.verbs, ext.gate, pod))
 
 
-@router.post("/explain", tags=["explain"])
+@public.post("/explain", tags=["explain"])
 def explain_spec(request: Request, pod: Annotated[dict[str, Any], Body()]) -> JSONResponse:
     """What would happen if this pod were submitted now: the webhook's verdict and each node's.
 
@@ -179,18 +208,18 @@ def explain_spec(request: Request, pod: Annotated[dict[str, Any], Body()]) -> JS
         return JSONResponse({"detail": f"not a Pod: {exc}"}, status_code=422)
 
 
-@router.get("/healthz", tags=["ops"])
+@public.get("/healthz", tags=["ops"])
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"])
+@public.get("/readyz", tags=["ops"])
 def readyz(request: Request) -> JSONResponse:
     ext = _extender(request)
     synced = {i.kind.value: i.synced.is_set() for i in ext.informers}
     return JSONResponse({"ready": ext.ready, "synced": synced}, status_code=200 if ext.ready else 503)
 
 
-@router.get("/metrics", tags=["ops"])
+@public.get("/metrics", tags=["ops"])
 def metrics(request: Request) -> Response:
     return Response(generate_latest(_extender(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

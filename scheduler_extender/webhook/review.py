@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
+from scheduler_extender import strict_json
+
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 MAX_MESSAGE: Final = 4000  # characters; the API server copies the message into the client's error
@@ -74,12 +76,16 @@ def deny(message: str, *, denial: Denial = Denial.BAD_REQUEST, warnings: tuple[s
     return Verdict(allowed=False, message=message, denial=denial, warnings=warnings)
 
 
-def parse(body: bytes | str) -> ReviewRequest:
-    """Parse an AdmissionReview body, or raise :class:`MalformedReview` saying what is wrong."""
+def parse(body: bytes) -> ReviewRequest:
+    """Parse an AdmissionReview body, or raise :class:`MalformedReview` saying what is wrong.
+
+    Decoded strictly (``strict_json``): a lone surrogate in, say, the uid would otherwise be echoed
+    into a response no encoder can write, a 500 the API server turns into the failurePolicy.
+    """
     try:
-        doc = json.loads(body)
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise MalformedReview("", f"the body is not JSON ({exc.__class__.__name__})") from None
+        doc = strict_json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise MalformedReview("", exc.msg) from None
     if not isinstance(doc, Mapping):
         raise MalformedReview("", "the body must be a JSON object (an AdmissionReview)")
     request = doc.get("request")

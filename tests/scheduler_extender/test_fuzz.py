@@ -1,19 +1,33 @@
-"""Fuzzing the HTTP API: whatever arrives at a verb, the answer is HTTP 200 in the verb's reply shape."""
+"""Fuzzing the HTTP API: whatever arrives at a verb, the answer is HTTP 200 in the verb's reply shape;
+no route of either app answers a 5xx, and hostile bodies (lone surrogates, invalid UTF-8, huge
+numbers, deep nesting) are refused with a message naming the problem, before anything is reserved."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.app import create_app
+from scheduler_extender.app import create_app, public_app
 from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
+from tests.hostile_json import (
+    HOSTILE_TEXT,
+    HUGE_NUMBERS,
+    INVALID_UTF8,
+    escaped,
+    invalid_utf8,
+    poisoned,
+    raw,
+    string_slots,
+    with_number,
+)
 from tests.scheduler_extender.conftest import wait_for
 from tests.scheduler_extender.fakes import FakeGateway, gpu_request, make_node, make_pod
 from vgpu.contract import resolved as resolved_contract
@@ -21,7 +35,8 @@ from vgpu.names import LABEL_ENABLED, SystemAnnotation
 
 VERBS = ("/filter", "/prioritize", "/bind", "/preempt")
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    # JSON has no Infinity: Python writes it, kube-scheduler never does, strict decoding refuses the body
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
@@ -172,3 +187,142 @@ def test_openapi_operations_never_answer_5xx(api_schema: Any) -> None:
                 assert response.status_code == 200, response.text
 
         call()
+
+
+# --- hostile bodies: what no kube-scheduler sends, but anyone on the wire can --------------------------
+HOSTILE_PATHS = (*VERBS, "/explain")
+HOSTILE_POD = make_pod("h", gpu_request())
+
+
+def clean_body(path: str) -> Any:
+    """A well-formed body for ``path``, for pod h, which the hostile client holds but has never seen a verb for."""
+    if path in ("/filter", "/prioritize"):
+        return {"Pod": HOSTILE_POD, "NodeNames": ["n1", "n2"], "Nodes": None}
+    if path == "/bind":
+        return {"PodName": "h", "PodNamespace": "default", "PodUID": HOSTILE_POD["metadata"]["uid"], "Node": "n1"}
+    if path == "/preempt":
+        return {"Pod": HOSTILE_POD, "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "v"}], "NumPDBViolations": 0}}}
+    return HOSTILE_POD
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[tuple[TestClient, TestClient, FakeGateway]]:
+    """The verbs app and the public app of one extender that only ever receives hostile bodies."""
+    fake = FakeGateway()
+    fake.put(Kind.NODE, make_node("n1"))
+    fake.put(Kind.NODE, make_node("n2"))
+    fake.put(Kind.POD, HOSTILE_POD)
+    verbs_app = create_app(Settings(handoff_wait=0.05), fake)
+    with TestClient(verbs_app) as client, TestClient(public_app(verbs_app.state.extender)) as public:
+        wait_for(lambda: public.get("/readyz").status_code == 200)
+        yield client, public, fake
+        fake.close()
+
+
+def refused(hostile: tuple[TestClient, TestClient, FakeGateway], path: str, body: bytes, problem: str) -> None:
+    """``body`` is refused at the door: the verb's neutral 200 (filter and bind name ``problem``) or a 422
+    naming it; no 5xx, nothing reserved, nothing written to the API server."""
+    client, public, fake = hostile
+    if path == "/explain":
+        for app in (client, public):
+            reply = app.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert reply.status_code == 422 and problem in reply.json()["detail"], reply.text
+    else:
+        answer = check(client, path, body)
+        if path in ("/filter", "/bind"):
+            assert problem in answer["Error"], answer
+    assert client.app.state.extender.cache.tentative_count() == 0  # type: ignore[attr-defined]
+    assert fake.calls == []
+
+
+@FUZZ
+@given(path=st.sampled_from(HOSTILE_PATHS), data=st.data(), extra=HOSTILE_TEXT, as_escape=st.booleans())
+def test_a_lone_surrogate_anywhere_is_refused(
+    hostile: tuple[TestClient, TestClient, FakeGateway], path: str, data: st.DataObject, extra: str, as_escape: bool
+) -> None:
+    """In every string position, keys included, written as a JSON escape (\\ud800) or as the raw
+    UTF-8-style bytes of the code point (ED A0 80, which is not UTF-8)."""
+    doc = clean_body(path)
+    bad = poisoned(doc, data.draw(st.integers(0, string_slots(doc) - 1)), extra)
+    if as_escape:
+        refused(hostile, path, escaped(bad), "lone UTF-16 surrogate")
+    else:
+        refused(hostile, path, raw(bad), "not valid UTF-8")
+
+
+@FUZZ
+@given(path=st.sampled_from(HOSTILE_PATHS), data=st.data(), junk=st.sampled_from(INVALID_UTF8))
+def test_invalid_utf8_inside_a_string_is_refused(
+    hostile: tuple[TestClient, TestClient, FakeGateway], path: str, data: st.DataObject, junk: bytes
+) -> None:
+    at, body = data.draw(st.sampled_from(list(invalid_utf8(escaped(clean_body(path)), junk))))
+    refused(hostile, path, body, f"byte {at} (0x{junk[0]:02x})")
+
+
+@FUZZ
+@given(path=st.sampled_from(HOSTILE_PATHS), data=st.data(), number=st.sampled_from(HUGE_NUMBERS))
+def test_huge_numbers_anywhere_never_answer_5xx(
+    hostile: tuple[TestClient, TestClient, FakeGateway], path: str, data: st.DataObject, number: str
+) -> None:
+    """A string replaced by a number no double holds, or one with thousands of digits."""
+    doc = clean_body(path)
+    body = with_number(doc, data.draw(st.integers(0, string_slots(doc) - 1)), number)
+    client, public, fake = hostile
+    for app in (client, public) if path == "/explain" else (client,):
+        assert app.post(path, content=body).status_code < 500, (path, body[:80])
+    assert client.app.state.extender.cache.tentative_count() == 0  # type: ignore[attr-defined]
+    assert not [c for c in fake.calls if c.startswith("bind")]
+
+
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_deep_nesting_is_refused(hostile: tuple[TestClient, TestClient, FakeGateway], path: str, depth: int) -> None:
+    """Past orjson's 1,024 levels the body is refused; below it a verb reads it as the wrong shape."""
+    raw = b'{"Pod":' + b"[" * depth + b"]" * depth + b"}"
+    if depth > 1024:
+        refused(hostile, path, raw, "depth limit exceeded")
+    else:
+        client, public, _ = hostile
+        assert client.post(path, content=raw).status_code < 500
+        assert public.post("/explain", content=raw).status_code < 500
+
+
+@FUZZ
+@given(
+    namespace=st.text(max_size=12) | HOSTILE_TEXT | st.sampled_from(["default", "..", "%2F", "%ED%A0%80", "%FF"]),
+    name=st.text(max_size=12) | HOSTILE_TEXT | st.sampled_from(["h", "..", "%00", "%ED%A0%80", "%FF" * 3]),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+    raw=st.binary(max_size=40),
+)
+def test_no_route_of_either_app_answers_5xx(
+    hostile: tuple[TestClient, TestClient, FakeGateway], namespace: str, name: str, method: str, raw: bytes
+) -> None:
+    """Every path either app serves (and some it does not), any method, junk body, hostile path text."""
+    client, public, _ = hostile
+    paths = [
+        *VERBS,
+        "/explain",
+        f"/explain/{quote(namespace, safe='%', errors='surrogatepass')}/{quote(name, safe='%', errors='surrogatepass')}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/docs",
+    ]
+    for app in (client, public):
+        for path in paths:
+            reply = app.request(method, path, content=raw)
+            assert reply.status_code < 500, (method, path, raw, reply.text)
+
+
+def test_a_bad_body_is_refused_before_prioritize_reserves_anything(
+    hostile: tuple[TestClient, TestClient, FakeGateway],
+) -> None:
+    """The issue's case: before, prioritize reserved room on n1 for the pod, then died encoding the
+    surrogate node name (HTTP 500) and left the reservation behind until it expired."""
+    client, _, _ = hostile
+    raw = json.dumps({"Pod": HOSTILE_POD, "NodeNames": ["n1", "\ud800"]}).encode()
+    assert raw.count(b"\\ud800") == 1
+    reply = client.post("/prioritize", content=raw, headers={"Content-Type": "application/json"})
+    assert (reply.status_code, reply.json()) == (200, [])
+    assert client.app.state.extender.cache.tentative_count() == 0  # type: ignore[attr-defined]

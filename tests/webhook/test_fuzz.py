@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
 from scheduler_extender.webhook.settings import WebhookSettings
+from tests.hostile_json import HOSTILE_TEXT, escaped, poisoned, raw, string_slots
 from vgpu.names import LABEL_ENABLED, Annotation, SystemAnnotation
 
 from .builders import FakeCluster, review_of
@@ -22,7 +23,8 @@ KEYS = st.sampled_from([a.value for a in Annotation] + [s.value for s in SystemA
 VALUES = st.text(max_size=40) | st.sampled_from(["10", "4Gi", "true", "false", "medium", "python", "1e999", "-1"])
 HUGE = st.integers(min_value=10_000, max_value=300_000).map(lambda n: "9" * n)
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    # JSON has no Infinity (Python writes it; the API server never does, and strict decoding refuses it)
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=20,
 )
@@ -88,6 +90,21 @@ def test_missing_or_mistyped_pod_parts(client: TestClient, path: str, junk: Any)
     target[0][target[1]] = junk
     response = check(client, json.dumps(doc).encode())
     assert response["uid"] == doc["request"]["uid"]
+
+
+@FUZZ
+@given(data=st.data(), extra=HOSTILE_TEXT, as_escape=st.booleans())
+def test_a_lone_surrogate_anywhere_is_a_clean_denial(
+    client: TestClient, data: st.DataObject, extra: str, as_escape: bool
+) -> None:
+    """In any string of the review, keys included: once the uid with one was echoed into a reply no
+    encoder could write (HTTP 500, which the API server turns into the failurePolicy)."""
+    doc = review_of({Annotation.TFLOPS_REQUEST.value: "1"})
+    bad = poisoned(doc, data.draw(st.integers(0, string_slots(doc) - 1)), extra)
+    response = check(client, escaped(bad) if as_escape else raw(bad))
+    assert response["allowed"] is False
+    problem = "lone UTF-16 surrogate" if as_escape else "not valid UTF-8"
+    assert problem in response["status"]["message"] and response["status"]["code"] == 400
 
 
 def test_deeply_nested_json(client: TestClient) -> None:
