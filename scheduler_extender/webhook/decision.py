@@ -60,6 +60,9 @@ def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
             return Decision(allow())
     except DomainError as exc:
         return Decision(_deny_errors(exc.errors))
+    node = review.object["spec"].get("nodeName")
+    if node:
+        return Decision(_deny_errors([_preset_node(str(node))]))
     forged = [key for key in SYSTEM_KEYS if key in view.annotations]
     warnings = tuple(f"removed {key}: only tensor-fusion components may set it" for key in forged)
     view = replace(view, annotations={k: v for k, v in view.annotations.items() if k not in SYSTEM_KEYS})
@@ -182,6 +185,18 @@ def _malformed(pod: Mapping[str, Any]) -> str | None:
         if value is not None and not (isinstance(value, list) and all(isinstance(c, Mapping) for c in value)):
             return f"spec.{key} must be a list of objects"
     return None
+
+
+def _preset_node(node: str) -> FieldError:
+    """A GPU pod that names its node skips the scheduler, hence the extender's grant and hand-off gate,
+    and the kubelet would admit it beside a pod in hand-off (its Allocate indistinguishable)."""
+    return FieldError(
+        "spec.nodeName",
+        node,
+        "a tensor-fusion pod is placed by the tensor-fusion scheduler, which grants its GPU share at bind; "
+        "remove spec.nodeName and pin the pod with spec.nodeSelector, node affinity or "
+        f"{Annotation.GPUPOOL} instead (static pods cannot use tensor-fusion GPUs)",
+    )
 
 
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:

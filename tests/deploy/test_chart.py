@@ -108,9 +108,11 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     assert variables["containers"] == (
         "object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])"
     )
-    (check,) = [v["expression"] for v in policy["validations"] if f"'{RESOURCE_VGPU}'" in v["expression"]]
+    (check,) = [v["expression"] for v in policy["variables"] if f"'{RESOURCE_VGPU}'" in v["expression"]]
     assert "variables.containers.exists(" in check
     assert "object.spec.containers" not in check
+    users = [v["expression"] for v in policy["validations"] if "variables.requestsVgpu" in v["expression"]]
+    assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
 def test_device_plugin_mounts_only_the_kubelet_dirs() -> None:

@@ -278,3 +278,17 @@ def test_an_unreadable_pod_is_denied_as_malformed(where: str, value: Any, proble
     obj = doc["request"]["object"]
     (obj["metadata"] if where == "labels" else obj["spec"])[where] = value
     assert denial(doc) == f"malformed pod: {problem}"
+
+
+def test_a_gpu_pod_that_names_its_node_is_denied_and_a_plain_one_is_not_ours_to_judge() -> None:
+    # A preset nodeName skips the scheduler and its grant: the kubelet would admit the pod beside a
+    # pod in hand-off, and its Allocate could not be told apart from that pod's.
+    message = denial(review_of(BASIC, spec={"nodeName": "gpu-node-1"}))
+    assert message == (
+        "spec.nodeName 'gpu-node-1': a tensor-fusion pod is placed by the tensor-fusion scheduler, which grants "
+        "its GPU share at bind; remove spec.nodeName and pin the pod with spec.nodeSelector, node affinity or "
+        "tensor-fusion.ai/gpupool instead (static pods cannot use tensor-fusion GPUs)"
+    )
+    response, _ = run(review_of(BASIC, labels={"app": "x"}, spec={"nodeName": "gpu-node-1"}))
+    assert response["allowed"] is True and "patch" not in response
+    assert patched_pod(review_of(BASIC, spec={"nodeName": ""}))["spec"]["schedulerName"] == SCHEDULER_NAME
