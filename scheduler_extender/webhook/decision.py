@@ -16,6 +16,7 @@ from typing import Any
 from scheduler_extender.webhook.cluster import AdmissionReads, ClusterUnavailable
 from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, pod_patch
 from scheduler_extender.webhook.review import Denial, ReviewRequest, Verdict, allow, deny
+from scheduler_extender.webhook.unkept import unkept
 from scheduler_extender.webhook.workload import WorkloadUpsert, spec_of
 from vgpu import fields
 from vgpu.errors import DomainError, FieldError
@@ -81,7 +82,7 @@ def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
     upsert = None
     if req.generate_workload:
         upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))
-    return Decision(allow(patch=ops, warnings=warnings + tuple(patch_warnings)), upsert)
+    return Decision(allow(patch=ops, warnings=warnings + tuple(patch_warnings) + unkept(req)), upsert)
 
 
 def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:

@@ -292,3 +292,38 @@ def test_a_gpu_pod_that_names_its_node_is_denied_and_a_plain_one_is_not_ours_to_
     response, _ = run(review_of(BASIC, labels={"app": "x"}, spec={"nodeName": "gpu-node-1"}))
     assert response["allowed"] is True and "patch" not in response
     assert patched_pod(review_of(BASIC, spec={"nodeName": ""}))["spec"]["schedulerName"] == SCHEDULER_NAME
+
+
+def test_accepted_values_nothing_acts_on_are_named_in_warnings() -> None:
+    # Never silence: autoscaling layers, replicas and standaloneWorkerMode are stored but not acted on.
+    annotations = {
+        **BASIC,
+        A.AUTO_LIMITS.value: "true",
+        A.AUTO_REPLICAS.value: "false",
+        A.REPLICAS.value: "3",
+        A.IS_LOCAL_GPU.value: "true",
+        A.NO_STANDALONE_WORKER_MODE.value: "true",
+    }
+    response, _ = run(review_of(annotations))
+    assert response["allowed"] is True
+    unkept = [w for w in response["warnings"] if "not acted on" in w or "recorded" in w]
+    assert unkept == [
+        "tensor-fusion.ai/auto-limits / autoScalingConfig.autoSetLimits.enable: accepted but not acted on yet: "
+        "nothing raises or lowers the pod's TFLOPS/VRAM limits; the values admitted now stay as they are",
+        "tensor-fusion.ai/replicas / replicas '3': recorded on the TensorFusionWorkload only; it creates and "
+        "scales no pods (the owning Deployment or StatefulSet's replicas decide)",
+        "tensor-fusion.ai/no-standalone-worker-mode / standaloneWorkerMode: recorded only; every pod uses its "
+        "granted GPU from its own containers (there is no separate worker to run or skip)",
+    ]
+    quiet, _ = run(review_of(BASIC))
+    assert not [w for w in quiet.get("warnings") or [] if "not acted on" in w or "recorded" in w]
+
+
+def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
+    profile = {"spec": {"autoScalingConfig": {"autoSetRequests": {"enable": False, "prediction": {"enable": True}}}}}
+    cluster = FakeCluster(profiles={("default", "predicting"): profile})
+    response, _ = run(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "predicting"}), cluster)
+    assert response["allowed"] is True
+    assert [w for w in response["warnings"] if "prediction" in w] == [
+        "autoScalingConfig.autoSetRequests.prediction.enable: accepted but not implemented: no usage prediction is made"
+    ]
