@@ -39,6 +39,7 @@ from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.informer import Informer
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.settings import Settings
+from scheduler_extender.sweeper import ReservationSweeper
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import WorkloadStatusWriter
 from vgpu.catalog import Catalog
@@ -69,6 +70,7 @@ class Extender:
     metrics: Metrics
     informers: tuple[Informer, ...]
     workload_status: WorkloadStatusWriter
+    sweeper: ReservationSweeper
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -81,9 +83,11 @@ class Extender:
         for informer in self.informers:
             informer.start()
         self.workload_status.start()
+        self.sweeper.start()
 
     def shutdown(self) -> None:
         self.stop.set()
+        self.sweeper.stop()
         self.workload_status.stop()
         self.events.stop()
 
@@ -109,7 +113,16 @@ def build(
         reservation_ttl=settings.reservation_ttl,
         on_unschedulable=metrics.unschedulable.inc,
     )
-    binder = Binder(gateway, cache, gate, catalog, policies, handoff_wait=settings.handoff_wait, clock=clock)
+    binder = Binder(
+        gateway,
+        cache,
+        gate,
+        catalog,
+        policies,
+        handoff_wait=settings.handoff_wait,
+        bind_timeout=settings.bind_timeout,
+        clock=clock,
+    )
     stop = threading.Event()
 
     def on_error(kind: Kind, reason: str) -> None:
@@ -135,7 +148,10 @@ def build(
         ready=lambda: all(i.synced.is_set() for i in informers),
         on_error=metrics.errors.labels("workload-status", "api").inc,
     )
-    return Extender(settings, gateway, cache, gate, verbs, binder, events, metrics, informers, workload_status, stop)
+    sweeper = ReservationSweeper(cache)
+    return Extender(
+        settings, gateway, cache, gate, verbs, binder, events, metrics, informers, workload_status, sweeper, stop
+    )
 
 
 def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time) -> FastAPI:

@@ -2,21 +2,32 @@
 
 kube-scheduler binds asynchronously and many binds may run at once, so the ledger transitions are
 serialised by the cache's lock, which is held only around the pure read-place-reserve step, never
-across an API call. Every step after the reservation can fail (the pod was deleted, the API server
-refused, the Binding conflicted); each failure undoes everything done so far — the allocation
-annotation is removed, the reservation released, the gate given back — and comes back as the
-bind Error, so the scheduler retries and nothing is left behind. A failed Binding POST is not
-always a Binding that did not happen: a timeout, a lost answer or a 409 Conflict may hide one the
-API server committed. So after any such failure the binder re-reads the pod, and when it is bound
-to the node the bind succeeded (a GPU pod keeps its allocation: undoing it would leave a bound pod
-without its GPUs); when it is not, or cannot be read, it undoes everything as for any other
-failure. GPU pods and plain pods post their Binding through the same step.
+across an API call; two binds of one pod never run at once (the second is refused at once). Every
+step before the Binding can fail (the pod was deleted, the API server refused or stalled); each
+failure undoes everything done so far — the allocation annotation is removed, the reservation
+released, the gate given back — and comes back as the bind Error, so the scheduler retries and
+nothing is left behind. Once the Binding is posted nothing can turn the bind into a failure: the
+reservation is the bind's own from the start (filter and prioritize never touch it, cache.py), and
+committing it cannot be refused.
+A failed Binding POST is not always a Binding that did not happen: a timeout, a lost answer, a 409
+Conflict or a 5xx may hide one the API server committed. So the binder then re-reads the pod: bound
+to the node, the bind succeeded (a GPU pod keeps its allocation: undoing it would leave a bound pod
+without its GPUs); not bound, it undoes everything; unreadable (the API server is stalled), the
+outcome is unknown, so the allocation stays on the pod, held in the ledger and the gate, and the
+bind answers an Error: if the Binding lands, the pod is bound with its GPUs; if not, the
+scheduler's next bind of the pod finds the allocation on the unbound pod and undoes it first.
+Every API call gets a timeout cut from the bind's deadline (deadline.py), so a bind answers within
+``bind_timeout`` while the API server is stalled. GPU pods and plain pods post their Binding through
+the same step.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -27,6 +38,7 @@ from scheduler_extender.core.ledger import LedgerRefusal
 from scheduler_extender.core.model import Demand, Snapshot
 from scheduler_extender.core.placement import Placement, place
 from scheduler_extender.core.policy import Policies
+from scheduler_extender.deadline import BudgetSpent, Deadline
 from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject
 from scheduler_extender.handoff import GateBusy, HandoffGate
 from scheduler_extender.objects import PodRef, pod_record, pod_ref, scheduled_pod
@@ -71,7 +83,9 @@ class Binder:
         policies: Policies,
         *,
         handoff_wait: float,
+        bind_timeout: float,
         clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.gateway = gateway
         self.cache = cache
@@ -79,15 +93,40 @@ class Binder:
         self.catalog = catalog
         self.policies = policies
         self.handoff_wait = handoff_wait
+        self.bind_timeout = bind_timeout
         self.clock = clock
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._binding: set[str] = set()  # UIDs of pods with a bind in progress
 
-    def bind(self, args: ExtenderBindingArgs) -> BindOutcome:
-        """Bind the pod or raise BindError having undone every step."""
+    def deadline(self) -> Deadline:
+        """A bind deadline starting now (take it when the request arrives)."""
+        return Deadline.starting_now(self.bind_timeout, self.monotonic)
+
+    def bind(self, args: ExtenderBindingArgs, deadline: Deadline | None = None) -> BindOutcome:
+        """Bind the pod by ``deadline`` (default: ``bind_timeout`` from now) or raise BindError having
+        undone every step."""
         if not (args.PodName and args.PodNamespace and args.PodUID and args.Node):
             raise BindError("bind request must carry PodName, PodNamespace, PodUID and Node", "request")
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=args.PodUID)
-        node = args.Node
-        pod = self._fetch(ref)
+        with self._only_bind_of(ref):
+            return self._bind(ref, args.Node, deadline or self.deadline())
+
+    @contextmanager
+    def _only_bind_of(self, ref: PodRef) -> Iterator[None]:
+        """A second bind of a pod whose bind is still running would undo the first one's allocation."""
+        with self._lock:
+            if ref.uid in self._binding:
+                raise BindError(f"a bind of pod {ref.key} is still in progress; the scheduler will retry", "busy")
+            self._binding.add(ref.uid)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._binding.discard(ref.uid)
+
+    def _bind(self, ref: PodRef, node: str, deadline: Deadline) -> BindOutcome:
+        pod = self._fetch(ref, deadline)
         record = pod_record(pod)
         if record.node_name is not None:
             if record.node_name == node and record.allocation is not None and record.allocation.node == node:
@@ -95,19 +134,20 @@ class Binder:
             raise BindError(f"pod {ref.key} is already bound to {record.node_name}", "request")
         if record.allocation is not None:
             # Unbound yet allocated: an earlier bind wrote the allocation and never posted the Binding
-            # (the extender died in between, or its rollback failed). Roll it back, then bind afresh.
-            note = self._undo(ref, record.allocation.node, annotated=True)
+            # (the extender died in between, its rollback failed, or its Binding's outcome was unknown).
+            # Roll it back, then bind afresh.
+            note = self._undo(ref, record.allocation.node, deadline, annotated=True, forward=True)
             if note:
                 raise BindError(f"pod {ref.key} carries the allocation of an unfinished bind{note}", "annotate")
         wanted = scheduled_pod(pod)
         if not wanted.is_gpu_pod:
-            self._post_binding(ref, node)
+            self._post_binding(ref, node, deadline)
             return BindOutcome(None, 0.0)
         if wanted.request is None:
             raise BindError(wanted.request_error or "invalid GPU request", "request")
         demand = demand_from_request(wanted.request, pod_key=ref.key)
         try:
-            waited = self.gate.acquire(node, ref.uid, ref.key, self.handoff_wait)
+            waited = self.gate.acquire(node, ref.uid, ref.key, deadline.gate_wait(self.handoff_wait))
         except GateBusy as busy:
             raise BindError(str(busy), "gate") from None
         try:
@@ -126,20 +166,31 @@ class Binder:
         )
         try:
             written = {SystemAnnotation.ALLOCATION.value: allocation_contract.encode(allocation)}
-            self.gateway.patch_pod_annotations(ref.namespace, ref.name, ref.uid, written)
+            timeout = deadline.forward("record the GPU allocation")
+            self.gateway.patch_pod_annotations(ref.namespace, ref.name, ref.uid, written, timeout=timeout)
         except GatewayError as exc:
-            self._undo(ref, node, annotated=False)
-            raise BindError(f"could not record the GPU allocation on pod {ref.key}: {exc}", "annotate") from None
-        self._post_binding(ref, node, undo=lambda: self._undo(ref, node, annotated=True))
-        self.cache.commit(ref.key)
-        view = self.cache.node(node)
-        if view is not None:
-            self.policies.for_demand(demand).observe(demand, view, placement.gpus)
+            # Without an answer the patch may have been applied all the same: remove it too.
+            note = self._undo(ref, node, deadline, annotated=_unanswered(exc))
+            raise BindError(f"could not record the GPU allocation on pod {ref.key}: {exc}{note}", "annotate") from None
+        self._post_binding(ref, node, deadline, undo=lambda: self._undo(ref, node, deadline, annotated=True))
+        self._bound(ref, node, demand, placement)
         return BindOutcome(allocation, waited)
 
-    def _fetch(self, ref: PodRef) -> RawObject:
+    def _bound(self, ref: PodRef, node: str, demand: Demand, placement: Placement) -> None:
+        """After the Binding: commit the reservation and teach the policy. Nothing here may fail the bind."""
         try:
-            pod = self.gateway.get_pod(ref.namespace, ref.name)
+            if not self.cache.commit(ref.key):
+                log.info("bind %s -> %s: the pod was deleted while being bound; nothing to commit", ref.key, node)
+                return
+            view = self.cache.node(node)
+            if view is not None:
+                self.policies.for_demand(demand).observe(demand, view, placement.gpus)
+        except Exception:  # the pod is bound: a bookkeeping bug must not tell the scheduler otherwise
+            log.exception("bind %s -> %s: the Binding is made, but recording it failed", ref.key, node)
+
+    def _fetch(self, ref: PodRef, deadline: Deadline) -> RawObject:
+        try:
+            pod = self.gateway.get_pod(ref.namespace, ref.name, timeout=deadline.forward("read the pod"))
         except GatewayError as exc:
             raise BindError(f"could not read pod {ref.key}: {exc}", "read") from None
         if pod is None:
@@ -148,13 +199,14 @@ class Binder:
             raise BindError(f"pod {ref.key} has UID {pod_ref(pod).uid}, not {ref.uid} (recreated?)", "request")
         return pod
 
-    def _bound_after_all(self, ref: PodRef, node: str, failure: GatewayError) -> bool:
-        """Whether the pod is bound to ``node`` although posting its Binding failed (the answer was lost)."""
+    def _bound_after_all(self, ref: PodRef, node: str, failure: GatewayError, deadline: Deadline) -> bool | None:
+        """Whether the pod is bound to ``node`` although posting its Binding failed (the answer was lost);
+        None when that cannot be read back."""
         try:
-            pod = self.gateway.get_pod(ref.namespace, ref.name)
+            pod = self.gateway.get_pod(ref.namespace, ref.name, timeout=deadline.cleanup(0.5))
         except GatewayError as exc:
             log.warning("bind %s -> %s failed (%s) and re-reading the pod failed too (%s)", ref.key, node, failure, exc)
-            return False
+            return None
         if pod is None or pod_ref(pod).uid != ref.uid or pod_record(pod).node_name != node:
             return False
         log.warning(
@@ -162,20 +214,30 @@ class Binder:
         )
         return True
 
-    def _post_binding(self, ref: PodRef, node: str, *, undo: Callable[[], str] = lambda: "") -> None:
+    def _post_binding(
+        self, ref: PodRef, node: str, deadline: Deadline, *, undo: Callable[[], str] = lambda: ""
+    ) -> None:
         """POST the Binding. On failure, unless the pod turns out bound to ``node`` after all, ``undo``
-        (which returns a note when cleaning up failed) runs and the failure is raised as a BindError."""
+        (which returns a note when cleaning up failed) runs and the failure is raised as a BindError;
+        when whether it is bound cannot be read back, nothing is undone."""
         try:
-            self.gateway.bind(ref.namespace, ref.name, ref.uid, node)
+            self.gateway.bind(ref.namespace, ref.name, ref.uid, node, timeout=deadline.forward("post the Binding"))
         except GatewayError as exc:
-            if self._bound_after_all(ref, node, exc):
+            bound = self._bound_after_all(ref, node, exc, deadline) if _ambiguous(exc) else False
+            if bound:
                 return
-            raise BindError(f"could not bind pod {ref.key} to {node}: {exc}{undo()}", "binding") from None
+            failed = f"could not bind pod {ref.key} to {node}: {exc}"
+            if bound is None:
+                raise BindError(f"{failed}{_UNKNOWN_OUTCOME}", "binding") from None
+            raise BindError(f"{failed}{undo()}", "binding") from None
 
     def _reserve(self, ref: PodRef, demand: Demand, node: str) -> Placement:
-        """Under the cache lock: fresh view without the pod's own tentative hold, place, reserve."""
+        """Under the cache lock: fresh view without the pod's own holds, place, reserve."""
         with self.cache.lock:
-            self.cache.snapshot(drop_tentative_of=ref.key)
+            # The pod, just read, is unbound and carries no allocation, and no other bind of it runs:
+            # what the cache still holds for it (a tentative reservation, or the hold of an earlier
+            # bind whose Binding's outcome was unknown) is stale.
+            self.cache.release(ref.key, ref.uid)
             view = self.cache.node(node)
             if view is None:
                 raise BindError(f"node {node} is unknown to the GPU extender (no inventory seen)", "fit")
@@ -190,24 +252,44 @@ class Binder:
                 raise BindError(f"pod {ref.key} cannot reserve GPUs on {node}: {refusal.reason}", "fit") from None
             return placement
 
-    def _undo(self, ref: PodRef, node: str, *, annotated: bool) -> str:
+    def _undo(self, ref: PodRef, node: str, deadline: Deadline, *, annotated: bool, forward: bool = False) -> str:
         """Roll back after a failed API call; returns a note for the Error if cleaning up failed too.
 
-        If the allocation could not be removed from the pod, it still exists, so it must still be
-        counted: the reservation and the gate then stay, and go when the pod does (or the TTL).
+        ``forward``: the rollback of an earlier bind, a forward step of this one (its budget share);
+        otherwise this bind's own cleanup (what is left to the deadline). The pod is not bound to
+        ``node``, so the gate is given back in any case. If the allocation could not be removed from
+        the pod, it may still exist, so it must still be counted: the reservation then stays, and
+        goes when the pod does or when the pod's next bind undoes it.
         """
+        self.gate.release(node, ref.uid)
         if annotated:
             try:
+                timeout = deadline.forward("remove an unfinished bind's allocation") if forward else deadline.cleanup()
                 self.gateway.patch_pod_annotations(
-                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION.value: None}
+                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION.value: None}, timeout=timeout
                 )
             except GatewayError as exc:
                 if exc.status != 404:  # a deleted pod carries no annotation to remove
                     log.error("rollback of %s: could not remove its allocation: %s", ref.key, exc)
                     return (
                         f" (and removing its allocation annotation failed: {exc}; "
-                        "its GPUs stay accounted until the pod is deleted)"
+                        "its GPUs stay accounted until the pod is deleted or bound again)"
                     )
         self.cache.release(ref.key, ref.uid)
-        self.gate.release(node, ref.uid)
         return ""
+
+
+_UNKNOWN_OUTCOME = (
+    "; whether the Binding was made could not be read back, so nothing is undone: a bound pod keeps its "
+    "allocation, an unbound one has it removed by its next bind"
+)
+
+
+def _unanswered(exc: GatewayError) -> bool:
+    """A call that got no answer (timeout, broken connection) and so may have been applied; one never made did not."""
+    return exc.status is None and not isinstance(exc, BudgetSpent)
+
+
+def _ambiguous(exc: GatewayError) -> bool:
+    """Whether a failed Binding POST may hide a committed Binding: no answer, a 409 Conflict or a 5xx."""
+    return _unanswered(exc) or exc.status == 409 or (exc.status or 0) >= 500

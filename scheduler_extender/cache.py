@@ -156,6 +156,10 @@ class ClusterCache:
 
         ``expires_at`` None: a bind's reservation (released or committed by the binder); a time: a
         tentative one from filter/prioritize. Raises LedgerRefusal and changes nothing when it does not fit.
+        A tentative reservation leaves a pod's bind hold or committed allocation as it is: kube-scheduler
+        may schedule a pod again while a bind of it still runs (it gave up waiting), and turning that
+        bind's hold into a reservation that expires let the hold vanish under the bind — whose commit
+        then failed after its Binding was posted, and whose GPUs were counted free.
         """
         with self.lock:
             base = self._base.get(node)
@@ -163,6 +167,8 @@ class ClusterCache:
                 raise KeyError(node)
             key = ref.key
             entry = self._entry(key)
+            if expires_at is not None and entry is not None and key not in self._tentative:
+                return
             if entry is not None and key in self._tentative and (entry.node != node or tuple(grants) != entry.grants):
                 self._release(key)
             self._put(node, self._ledger(node).reserve(key, base, grants, expires_at, qos=qos))
@@ -175,12 +181,22 @@ class ClusterCache:
                 self._tentative[key] = expires_at
             self._refresh({node} | ({entry.node} if entry is not None else set()))
 
-    def commit(self, key: str) -> None:
+    def commit(self, key: str) -> bool:
+        """Make a bind's reservation permanent. False, changing nothing, when the pod holds none any more:
+        it went away while its bind ran (the watch released its hold), so there is nothing to keep."""
         with self.lock:
             node = self._entry_node.get(key)
-            self._put(node or "", self._ledger(node or "").commit(key))
+            if node is None:
+                return False
+            self._put(node, self._ledger(node).commit(key))
             self._note_since_listing(key)
             self._tentative.pop(key, None)
+            return True
+
+    def expire(self) -> int:
+        """Release every tentative reservation whose time is up; returns how many."""
+        with self.lock:
+            return self._expire()
 
     def release(self, key: str, uid: str) -> None:
         """Drop the pod's ledger entry if that pod still owns it (idempotent)."""
@@ -193,10 +209,12 @@ class ClusterCache:
         if self._since_listing is not None:
             self._since_listing.add(key)
 
-    def _expire(self) -> None:
+    def _expire(self) -> int:
         now = self.clock()
-        for key in [k for k, at in self._tentative.items() if at <= now]:
+        due = [k for k, at in self._tentative.items() if at <= now]
+        for key in due:
             self._release(key)
+        return len(due)
 
     def _ledger(self, node: str) -> Ledger:
         return self._ledgers.get(node) or Ledger()

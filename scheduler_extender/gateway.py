@@ -32,6 +32,13 @@ class GatewayError(Exception):
         self.status = status
 
 
+class GatewayTimeout(GatewayError):
+    """The API server did not answer within the call's timeout: it is stalled, overloaded or unreachable.
+
+    Whether a write took effect is then unknown: the request may still be applied after the answer is lost.
+    """
+
+
 class GoneError(GatewayError):
     """The watch's resourceVersion is too old (HTTP 410): list again."""
 
@@ -80,15 +87,20 @@ class KubeGateway(Protocol):
         """
         ...
 
-    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+    # ``timeout``: the most seconds the call may take in all (GatewayTimeout after it); None: the
+    # gateway's own default. The binder cuts it from its deadline (scheduler_extender/deadline.py).
+
+    def get_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
         """One pod, or None when it does not exist."""
         ...
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+    ) -> None:
         """Merge-patch annotations (None removes one), with the UID as precondition (409 if it differs)."""
         ...
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
         """POST the Binding of the pod to the node (``pods/binding``)."""
         ...
 

@@ -7,8 +7,10 @@ the extender, while probes, Prometheus and ``tfctl explain`` reach the read-only
 port (``app.py``, ``main.py``). Every JSON body is decoded by ``strict_json`` (a lone surrogate,
 invalid UTF-8 or runaway nesting is refused before a verb runs, with a message naming it).
 
-bind, preempt and explain are sync ``def``s (FastAPI runs them in its thread pool): bind makes
-blocking Kubernetes calls and waits on the hand-off gate, and all of them take the cache's lock.
+preempt and explain are sync ``def``s (FastAPI runs them in its thread pool), and so is the work of
+bind: it makes blocking Kubernetes calls and waits on the hand-off gate, and all of them take the
+cache's lock. bind takes its deadline on the event loop as the request arrives, so a wait for a free
+worker thread counts against the bound it must answer within (``deadline.py``).
 filter and prioritize are the hot path (every pod, every node): they never wait on anything but the
 cache's lock, so they run on the event loop when that lock is free (taken for the whole verb, so
 nothing inside can block) and go to the thread pool only when it is busy (an informer relist, a
@@ -33,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler_extender import strict_json
 from scheduler_extender.binder import BindError
+from scheduler_extender.deadline import Deadline
 from scheduler_extender.explain import MalformedPod, explain_pod, explain_submission
 from scheduler_extender.gateway import GatewayError
 from scheduler_extender.verbs import offered
@@ -143,15 +146,20 @@ def _prioritize(ext: Extender, args: ExtenderArgs) -> Response:
 
 
 @verbs.post("/bind", tags=["extender"])
-def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+async def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
     """Choose the pod's GPUs on the node, record them on the pod and create the Binding — or undo all of it."""
     ext = _extender(request)
+    deadline = ext.binder.deadline()
+    return await run_in_threadpool(_bind, ext, args, deadline)
+
+
+def _bind(ext: Extender, args: ExtenderBindingArgs, deadline: Deadline) -> ExtenderBindingResult:
     with ext.metrics.latency.labels("bind").time():
         if not ext.ready:
             ext.metrics.binds.labels("not-ready").inc()
             return ExtenderBindingResult(Error=NOT_READY)
         try:
-            outcome = ext.binder.bind(args)
+            outcome = ext.binder.bind(args, deadline)
         except BindError as exc:
             ext.metrics.binds.labels(exc.stage).inc()
             ext.metrics.errors.labels("bind", exc.stage).inc()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler_extender.deadline import max_gate_wait
 from vgpu.names import DEFAULT_POOL, PlacementPolicy
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -35,10 +36,19 @@ class Settings(BaseSettings):
         "in FailedNodes as 'not among the N best'); 0 passes every feasible node and leaves the choice to prioritize.",
     )
     handoff_wait: float = Field(
-        5.0,
+        4.0,
         gt=0,
         description="Seconds a bind waits for another pod's hand-off on the same node before it fails "
-        "(the scheduler then retries with backoff). See scheduler_extender/HANDOFF.md.",
+        "(the scheduler then retries with backoff). See scheduler_extender/HANDOFF.md. At most 2/3 of "
+        "bind-timeout, so the API calls after the wait still fit in the bind's deadline.",
+    )
+    bind_timeout: float = Field(
+        6.0,
+        gt=0,
+        description="Seconds within which bind answers, whatever the API server does: every API call of a "
+        "bind gets a timeout cut from this deadline, and the hand-off wait is capped by it. Keep it below "
+        "kube-scheduler's extender httpTimeout (10s as shipped), or the scheduler stops listening to binds "
+        "that still run, reports them failed and schedules their pods again.",
     )
     handoff_ttl: float = Field(
         60.0,
@@ -91,6 +101,16 @@ class Settings(BaseSettings):
     )
     backoff_max: float = Field(30.0, gt=0, description="Longest pause between retries after a list/watch error.")
     log_level: LogLevel = Field("info", description="Log level of the extender's own logs.")
+
+    @model_validator(mode="after")
+    def _gate_wait_fits_the_bind(self) -> Settings:
+        most = max_gate_wait(self.bind_timeout)
+        if self.handoff_wait > most:
+            raise ValueError(
+                f"handoff_wait {self.handoff_wait:g}s does not fit in bind_timeout {self.bind_timeout:g}s: "
+                f"it may be at most {most:g}s (2/3 of it; the rest is for the bind's API calls)"
+            )
+        return self
 
     @field_validator("url_prefix")
     @classmethod

@@ -61,9 +61,15 @@ LABEL_NODE_GPU_COUNT: Final = f"{DOMAIN}/gpu-count"
 
 # --- the extended resource the webhook injects and the device plugin advertises -----------------
 RESOURCE_VGPU: Final = f"{DOMAIN}/vgpu"
+# Device IDs of RESOURCE_VGPU per healthy GPU (the plugin's --slices-per-gpu default): how many
+# containers may share one GPU, and, summed over a node's healthy GPUs, what the kubelet admits.
+DEFAULT_SLICES_PER_GPU: Final = 16
 
 # --- scheduling ---------------------------------------------------------------------------------
 SCHEDULER_NAME: Final = "tensor-fusion-scheduler"
+# The extender's two listeners (its defaults; tfctl explain's default URL; the chart's values):
+EXTENDER_VERBS_PORT: Final = 8080  # filter/prioritize/bind/preempt, on loopback for kube-scheduler in the same pod
+EXTENDER_PUBLIC_PORT: Final = 8081  # read-only: explain, healthz, readyz, metrics
 DEFAULT_POOL: Final = "default-pool"
 
 

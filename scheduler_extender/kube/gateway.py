@@ -4,7 +4,11 @@ The only place the extender's scheduling side touches ``kubernetes``. Responses 
 JSON (``_preload_content=False``) and never deserialised into the client's models: the cache reads
 a few fields of each object, and model deserialisation of 50,000 pods would cost seconds and
 hundreds of MB. Errors become :class:`GatewayError` with the HTTP status (410 on a watch becomes
-:class:`GoneError`), so callers branch on status codes, never on message strings.
+:class:`GoneError`, no answer within the call's timeout :class:`GatewayTimeout`), so callers branch on
+types and status codes, never on message strings. A response whose body is not needed is still read
+to its end and released, or its connection never returns to the pool. urllib3's own retries are off:
+every caller retries in its own loop, and a hidden retry would multiply a call's timeout (a GET to a
+stalled API server took four timeouts, not one).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from typing import Any, Final, TypeVar
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import HTTPError, MaxRetryError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from scheduler_extender.gateway import (
     GatewayError,
+    GatewayTimeout,
     GoneError,
     Kind,
     Listing,
@@ -57,10 +63,11 @@ def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
     else:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = pool_size
+    configuration.retries = 0
     return client.ApiClient(configuration)
 
 
-def _call(what: str, fn: Callable[[], T]) -> T:
+def _call(what: str, fn: Callable[[], T], timeout: float | tuple[float, float] = CALL_TIMEOUT) -> T:
     try:
         return fn()
     except ApiException as exc:
@@ -68,7 +75,26 @@ def _call(what: str, fn: Callable[[], T]) -> T:
             raise GoneError(f"{what}: {exc.reason}") from None
         raise GatewayError(f"{what}: HTTP {exc.status} {exc.reason}: {_message(exc)}", exc.status) from None
     except (HTTPError, OSError) as exc:
+        cause = exc.reason if isinstance(exc, MaxRetryError) else exc
+        if isinstance(cause, Urllib3Timeout | TimeoutError):
+            raise GatewayTimeout(
+                f"{what}: the API server did not answer within {_seconds(timeout)} (stalled?)"
+            ) from None
         raise GatewayError(f"{what}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _seconds(timeout: float | tuple[float, float]) -> str:
+    if isinstance(timeout, tuple):
+        return f"{timeout[0]:g}s to connect and {timeout[1]:g}s to read"
+    return f"{timeout:.1f}s"
+
+
+def _drained(response: Any) -> None:
+    """Read the rest of a response whose body is not needed and give its connection back to the pool."""
+    try:
+        response.drain_conn()
+    finally:
+        response.release_conn()
 
 
 def _message(exc: ApiException) -> str:
@@ -98,13 +124,16 @@ class KubernetesGateway:
 
     def list(self, kind: Kind) -> Listing:
         lister = self._lister(kind)
-        body = _call(f"list {kind}s", lambda: _json(lister(_preload_content=False, _request_timeout=LIST_TIMEOUT)))
+        body = _call(
+            f"list {kind}s", lambda: _json(lister(_preload_content=False, _request_timeout=LIST_TIMEOUT)), LIST_TIMEOUT
+        )
         items = body.get("items") or []
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         return Listing(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
 
     def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
         lister = self._lister(kind)
+        limit = (5.0, timeout_seconds + WATCH_SLACK)
         response = _call(
             f"watch {kind}s",
             lambda: lister(
@@ -113,8 +142,9 @@ class KubernetesGateway:
                 timeout_seconds=timeout_seconds,
                 allow_watch_bookmarks=True,
                 _preload_content=False,
-                _request_timeout=(5.0, timeout_seconds + WATCH_SLACK),
+                _request_timeout=limit,
             ),
+            limit,
         )
         try:
             for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
@@ -131,46 +161,51 @@ class KubernetesGateway:
         finally:
             response.release_conn()
 
-    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+    def get_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
+        limit = CALL_TIMEOUT if timeout is None else timeout
         try:
             return _call(
                 f"get pod {namespace}/{name}",
                 lambda: _json(
-                    self.core.read_namespaced_pod(
-                        name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
-                    )
+                    self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=limit)
                 ),
+                limit,
             )
         except GatewayError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+    ) -> None:
         body = annotation_patch(uid, changes)
+        limit = CALL_TIMEOUT if timeout is None else timeout
         _call(
             f"patch pod {namespace}/{name}",
-            lambda: self.core.patch_namespaced_pod(
-                name,
-                namespace,
-                body,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=CALL_TIMEOUT,
+            lambda: _drained(
+                self.core.patch_namespaced_pod(
+                    name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=limit
+                )
             ),
+            limit,
         )
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
         body = binding_body(namespace, name, uid, node)
+        limit = CALL_TIMEOUT if timeout is None else timeout
         _call(
             f"bind pod {namespace}/{name} to {node}",
-            lambda: self.core.create_namespaced_pod_binding(
-                name,
-                namespace,
-                body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                _preload_content=False,
-                _request_timeout=CALL_TIMEOUT,
+            lambda: _drained(
+                self.core.create_namespaced_pod_binding(
+                    name,
+                    namespace,
+                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=limit,
+                )
             ),
+            limit,
         )
 
     def record_event(self, event: PodEvent) -> None:
@@ -179,11 +214,13 @@ class KubernetesGateway:
         body = event_body(event, now, name)
         _call(
             f"event on pod {event.namespace}/{event.pod_name}",
-            lambda: self.core.create_namespaced_event(
-                event.namespace,
-                body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                _preload_content=False,
-                _request_timeout=CALL_TIMEOUT,
+            lambda: _drained(
+                self.core.create_namespaced_event(
+                    event.namespace,
+                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
             ),
         )
 
@@ -195,21 +232,24 @@ class KubernetesGateway:
                     CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, _preload_content=False, _request_timeout=LIST_TIMEOUT
                 )
             ),
+            LIST_TIMEOUT,
         )
         return [i for i in body.get("items") or [] if isinstance(i, dict)]
 
     def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
         _call(
             f"patch {PLURAL_WORKLOAD}/status {namespace}/{name}",
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                CRD_GROUP,
-                CRD_VERSION,
-                namespace,
-                PLURAL_WORKLOAD,
-                name,
-                body,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=CALL_TIMEOUT,
+            lambda: _drained(
+                self.custom.patch_namespaced_custom_object_status(
+                    CRD_GROUP,
+                    CRD_VERSION,
+                    namespace,
+                    PLURAL_WORKLOAD,
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
             ),
         )

@@ -4,6 +4,9 @@ The fake keeps Nodes and Pods as raw JSON with resourceVersions and an event log
 informers list and watch it exactly as they do the API server (including 410 Gone after a
 compaction), and the binder's patches and Bindings change the same objects the cache then sees.
 ``auto_receipt`` plays the device plugin: after a Binding it writes the hand-off receipt.
+``stall_at`` plays a stalled API server (SIGSTOP): from the named call on, every pod read, patch and
+Binding waits out its timeout and raises GatewayTimeout, until ``resume()``; a call still waiting then
+goes through, as a request the API server had queued would.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from scheduler_extender.gateway import (
     GatewayError,
+    GatewayTimeout,
     GoneError,
     Kind,
     Listing,
@@ -48,6 +52,9 @@ class FakeGateway:
         self.fail: dict[str, GatewayError] = {}  # operation name -> error to raise (once per entry)
         self.lost_bind_answer: GatewayError | None = None  # raised once by a bind after it took effect
         self.calls: list[str] = []
+        self.timeouts: list[tuple[str, float | None]] = []  # (call, timeout it was given) for get/patch/bind
+        self.stall_at: str | None = None  # "get", "patch", "unpatch" or "bind": the API server stalls from it on
+        self.stalled = False
         self.auto_receipt = auto_receipt
         self.closed = False
         self.workloads: dict[tuple[str, str], RawObject] = {}  # TensorFusionWorkloads by (namespace, name)
@@ -75,6 +82,12 @@ class FakeGateway:
     def close(self) -> None:
         with self._cond:
             self.closed = True
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        """The stalled API server runs again (SIGCONT)."""
+        with self._cond:
+            self.stall_at, self.stalled = None, False
             self._cond.notify_all()
 
     def pod(self, namespace: str, name: str) -> RawObject:
@@ -116,15 +129,20 @@ class FakeGateway:
                 since = rv
                 yield WatchEvent(event.type, copy.deepcopy(event.object))
 
-    def get_pod(self, namespace: str, name: str) -> RawObject | None:
+    def get_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
+        self._maybe_stall("get", timeout)
         self._maybe_fail("get")
         with self._cond:
             pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
             return copy.deepcopy(pod) if pod is not None else None
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+    ) -> None:
         self.calls.append(f"patch {namespace}/{name} {sorted(changes)}")
-        self._maybe_fail("patch" if any(v is not None for v in changes.values()) else "unpatch")
+        op = "patch" if any(v is not None for v in changes.values()) else "unpatch"
+        self._maybe_stall(op, timeout)
+        self._maybe_fail(op)
         with self._cond:
             pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
             if pod is None:
@@ -133,8 +151,9 @@ class FakeGateway:
                 raise GatewayError("Precondition failed: UID", 409)
             self._patch(pod, changes)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
         self.calls.append(f"bind {namespace}/{name} {node}")
+        self._maybe_stall("bind", timeout)
         self._maybe_fail("bind")
         with self._cond:
             pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
@@ -172,6 +191,20 @@ class FakeGateway:
             self.status_patches.append((namespace, name, copy.deepcopy(body)))
 
     # --- internals ----------------------------------------------------------------------------
+    def _maybe_stall(self, op: str, timeout: float | None) -> None:
+        with self._cond:
+            self.timeouts.append((op, timeout))
+            self.stalled = self.stalled or op == self.stall_at
+            if not self.stalled:
+                return
+            assert timeout is not None, f"{op} without a timeout would hang on a stalled API server"
+            end = time.monotonic() + timeout
+            while self.stalled:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise GatewayTimeout(f"{op}: the API server did not answer within {timeout:.1f}s (stalled?)")
+                self._cond.wait(left)
+
     def _maybe_fail(self, op: str) -> None:
         error = self.fail.pop(op, None)
         if error is not None:

@@ -101,26 +101,41 @@ def test_binding_that_failed_ambiguously_and_did_not_happen_is_rolled_back(
     assert app.ext.cache.entries() == {} and app.ext.gate.holders("n1") == ()
 
 
-def test_binding_whose_outcome_cannot_be_read_back_is_rolled_back(
+def test_binding_whose_outcome_cannot_be_read_back_keeps_the_allocation_for_the_next_bind(
     run: Callable[..., Running], cluster: FakeGateway
 ) -> None:
-    """The pod cannot be re-read after a failed Binding: nothing says it happened, so undo as for any failure."""
+    """The Binding POST got no answer and the pod cannot be re-read: the Binding may still land, and a bound
+    pod without its allocation would get no GPUs. So nothing is undone; the next bind of the pod settles it."""
     app = run()
     real_get = cluster.get_pod
     reads: list[str] = []
 
-    def get_pod(namespace: str, name: str) -> Any:
+    def get_pod(namespace: str, name: str, *, timeout: float | None = None) -> Any:
         reads.append(name)
-        if len(reads) > 1:  # the binder's first read (the pod to bind) succeeds; the re-read does not
+        if len(reads) == 2:  # the binder's first read (the pod to bind) succeeds; the re-read does not
             raise GatewayError("api down", 503)
-        return real_get(namespace, name)
+        return real_get(namespace, name, timeout=timeout)
 
     cluster.get_pod = get_pod  # type: ignore[method-assign]
     cluster.fail["bind"] = GatewayError("read timed out")
-    assert "read timed out" in app.post("/bind", bind_body("p1", "n1"))["Error"]
-    assert reads == ["p1", "p1"]
+    error = app.post("/bind", bind_body("p1", "n1"))["Error"]
+    assert "read timed out" in error and "could not be read back, so nothing is undone" in error
+    assert reads == ["p1", "p1"] and cluster.calls[-1] == "bind default/p1 n1"  # no undo
     app.settle()
-    assert allocation(cluster, "p1") is None and app.ext.cache.entries() == {}
+    assert allocation(cluster, "p1") is not None and cluster.bindings == []
+    assert app.ext.cache.entry("default/p1") is not None  # counted while the allocation is on the pod
+    assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]  # it may still get bound there
+    # The Binding did not land: the scheduler's next bind removes the allocation, then binds afresh.
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    assert cluster.calls[-3:] == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "bind default/p1 n1",
+    ]
+    app.settle()
+    entry, alloc = app.ext.cache.entry("default/p1"), allocation(cluster, "p1")
+    assert alloc is not None and entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
+    assert len(app.ext.cache.entries()) == 1 and cluster.bindings == [("default", "p1", "n1")]
 
 
 def test_rollback_reports_when_removing_the_annotation_fails_too(
@@ -134,8 +149,8 @@ def test_rollback_reports_when_removing_the_annotation_fails_too(
     # The allocation is still written on the pod, so it still counts, from the pod (never forgotten).
     app.settle()
     assert allocation(cluster, "p1") is not None
-    assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]
     assert app.ext.cache.entry("default/p1") is not None
+    assert app.ext.gate.holders("n1") == ()  # the pod is not bound, so it holds no hand-off gate
 
 
 def test_pod_that_no_longer_fits_gets_the_reason(run: Callable[..., Running], cluster: FakeGateway) -> None:

@@ -134,7 +134,7 @@ def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(
     fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
     for name in ("a", "b"):
         fake.put(Kind.POD, make_pod(name, gpu_request(vram=GI)))
-    app = run(handoff_wait=5.0)
+    app = run(handoff_wait=4.0)
     assert app.post("/bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-default-a", "Node": "n1"}) == {
         "Error": ""
     }

@@ -1,0 +1,95 @@
+"""The real gateway against local sockets: a stalled API server times out once, within the call's timeout,
+and answers the bind path does not read still give their connection back to the pool."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+from scheduler_extender.gateway import GatewayTimeout
+from scheduler_extender.kube.gateway import KubernetesGateway, api_client
+
+
+def gateway_to(port: int, tmp_path: Path) -> KubernetesGateway:
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig), encoding="utf-8")
+    return KubernetesGateway(api_client(str(path), pool_size=1))
+
+
+@pytest.fixture
+def stalled_port() -> Iterator[int]:
+    """An API server stopped with SIGSTOP: the kernel completes connections, nobody ever answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("call", ["get", "patch", "bind"])
+def test_a_stalled_api_server_times_out_once_within_the_calls_timeout(
+    stalled_port: int, tmp_path: Path, call: str
+) -> None:
+    """urllib3 used to retry a read timeout three more times, so a 1 s GET took 4 s."""
+    gateway = gateway_to(stalled_port, tmp_path)
+    start = time.monotonic()
+    with pytest.raises(GatewayTimeout, match=r"the API server did not answer within 0\.4s \(stalled\?\)"):
+        if call == "get":
+            gateway.get_pod("default", "p", timeout=0.4)
+        elif call == "patch":
+            gateway.patch_pod_annotations("default", "p", "u", {"a": "b"}, timeout=0.4)
+        else:
+            gateway.bind("default", "p", "u", "n1", timeout=0.4)
+    assert time.monotonic() - start < 0.7
+
+
+class _Pods(BaseHTTPRequestHandler):
+    """Answers every PATCH and POST with a pod-sized JSON body, keeping the connection open."""
+
+    protocol_version = "HTTP/1.1"
+    connections: ClassVar[set[int]] = set()
+    body = json.dumps({"kind": "Pod", "metadata": {"name": "p", "annotations": {"x": "y" * 4000}}}).encode()
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).connections.add(id(self.connection))
+        self.send_response(201 if self.command == "POST" else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_PATCH = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
+def test_answers_the_bind_path_does_not_read_give_their_connection_back(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pods)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gateway = gateway_to(server.server_address[1], tmp_path)
+        for _ in range(5):
+            gateway.patch_pod_annotations("default", "p", "u", {"a": "b"}, timeout=2)
+            gateway.bind("default", "p", "u", "n1", timeout=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(_Pods.connections) == 1  # one pooled connection for all ten calls, none left checked out
