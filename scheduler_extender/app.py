@@ -38,8 +38,9 @@ from scheduler_extender.gateway import Kind, KubeGateway
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.informer import Informer
 from scheduler_extender.metrics import Metrics
+from scheduler_extender.periodic import Periodic
 from scheduler_extender.settings import Settings
-from scheduler_extender.sweeper import ReservationSweeper
+from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import WorkloadStatusWriter
 from vgpu.catalog import Catalog
@@ -70,7 +71,7 @@ class Extender:
     metrics: Metrics
     informers: tuple[Informer, ...]
     workload_status: WorkloadStatusWriter
-    sweeper: ReservationSweeper
+    sweeper: Periodic
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -148,7 +149,7 @@ def build(
         ready=lambda: all(i.synced.is_set() for i in informers),
         on_error=metrics.errors.labels("workload-status", "api").inc,
     )
-    sweeper = ReservationSweeper(cache)
+    sweeper = reservation_sweeper(cache)
     return Extender(
         settings, gateway, cache, gate, verbs, binder, events, metrics, informers, workload_status, sweeper, stop
     )

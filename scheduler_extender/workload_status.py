@@ -15,7 +15,6 @@ The arithmetic is pure (``workload_totals``, ``status_of``, ``pending_writes``, 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from scheduler_extender.binder import rfc3339
 from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject
 from scheduler_extender.objects import PodRecord
+from scheduler_extender.periodic import Periodic
 from vgpu.errors import DomainError
 from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
 
@@ -128,13 +128,11 @@ class WorkloadStatusWriter:
     ) -> None:
         self.gateway = gateway
         self.records = records
-        self.interval = interval
         self.clock = clock
         self.ready = ready
         self.on_error = on_error
         self._written: dict[WorkloadKey, WorkloadTotals | None] | None = None  # None: list first
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Periodic("workload-status", interval, self._pass, on_error)
 
     def sync(self) -> int:
         """One pass: patch what changed. Returns how many workloads were patched.
@@ -169,25 +167,17 @@ class WorkloadStatusWriter:
         return patched
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="workload-status", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._worker.stop(timeout)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except Exception:  # a status is best effort: log it, keep the worker, relist next pass
-                log.exception("workload status pass failed")
-                self._written = None
-                if self.on_error is not None:
-                    self.on_error()
+    def _pass(self) -> None:
+        try:
+            self.sync()
+        except Exception:  # a status is best effort: the worker logs it and goes on, relisting next pass
+            self._written = None
+            raise
 
     def _failed(self, message: str) -> None:
         log.warning("%s", message)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from scheduler_extender.app import build
 from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
-from scheduler_extender.sweeper import SWEEP_INTERVAL, ReservationSweeper
+from scheduler_extender.sweeper import SWEEP_INTERVAL, reservation_sweeper
 from scheduler_extender.wire import ExtenderArgs
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
@@ -23,7 +23,7 @@ def test_sweeper_releases_a_reservation_once_its_ttl_is_up_by_the_caches_clock(f
     ext.cache.replace(Kind.POD, [pod])
     ext.verbs.prioritize(ExtenderArgs.model_validate({"Pod": pod, "Nodes": None, "NodeNames": ["n1"]}))
     assert ext.cache.tentative_count() == 1  # expires at 1030
-    sweeper = ReservationSweeper(ext.cache, interval=0.01)
+    sweeper = reservation_sweeper(ext.cache, interval=0.01)
     sweeper.start()
     try:
         now[0] = 1029.99
