@@ -145,7 +145,7 @@ class Binder:
             return BindOutcome(None, 0.0)
         if wanted.request is None:
             raise BindError(wanted.request_error or "invalid GPU request", "request")
-        demand = demand_from_request(wanted.request, pod_key=ref.key)
+        demand = demand_from_request(wanted.request, pod_key=ref.key, device_ids=wanted.device_ids)
         try:
             waited = self.gate.acquire(node, ref.uid, ref.key, deadline.gate_wait(self.handoff_wait))
         except GateBusy as busy:
@@ -247,7 +247,7 @@ class Binder:
                 reason = result.reasons().get(node)
                 raise BindError(f"pod {ref.key} no longer fits on {node}: {reason or 'no GPUs chosen'}", "fit")
             try:
-                self.cache.reserve(ref, node, placement.grants, qos=demand.qos, expires_at=None)
+                self.cache.reserve(ref, node, placement.grants, qos=demand.qos, expires_at=None, slots=demand.slots)
             except LedgerRefusal as refusal:
                 raise BindError(f"pod {ref.key} cannot reserve GPUs on {node}: {refusal.reason}", "fit") from None
             return placement

@@ -150,9 +150,10 @@ class ClusterCache:
 
     # --- reservations -----------------------------------------------------------------------------
     def reserve(
-        self, ref: PodRef, node: str, grants: Sequence[GpuGrant], *, qos: Qos, expires_at: float | None
+        self, ref: PodRef, node: str, grants: Sequence[GpuGrant], *, qos: Qos, expires_at: float | None, slots: int = 1
     ) -> None:
-        """Reserve ``grants`` on ``node`` for the pod, replacing its own uncommitted reservation.
+        """Reserve ``grants`` (and ``slots`` vGPU device IDs on each) on ``node`` for the pod, replacing its
+        own uncommitted reservation.
 
         ``expires_at`` None: a bind's reservation (released or committed by the binder); a time: a
         tentative one from filter/prioritize. Raises LedgerRefusal and changes nothing when it does not fit.
@@ -169,9 +170,10 @@ class ClusterCache:
             entry = self._entry(key)
             if expires_at is not None and entry is not None and key not in self._tentative:
                 return
-            if entry is not None and key in self._tentative and (entry.node != node or tuple(grants) != entry.grants):
+            changed = entry is not None and (entry.node, entry.grants, entry.slots) != (node, tuple(grants), slots)
+            if changed and key in self._tentative:
                 self._release(key)
-            self._put(node, self._ledger(node).reserve(key, base, grants, expires_at, qos=qos))
+            self._put(node, self._ledger(node).reserve(key, base, grants, expires_at, qos=qos, slots=slots))
             self._note_since_listing(key)
             self._entry_node[key] = node
             self._owner[key] = ref.uid
@@ -336,17 +338,26 @@ class ClusterCache:
             return
         entry = self._entry(key)
         if entry is not None and (
-            self._owner.get(key) != uid or entry.node != alloc.node or entry.grants != alloc.gpus
+            self._owner.get(key) != uid
+            or (entry.node, entry.grants, entry.slots) != (alloc.node, alloc.gpus, record.slots)
         ):
             self._release(key)
         try:
-            ledger = self._ledger(alloc.node).reserve(key, base, alloc.gpus, None, qos=alloc.qos).commit(key)
+            ledger = (
+                self._ledger(alloc.node)
+                .reserve(key, base, alloc.gpus, None, qos=alloc.qos, slots=record.slots, past_slices=True)
+                .commit(key)
+            )
         except LedgerRefusal:
             # A written allocation is a fact; tentative reservations on that node are only guesses.
             for guess in [k for k in self._tentative if self._entry_node.get(k) == alloc.node]:
                 self._release(guess)
             try:
-                ledger = self._ledger(alloc.node).reserve(key, base, alloc.gpus, None, qos=alloc.qos).commit(key)
+                ledger = (
+                    self._ledger(alloc.node)
+                    .reserve(key, base, alloc.gpus, None, qos=alloc.qos, slots=record.slots, past_slices=True)
+                    .commit(key)
+                )
             except LedgerRefusal as refusal:
                 self._conflicts[uid] = str(refusal.reason)
                 log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from scheduler_extender.core.demand import gpu_slots
 from scheduler_extender.core.model import GpuState, NodeState
+from scheduler_extender.kubelet_devices import vgpu_device_ids
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
@@ -53,6 +55,7 @@ class ScheduledPod:
     request: GpuRequest | None
     request_error: str | None  # the resolved-request annotation is present but corrupt
     request_text: str | None  # the annotation as written: equal texts mean equal requests
+    device_ids: int | None = None  # vGPU device IDs its spec makes the kubelet hold (None: asks none)
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -71,6 +74,7 @@ class PodRecord:
     allocation_error: str | None
     receipt: bool  # the device plugin's hand-off receipt for this very pod is present
     workload: str | None = None  # from the resolved request: for local-GPU affinity
+    slots: int = 1  # vGPU device IDs it holds on each GPU of its allocation
 
     @property
     def terminal(self) -> bool:
@@ -138,6 +142,7 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         request=request,
         request_error=error,
         request_text=raw,
+        device_ids=vgpu_device_ids(pod),
     )
 
 
@@ -173,6 +178,9 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         except DomainError:
             workload = None
     node_name = spec.get("nodeName")
+    slots = 0
+    if alloc is not None:
+        slots = gpu_slots(vgpu_device_ids(pod), containers=len(alloc.containers), gpu_count=len(alloc.gpus))
     return PodRecord(
         ref=ref,
         node_name=node_name if isinstance(node_name, str) and node_name else None,
@@ -182,6 +190,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         allocation_error=alloc_error,
         receipt=receipt,
         workload=workload,
+        slots=slots,
     )
 
 
@@ -219,6 +228,7 @@ def node_state(node: Mapping[str, Any], default_pool: str) -> NodeState:
             vram=g.vram,
             healthy=g.health is Health.HEALTHY,
             numa=g.numa,
+            slots=inv.slices_per_gpu,
         )
         for g in inv.gpus
     )

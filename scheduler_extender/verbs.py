@@ -114,7 +114,7 @@ class Verbs:
             message = pod.request_error or "invalid GPU request"
             self.events.warn(pod.ref, REASON_FAILED, message)
             return filter_reply(nodes, (), {}, dict.fromkeys(nodes.names, message))
-        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, extra=_values(nodes.items))
         result = self._filter(pod, demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
@@ -137,7 +137,7 @@ class Verbs:
         pod = scheduled_pod(args.Pod) if args.Pod is not None else None
         if pod is None or pod.request is None:
             return dict.fromkeys(nodes.names, 0)
-        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(extra=_values(nodes.items))
         raw = self._score(pod, demand, snapshot, nodes.names)
         scores = to_extender_scores(raw)
@@ -154,7 +154,7 @@ class Verbs:
             return _meta_reply({n: uids for n, uids in proposed.items() if uids}, pdbs)
         if pod.request is None:
             return ExtenderPreemptionResult()
-        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         chosen: dict[str, tuple[str, ...]] = {}
         for node, uids in proposed.items():
             victims = self._victims_on(demand, node, uids)
@@ -167,7 +167,7 @@ class Verbs:
     ) -> tuple[Demand, FilterResult, dict[str, int]]:
         """Filter and score ``pod`` against the given nodes (default: every known node), changing nothing."""
         assert pod.request is not None
-        demand = demand_from_request(pod.request, pod_key=pod.ref.key)
+        demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot()
         names = tuple(node_names) if node_names is not None else tuple(sorted(snapshot.nodes))
         result = filter_nodes(demand, snapshot, names, self.catalog)
@@ -181,7 +181,7 @@ class Verbs:
             reasons = filter_nodes(demand, snapshot, misses, self.catalog).reasons()
             return {n: reasons.get(n) for n in misses}
 
-        verdicts = self.verdicts.values(pod.request_text, names, snapshot.nodes, judge)
+        verdicts = self.verdicts.values((pod.request_text, demand.slots), names, snapshot.nodes, judge)
         # C-level passes in the offered order; only rejected nodes are visited one by one.
         passed = tuple(compress(names, map(is_, verdicts, repeat(None))))
         failed: dict[str, Reason] = {}
@@ -202,7 +202,7 @@ class Verbs:
             raw = score_nodes(demand, snapshot, misses, policy, self.catalog)
             return {n: raw.get(n) for n in misses}
 
-        key = (pod.request_text, policy.name, getattr(policy, "revision", None))
+        key = (pod.request_text, demand.slots, policy.name, getattr(policy, "revision", None))
         scores = self.scores.values(key, names, snapshot.nodes, score)
         fitting = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", fitting))
@@ -215,7 +215,7 @@ class Verbs:
         allowed = set(proposed)
         records = {r.ref.key: r for r in self.cache.records_on(node) if r.ref.uid in allowed}
         candidates = [
-            Victim(pod_key=key, qos=r.allocation.qos, grants=r.allocation.gpus)
+            Victim(pod_key=key, qos=r.allocation.qos, grants=r.allocation.gpus, slots=r.slots)
             for key, r in records.items()
             if r.allocation is not None
         ]
@@ -238,8 +238,9 @@ class Verbs:
             return
         # LedgerRefusal: another pod took the room since the snapshot; bind re-checks and says so.
         with contextlib.suppress(LedgerRefusal):
+            expires_at = self.cache.clock() + self.reservation_ttl
             self.cache.reserve(
-                pod.ref, node, placement.grants, qos=demand.qos, expires_at=self.cache.clock() + self.reservation_ttl
+                pod.ref, node, placement.grants, qos=demand.qos, expires_at=expires_at, slots=demand.slots
             )
 
 

@@ -4,6 +4,8 @@ The webhook resolves a pod's annotations, profile and pool defaults into one Gpu
 decides over the smaller, flatter Demand (the trace replay builds Demands directly from trace rows).
 Keeping the mapping in one function means the extender and the benchmark cannot read a request
 differently — e.g. both treat every value as per GPU, multiplied by ``gpu_count`` only at placement.
+The vGPU slots a pod takes are read the same way for the pod being scheduled and for the pods
+already holding GPUs (:func:`gpu_slots`), so the filter and the ledger count alike.
 """
 
 from __future__ import annotations
@@ -12,10 +14,33 @@ from scheduler_extender.core.model import Demand, workload_key
 from vgpu.request import GpuRequest
 
 
+def gpu_slots(device_ids: int | None, *, containers: int, gpu_count: int) -> int:
+    """The vGPU slots a pod takes on each GPU it is granted.
+
+    ``device_ids``: the ``tensor-fusion.ai/vgpu`` device IDs its spec makes the kubelet hold, spread
+    over its ``gpu_count`` GPUs and rounded up (the webhook gives each GPU container ``gpu_count``,
+    so this is its number of GPU containers). None: no container of the spec asks for any yet (a
+    manifest before the webhook, e.g. ``tfctl explain``): what the webhook will inject, one per
+    container of ``containers``.
+    """
+    if device_ids is None:
+        return containers
+    return -(-device_ids // gpu_count) if gpu_count > 0 else 0
+
+
 def demand_from_request(
-    req: GpuRequest, *, pod_key: str, whole_gpu: bool = False, cpu: int = 0, memory: int = 0
+    req: GpuRequest,
+    *,
+    pod_key: str,
+    device_ids: int | None = None,
+    whole_gpu: bool = False,
+    cpu: int = 0,
+    memory: int = 0,
 ) -> Demand:
     """The Demand of one pod (``pod_key`` is ``<namespace>/<name>``).
+
+    ``device_ids`` is what the pod's spec asks of ``tensor-fusion.ai/vgpu`` by the kubelet's rule
+    (None: nothing yet), turned into slots per GPU by :func:`gpu_slots`.
 
     ``whole_gpu`` asks for entire GPUs (idle ones, never shared); the request model has no
     annotation for it, so callers that know (a trace row with a full-GPU share) say so. ``cpu`` and
@@ -38,6 +63,7 @@ def demand_from_request(
         policy=req.placement_policy,
         node_affinity=req.node_affinity,
         whole_gpu=whole_gpu,
+        slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
         cpu=cpu,
         memory=memory,
     )

@@ -8,6 +8,10 @@ catalog once per distinct product name instead of once per GPU.
 The rules (DESIGN §4): per GPU, free TFLOPS ≥ request and free VRAM ≥ request (requests are
 reserved, limits are not); ``gpu_count`` such GPUs on one node; unhealthy GPUs never count; a
 whole-GPU demand needs idle GPUs; a fractional demand never shares a GPU held whole.
+vGPU slots (device IDs): each GPU needs ``demand.slots`` free ones (no GPU is shared by more
+containers than it has slices), and the node's healthy GPUs must have ``slots × gpu_count`` free
+in all beyond what its pods hold — the kubelet's own admission check, which ignores which GPU an ID
+names, so a pod the extender binds is one the kubelet admits.
 Unresolvable reasons (model, too few or too small GPUs) are reported before capacity ones, so a
 node in ``FailedNodes`` is one where freeing room really could help.
 """
@@ -22,6 +26,7 @@ from scheduler_extender.core.affinity import node_affinity_matches
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.reasons import Reason, ReasonCode
 from vgpu.catalog import Catalog
+from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 R = ReasonCode
@@ -86,7 +91,8 @@ def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatch
 
 def gpu_fits(demand: Demand, gpu: GpuState) -> bool:
     """Whether this GPU can take one share of the demand now."""
-    if not gpu.healthy or gpu.whole:
+    s = demand.slots
+    if not gpu.healthy or gpu.whole or (s and gpu.slots - gpu.slots_used < s):
         return False
     if demand.whole_gpu:
         return gpu.pods == 0 and gpu.tflops_used == 0 and gpu.vram_used == 0
@@ -120,11 +126,11 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     if not gpus:
         return Reason(code=R.NO_GPUS, message="node has no GPUs")
     need = demand.gpu_count
-    t, v = demand.tflops, demand.vram
+    t, v, s = demand.tflops, demand.vram, demand.slots
     whole = demand.whole_gpu
     memo = match.memo
     for g in gpus:
-        if not g.healthy or g.whole:
+        if not g.healthy or g.whole or (s and g.slots - g.slots_used < s):
             continue
         ok = memo.get(g.model)
         if not (match(g.model) if ok is None else ok):
@@ -139,6 +145,9 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     else:
         if need > 0:  # a CPU-only demand (gpu_count 0, trace replay) needs no GPU
             return _explain(demand, node, match)
+    ids = s * demand.gpu_count
+    if ids and node.slots_used + ids > node.totals().slots:
+        return _node_slots(node, ids)
     if node.cpu_free is not None and demand.cpu > node.cpu_free:
         return Reason(
             code=R.INSUFFICIENT_CPU,
@@ -216,14 +225,15 @@ def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
     if big < count and not demand.whole_gpu:
         return _too_small(demand, healthy, match)
     if demand.whole_gpu:
-        idle = sum(1 for g in healthy if gpu_fits(demand, g))
-        return Reason(
+        idle = [g for g in healthy if not g.whole and g.pods == 0 and g.tflops_used == 0 and g.vram_used == 0]
+        busy = Reason(
             code=R.WHOLE_GPU_BUSY,
-            message=f"only {idle} of {len(healthy)} {model} GPUs idle, pod needs {count} whole GPUs",
+            message=f"only {len(idle)} of {len(healthy)} {model} GPUs idle, pod needs {count} whole GPUs",
             requested=count,
-            free=idle,
+            free=len(idle),
             gpu_model=model,
         )
+        return busy if len(idle) < count else _slot_shortage(demand, node, idle, match) or busy
     shared = [g for g in healthy if not g.whole]
     if len(shared) < count:
         held = len(healthy) - len(shared)
@@ -243,16 +253,44 @@ def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
     if _tflops_free(limiting) < t:
         enough = sum(g.tflops - g.tflops_used >= t for g in shared) if count > 1 else 0
         return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", t, limiting, enough, count, match)
-    both = sum(1 for g in shared if gpu_fits(demand, g))
-    return Reason(
+    roomy = [g for g in shared if g.tflops - g.tflops_used >= t and g.vram - g.vram_used >= v]
+    shortage = _slot_shortage(demand, node, roomy, match) if len(roomy) >= count else None
+    return shortage or Reason(
         code=R.INSUFFICIENT_GPUS,
         message=(
-            f"only {both} of {len(shared)} {model} GPUs have both {humanize_tflops(demand.tflops)} TFLOPS "
+            f"only {len(roomy)} of {len(shared)} {model} GPUs have both {humanize_tflops(demand.tflops)} TFLOPS "
             f"and {humanize_bytes(demand.vram)} VRAM free, pod needs {count}"
         ),
         requested=count,
-        free=both,
+        free=len(roomy),
         gpu_model=model,
+    )
+
+
+def _slot_shortage(demand: Demand, node: NodeState, gpus: list[GpuState], match: ModelMatcher) -> Reason | None:
+    """The node's healthy GPUs lack the pod's device IDs in all (what the kubelet refuses), or fewer than
+    ``gpu_count`` of ``gpus`` (those with room for everything else) have ``demand.slots`` free each."""
+    ids = demand.slots * demand.gpu_count
+    if not ids:
+        return None  # a pod that holds no device IDs
+    if node.slots_used + ids > node.totals().slots:
+        return _node_slots(node, ids)
+    count = demand.gpu_count
+    limiting = _nth_most_free(gpus, count, _slots_free)
+    if _slots_free(limiting) >= demand.slots:
+        return None
+    enough = sum(_slots_free(g) >= demand.slots for g in gpus) if count > 1 else 0
+    return _insufficient(R.INSUFFICIENT_SLOTS, f"{RESOURCE_VGPU} slots", demand.slots, limiting, enough, count, match)
+
+
+def _node_slots(node: NodeState, ids: int) -> Reason:
+    total = node.totals().slots
+    free = max(total - node.slots_used, 0)
+    return Reason(
+        code=R.INSUFFICIENT_SLOTS,
+        message=f"insufficient {RESOURCE_VGPU} slots on node {node.name}: requested {ids}, free {free} of {total}",
+        requested=ids,
+        free=free,
     )
 
 
@@ -264,6 +302,10 @@ def _tflops_free(g: GpuState) -> int:
     return g.tflops - g.tflops_used
 
 
+def _slots_free(g: GpuState) -> int:
+    return g.slots - g.slots_used
+
+
 def _nth_most_free(gpus: list[GpuState], n: int, free: Callable[[GpuState], int]) -> GpuState:
     """The GPU that limits a pod needing ``n`` GPUs: the n-th largest by free room."""
     return max(gpus, key=free) if n == 1 else sorted(gpus, key=free, reverse=True)[n - 1]
@@ -272,12 +314,18 @@ def _nth_most_free(gpus: list[GpuState], n: int, free: Callable[[GpuState], int]
 def _insufficient(
     code: ReasonCode, what: str, requested: int, gpu: GpuState, enough: int, count: int, match: ModelMatcher
 ) -> Reason:
-    free = _vram_free(gpu) if code is R.INSUFFICIENT_VRAM else _tflops_free(gpu)
-    show = _bytes if code is R.INSUFFICIENT_VRAM else _tflops
+    show: Callable[[int], str] = str
+    of = ""
+    if code is R.INSUFFICIENT_VRAM:
+        free, show = _vram_free(gpu), _bytes
+    elif code is R.INSUFFICIENT_TFLOPS:
+        free, show = _tflops_free(gpu), _tflops
+    else:
+        free, of = _slots_free(gpu), f" of {gpu.slots}"
     tail = f" (pod needs {count} GPUs, only {enough} with enough)" if count > 1 else ""
     return Reason(
         code=code,
-        message=f"insufficient {what} on {gpu.uuid}: requested {show(requested)}, free {show(max(free, 0))}{tail}",
+        message=f"insufficient {what} on {gpu.uuid}: requested {show(requested)}, free {show(max(free, 0))}{of}{tail}",
         requested=requested,
         free=max(free, 0),
         gpu_model=match.short(gpu.model),

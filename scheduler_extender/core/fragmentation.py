@@ -293,6 +293,7 @@ class FragmentationPolicy:
             gpus=tuple(_take(g, demand) if g.uuid in chosen else g for g in node.gpus),
             cpu_free=None if node.cpu_free is None else node.cpu_free - demand.cpu,
             memory_free=None if node.memory_free is None else node.memory_free - demand.memory,
+            slots_used=node.slots_used + demand.slots * len(gpus),
         )
         growth = self.fragmentation(after, mix) - self.fragmentation(node, mix)
         if self._prices is not None and not demand.whole_gpu:
@@ -364,6 +365,8 @@ def _take(gpu: GpuState, demand: Demand) -> GpuState:
         vram_used=gpu.vram if whole else gpu.vram_used + demand.vram,
         pods=gpu.pods + 1,
         whole=whole,
+        slots=gpu.slots,
+        slots_used=gpu.slots_used + demand.slots,
     )
 
 

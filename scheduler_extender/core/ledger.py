@@ -10,6 +10,9 @@ The ledger is an immutable value: each transition returns a new ledger, or raise
 :class:`LedgerRefusal` carrying a :class:`Reason` and leaves the old one untouched — a transition
 that would over-commit a GPU is never applied, not even partly. Per-GPU totals are maintained
 incrementally, so :meth:`Ledger.apply` is O(GPUs) and filter/score never walk the pods.
+vGPU slots are capacity like TFLOPS and VRAM: an entry holds ``slots`` device IDs on each GPU it is
+granted, never more than the GPU's slices, and the ledger keeps each node's total (the kubelet's
+count) too, so a pod granted a GPU the inventory no longer lists still counts on its node.
 Transitions copy the ledger's maps (O(pods)); they happen once per bind, not per filter call.
 """
 
@@ -23,7 +26,7 @@ from types import MappingProxyType
 from scheduler_extender.core.model import NodeState, Snapshot
 from scheduler_extender.core.reasons import Reason, ReasonCode
 from vgpu.contract.allocation import GpuGrant
-from vgpu.names import Qos
+from vgpu.names import RESOURCE_VGPU, Qos
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 R = ReasonCode
@@ -45,16 +48,18 @@ class LedgerEntry:
     qos: Qos
     state: EntryState
     expires_at: float | None
+    slots: int = 1  # vGPU device IDs on each granted GPU
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuUsage:
-    """What the ledger holds on one GPU: summed requests, how many pods, whether one holds it whole."""
+    """What the ledger holds on one GPU: summed requests, how many pods, whether one holds it whole, slots."""
 
     tflops: int = 0
     vram: int = 0
     pods: int = 0
     whole: bool = False
+    slots: int = 0
 
 
 _IDLE = GpuUsage()
@@ -75,17 +80,21 @@ def _refuse(code: ReasonCode, message: str, *, requested: int = 0, free: int = 0
 class Ledger:
     """Immutable allocations and reservations keyed by pod key (``<namespace>/<name>``)."""
 
-    __slots__ = ("_entries", "_usage")
+    __slots__ = ("_entries", "_node_slots", "_usage")
 
     def __init__(self) -> None:
         self._entries: Mapping[str, LedgerEntry] = MappingProxyType({})
         self._usage: Mapping[str, GpuUsage] = MappingProxyType({})
+        self._node_slots: Mapping[str, int] = MappingProxyType({})
 
     @classmethod
-    def _of(cls, entries: dict[str, LedgerEntry], usage: Mapping[str, GpuUsage]) -> Ledger:
+    def _of(
+        cls, entries: dict[str, LedgerEntry], usage: Mapping[str, GpuUsage], node_slots: Mapping[str, int]
+    ) -> Ledger:
         ledger = cls()
         ledger._entries = MappingProxyType(entries)
         ledger._usage = usage if isinstance(usage, MappingProxyType) else MappingProxyType(usage)
+        ledger._node_slots = node_slots if isinstance(node_slots, MappingProxyType) else MappingProxyType(node_slots)
         return ledger
 
     # --- reading -------------------------------------------------------------------------------
@@ -98,6 +107,10 @@ class Ledger:
 
     def usage(self, uuid: str) -> GpuUsage:
         return self._usage.get(uuid, _IDLE)
+
+    def node_slots(self, node: str) -> int:
+        """vGPU device IDs the node's entries hold in all."""
+        return self._node_slots.get(node, 0)
 
     def on_node(self, node: str) -> tuple[LedgerEntry, ...]:
         """The entries holding GPUs of this node (O(pods): for preemption, not the hot path)."""
@@ -112,16 +125,26 @@ class Ledger:
         )
 
     def apply_node(self, node: NodeState) -> NodeState:
-        """The node with each GPU's used TFLOPS/VRAM, pod count and whole flag taken from the ledger."""
+        """The node with each GPU's used TFLOPS/VRAM/slots, pod count and whole flag, and the node's used
+        slots, taken from the ledger."""
         gpus = []
         changed = False
         for g in node.gpus:
             u = self._usage.get(g.uuid, _IDLE)
-            if (g.tflops_used, g.vram_used, g.pods, g.whole) != (u.tflops, u.vram, u.pods, u.whole):
-                g = replace(g, tflops_used=u.tflops, vram_used=u.vram, pods=u.pods, whole=u.whole)
+            if (g.tflops_used, g.vram_used, g.pods, g.whole, g.slots_used) != (
+                u.tflops,
+                u.vram,
+                u.pods,
+                u.whole,
+                u.slots,
+            ):
+                g = replace(g, tflops_used=u.tflops, vram_used=u.vram, pods=u.pods, whole=u.whole, slots_used=u.slots)
                 changed = True
             gpus.append(g)
-        return replace(node, gpus=tuple(gpus)) if changed else node
+        slots = self._node_slots.get(node.name, 0)
+        if changed:
+            return replace(node, gpus=tuple(gpus), slots_used=slots)
+        return node if node.slots_used == slots else replace(node, slots_used=slots)
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """The snapshot with the ledger's usage on every GPU (O(GPUs); do it once per ledger change)."""
@@ -138,8 +161,15 @@ class Ledger:
         *,
         whole: bool = False,
         qos: Qos = Qos.MEDIUM,
+        slots: int = 1,
+        past_slices: bool = False,
     ) -> Ledger:
-        """Hold the grants' requests on the node's GPUs; refused if any GPU would be over-committed.
+        """Hold the grants' requests and ``slots`` device IDs on each of the node's granted GPUs; refused
+        if any GPU would be over-committed (TFLOPS, VRAM or slots).
+
+        ``past_slices``: count the slots even beyond a GPU's slices — for an allocation already written
+        on a pod (bound before slots were counted, or before ``--slices-per-gpu`` was lowered): refusing
+        it would count none of what the pod holds, while counting it leaves no room there until it goes.
 
         Capacity comes from ``node``'s GPUs, usage from the ledger itself (never from the node's
         ``*_used`` fields, so a node that already had the ledger applied is not counted twice).
@@ -148,13 +178,15 @@ class Ledger:
         grants = tuple(grants)
         existing = self._entries.get(pod_key)
         if existing is not None:
-            if existing.node == node.name and existing.grants == grants and existing.whole == whole:
+            if (existing.node, existing.grants, existing.whole, existing.slots) == (node.name, grants, whole, slots):
                 return self
             raise _refuse(R.POD_EXISTS, f"{pod_key} already holds GPUs on {existing.node}")
         if not grants:
             raise _refuse(R.INVALID_GRANT, f"{pod_key}: a reservation must grant at least one GPU")
         if len({g.uuid for g in grants}) != len(grants):
             raise _refuse(R.INVALID_GRANT, f"{pod_key}: a GPU is granted twice")
+        if slots < 0:
+            raise _refuse(R.INVALID_GRANT, f"{pod_key}: negative vGPU slots")
         by_uuid = {g.uuid: g for g in node.gpus}
         usage = dict(self._usage)
         for grant in grants:
@@ -187,7 +219,16 @@ class Ledger:
                     requested=grant.vram_request,
                     free=free,
                 )
-            usage[grant.uuid] = GpuUsage(tflops=tflops, vram=vram, pods=u.pods + 1, whole=whole)
+            if u.slots + slots > gpu.slots and not past_slices:
+                free = gpu.slots - u.slots
+                raise _refuse(
+                    R.OVER_COMMIT,
+                    f"{pod_key} would over-commit {RESOURCE_VGPU} slots on {grant.uuid}: requested {slots}, "
+                    f"free {max(free, 0)} of {gpu.slots}",
+                    requested=slots,
+                    free=free,
+                )
+            usage[grant.uuid] = GpuUsage(tflops=tflops, vram=vram, pods=u.pods + 1, whole=whole, slots=u.slots + slots)
         entry = LedgerEntry(
             pod_key=pod_key,
             node=node.name,
@@ -196,8 +237,12 @@ class Ledger:
             qos=qos,
             state=EntryState.RESERVED,
             expires_at=expires_at,
+            slots=slots,
         )
-        return Ledger._of({**self._entries, pod_key: entry}, usage)
+        node_slots = dict(self._node_slots)
+        if slots:
+            node_slots[node.name] = self.node_slots(node.name) + slots * len(grants)
+        return Ledger._of({**self._entries, pod_key: entry}, usage, node_slots)
 
     def commit(self, pod_key: str) -> Ledger:
         """Make a reservation permanent (no expiry). Idempotent; refused for a pod the ledger doesn't hold."""
@@ -207,7 +252,7 @@ class Ledger:
         if entry.state is EntryState.COMMITTED:
             return self
         committed = replace(entry, state=EntryState.COMMITTED, expires_at=None)
-        return Ledger._of({**self._entries, pod_key: committed}, self._usage)
+        return Ledger._of({**self._entries, pod_key: committed}, self._usage, self._node_slots)
 
     def release(self, pod_key: str) -> Ledger:
         """Give back everything the pod holds. Idempotent: releasing an unknown pod changes nothing."""
@@ -221,6 +266,7 @@ class Ledger:
     def _without(self, keys: Iterable[str]) -> Ledger:
         entries = dict(self._entries)
         usage = dict(self._usage)
+        node_slots = dict(self._node_slots)
         for key in keys:
             entry = entries.pop(key)
             for grant in entry.grants:
@@ -229,6 +275,12 @@ class Ledger:
                     del usage[grant.uuid]
                 else:  # several pods share it, so none holds it whole
                     usage[grant.uuid] = GpuUsage(
-                        tflops=u.tflops - grant.tflops_request, vram=u.vram - grant.vram_request, pods=u.pods - 1
+                        tflops=u.tflops - grant.tflops_request,
+                        vram=u.vram - grant.vram_request,
+                        pods=u.pods - 1,
+                        slots=u.slots - entry.slots,
                     )
-        return Ledger._of(entries, usage)
+            left = node_slots.pop(entry.node, 0) - entry.slots * len(entry.grants)
+            if left:
+                node_slots[entry.node] = left
+        return Ledger._of(entries, usage, node_slots)

@@ -12,12 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu.names import PlacementPolicy, Qos
+from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuState:
-    """One physical GPU and what is already reserved on it (sum of granted *requests*)."""
+    """One physical GPU and what is already reserved on it (sum of granted *requests*).
+
+    ``slots`` are the GPU's vGPU device IDs (the device plugin's slices): each container of a pod
+    granted the GPU holds one, so they cap how many containers share it; ``slots_used`` is how many
+    the ledger has placed on it.
+    """
 
     uuid: str
     index: int
@@ -30,6 +35,8 @@ class GpuState:
     vram_used: int = 0
     pods: int = 0  # pods holding a share of this GPU
     whole: bool = False  # held exclusively by a whole-GPU pod
+    slots: int = DEFAULT_SLICES_PER_GPU
+    slots_used: int = 0
 
     @property
     def tflops_free(self) -> int:
@@ -47,6 +54,7 @@ class NodeTotals:
     Sums are over all GPUs (healthy or not). ``healthy``/``shared`` keep GPU order; ``most_*_free``
     are the first shared GPU with the most free room (as ``max`` picks it), None without shared GPUs;
     ``uniform`` is the (TFLOPS, VRAM) capacity every healthy GPU has, None when they differ or none is.
+    ``slots`` counts the healthy GPUs' slots only: the kubelet admits against healthy device IDs.
     """
 
     tflops: int
@@ -60,11 +68,16 @@ class NodeTotals:
     most_vram_free: GpuState | None
     most_tflops_free: GpuState | None
     uniform: tuple[int, int] | None
+    slots: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeState:
-    """One node as the extender knows it. ``inventory_error`` is set when its inventory is corrupt."""
+    """One node as the extender knows it. ``inventory_error`` is set when its inventory is corrupt.
+
+    ``slots_used``: vGPU device IDs held by the pods the ledger has on this node, whichever GPU they
+    were granted (one the inventory no longer lists included): the kubelet counts the node's total.
+    """
 
     name: str
     pool: str
@@ -74,6 +87,7 @@ class NodeState:
     # Non-GPU resources, used by the trace replay (kube-scheduler checks them in-tree for real pods).
     cpu_free: int | None = None
     memory_free: int | None = None
+    slots_used: int = 0
     # Lazily filled by totals(); never passed, compared or copied by dataclasses.replace.
     _totals: NodeTotals | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -103,6 +117,7 @@ class NodeState:
                 most_vram_free=max(shared, key=lambda g: g.vram - g.vram_used) if shared else None,
                 most_tflops_free=max(shared, key=lambda g: g.tflops - g.tflops_used) if shared else None,
                 uniform=sizes.pop() if len(sizes) == 1 else None,
+                slots=sum(g.slots for g in healthy),
             )
             object.__setattr__(self, "_totals", totals)
         return totals
@@ -126,6 +141,7 @@ class Demand:
     policy: PlacementPolicy | None = None
     node_affinity: Mapping[str, Any] | None = None
     whole_gpu: bool = False  # asks for entire GPUs (never shares with fractional pods)
+    slots: int = 1  # vGPU device IDs per granted GPU: one per GPU container (demand.gpu_slots)
     cpu: int = 0
     memory: int = 0
 

@@ -19,6 +19,7 @@ from itertools import combinations
 
 from scheduler_extender.core.fit import ModelMatcher, check_node
 from scheduler_extender.core.model import Demand, NodeState
+from scheduler_extender.core.reasons import ReasonCode
 from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
@@ -34,6 +35,7 @@ class Victim:
     qos: Qos
     grants: tuple[GpuGrant, ...]
     whole: bool = False
+    slots: int = 1  # vGPU device IDs on each granted GPU
 
 
 def select_victims(
@@ -50,7 +52,13 @@ def select_victims(
     if reason.unresolvable:
         return None
     eligible = {g.uuid for g in node.gpus if g.healthy and match(g.model)}
-    useful = [v for v in candidates if v.qos.rank < demand.qos.rank and any(g.uuid in eligible for g in v.grants)]
+    # Short of slots, any pod holding device IDs may help: the kubelet counts the node's total.
+    ids = reason.code is ReasonCode.INSUFFICIENT_SLOTS
+    useful = [
+        v
+        for v in candidates
+        if v.qos.rank < demand.qos.rank and ((ids and v.slots > 0) or any(g.uuid in eligible for g in v.grants))
+    ]
     for level in sorted({v.qos.rank for v in useful}):
         pool = sorted((v for v in useful if v.qos.rank <= level), key=_eviction_order)
         if _fits_without(demand, node, pool, match):
@@ -99,11 +107,19 @@ def _greedy(demand: Demand, node: NodeState, pool: list[Victim], match: ModelMat
 
 
 def _fits_without(demand: Demand, node: NodeState, victims: Iterable[Victim], match: ModelMatcher) -> bool:
-    freed: dict[str, tuple[int, int, int, bool]] = {}
+    freed: dict[str, tuple[int, int, int, bool, int]] = {}
+    ids = 0
     for victim in victims:
+        ids += victim.slots * len(victim.grants)
         for g in victim.grants:
-            t, v, pods, whole = freed.get(g.uuid, (0, 0, 0, False))
-            freed[g.uuid] = (t + g.tflops_request, v + g.vram_request, pods + 1, whole or victim.whole)
+            t, v, pods, whole, slots = freed.get(g.uuid, (0, 0, 0, False, 0))
+            freed[g.uuid] = (
+                t + g.tflops_request,
+                v + g.vram_request,
+                pods + 1,
+                whole or victim.whole,
+                slots + victim.slots,
+            )
     gpus = []
     for gpu in node.gpus:
         f = freed.get(gpu.uuid)
@@ -114,6 +130,8 @@ def _fits_without(demand: Demand, node: NodeState, victims: Iterable[Victim], ma
                 vram_used=gpu.vram_used - f[1],
                 pods=max(gpu.pods - f[2], 0),
                 whole=gpu.whole and not f[3],
+                slots_used=max(gpu.slots_used - f[4], 0),
             )
         gpus.append(gpu)
-    return check_node(demand, replace(node, gpus=tuple(gpus)), match) is None
+    after = replace(node, gpus=tuple(gpus), slots_used=max(node.slots_used - ids, 0))
+    return check_node(demand, after, match) is None

@@ -31,6 +31,7 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_GPUS = "insufficient-gpus"
     WHOLE_GPU_BUSY = "whole-gpu-busy"
     GPU_HELD_WHOLE = "gpu-held-whole"
+    INSUFFICIENT_SLOTS = "insufficient-slots"  # vGPU device IDs: on a GPU (sharing cap) or the node (kubelet)
     INSUFFICIENT_CPU = "insufficient-cpu"
     INSUFFICIENT_MEMORY = "insufficient-memory"
     # Ledger refusals.

@@ -76,11 +76,24 @@ _Key = tuple[object, ...]
 def state_key(node: NodeState, full: bool) -> _Key:
     """Everything a name-blind, GPU-order-blind policy and the filter can see of a node."""
     gpus = sorted(
-        (g.model, g.tflops, g.vram, g.tflops_used, g.vram_used, g.pods, g.whole, g.healthy, g.numa or -1)
+        (
+            g.model,
+            g.tflops,
+            g.vram,
+            g.slots,
+            g.tflops_used,
+            g.vram_used,
+            g.slots_used,
+            g.pods,
+            g.whole,
+            g.healthy,
+            g.numa or -1,
+        )
         for g in node.gpus
     )
     labels = tuple(sorted(node.labels.items()))
-    return (node.pool, labels, node.cpu_free, node.memory_free, node.inventory_error, full, tuple(gpus))
+    state = (node.cpu_free, node.memory_free, node.inventory_error, node.slots_used)
+    return (node.pool, labels, *state, full, tuple(gpus))
 
 
 def shape_key(demand: Demand) -> _Key:
@@ -93,6 +106,7 @@ def shape_key(demand: Demand) -> _Key:
         demand.tflops,
         demand.vram,
         demand.whole_gpu,
+        demand.slots,
         demand.cpu,
         demand.memory,
         demand.gpu_model,
@@ -193,16 +207,24 @@ class Cluster:
         new_gpus = tuple(_take(g, demand, whole) if g.uuid in chosen else g for g in node.gpus)
         cpu = None if node.cpu_free is None else node.cpu_free - demand.cpu
         memory = None if node.memory_free is None else node.memory_free - demand.memory
-        self.nodes[i] = replace(node, gpus=new_gpus, cpu_free=cpu, memory_free=memory)
+        slots_used = node.slots_used + demand.slots * len(gpus)
+        self.nodes[i] = replace(node, gpus=new_gpus, cpu_free=cpu, memory_free=memory, slots_used=slots_used)
         self.pods[i] += 1
         self._join(i)
 
 
 def _take(gpu: GpuState, demand: Demand, whole: bool) -> GpuState:
+    slots_used = gpu.slots_used + demand.slots
     if whole:
-        return replace(gpu, tflops_used=gpu.tflops, vram_used=gpu.vram, pods=gpu.pods + 1, whole=True)
+        return replace(
+            gpu, tflops_used=gpu.tflops, vram_used=gpu.vram, pods=gpu.pods + 1, whole=True, slots_used=slots_used
+        )
     return replace(
-        gpu, tflops_used=gpu.tflops_used + demand.tflops, vram_used=gpu.vram_used + demand.vram, pods=gpu.pods + 1
+        gpu,
+        tflops_used=gpu.tflops_used + demand.tflops,
+        vram_used=gpu.vram_used + demand.vram,
+        pods=gpu.pods + 1,
+        slots_used=slots_used,
     )
 
 

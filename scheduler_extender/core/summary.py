@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from scheduler_extender.core.filter import FilterResult
 from scheduler_extender.core.model import Demand
 from scheduler_extender.core.reasons import Reason, ReasonCode
+from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 R = ReasonCode
@@ -63,6 +64,8 @@ def _phrase(code: ReasonCode, d: Demand, rs: Sequence[Reason]) -> str:
             return f"with fewer than {d.gpu_count} idle GPUs (most {best.free})"
         case R.GPU_HELD_WHOLE:
             return f"with fewer than {d.gpu_count} GPUs not held whole (most {best.free})"
+        case R.INSUFFICIENT_SLOTS:
+            return f"insufficient {RESOURCE_VGPU} slots (need {best.requested}, most free {best.free})"
         case R.INSUFFICIENT_CPU:
             return f"insufficient cpu (need {d.cpu}m, most free {best.free}m)"
         case R.INSUFFICIENT_MEMORY:

@@ -11,7 +11,7 @@ from typing import Any
 
 from scheduler_extender.core.model import Demand, GpuState, NodeState, Snapshot
 from vgpu.catalog import Catalog, builtin
-from vgpu.names import PlacementPolicy, Qos
+from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
 from vgpu.quantity import parse_bytes, parse_milli
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -31,6 +31,8 @@ def make_gpu(
     pods: int | None = None,
     healthy: bool = True,
     whole: bool = False,
+    slots: int = DEFAULT_SLICES_PER_GPU,
+    slots_used: int = 0,
 ) -> GpuState:
     t_used, v_used = parse_milli(tflops_used), parse_bytes(vram_used)
     return GpuState(
@@ -44,6 +46,8 @@ def make_gpu(
         vram_used=v_used,
         pods=(1 if t_used or v_used else 0) if pods is None else pods,
         whole=whole,
+        slots=slots,
+        slots_used=slots_used,
     )
 
 
@@ -57,9 +61,13 @@ def make_node(
     inventory_error: str | None = None,
     cpu_free: int | None = None,
     memory_free: str | None = None,
+    node_slots_used: int | None = None,
     **gpu: Any,
 ) -> NodeState:
-    """A node with ``gpus``, or ``n_gpus`` GPUs built by :func:`make_gpu` from the remaining keywords."""
+    """A node with ``gpus``, or ``n_gpus`` GPUs built by :func:`make_gpu` from the remaining keywords.
+
+    ``node_slots_used`` (the device IDs the node's pods hold) defaults to the sum over its GPUs' ``slots_used``.
+    """
     if gpus is None:
         gpus = [make_gpu(f"GPU-{name}-{i}", index=i, **gpu) for i in range(n_gpus)]
     return NodeState(
@@ -70,6 +78,7 @@ def make_node(
         inventory_error=inventory_error,
         cpu_free=cpu_free,
         memory_free=None if memory_free is None else parse_bytes(memory_free),
+        slots_used=sum(g.slots_used for g in gpus) if node_slots_used is None else node_slots_used,
     )
 
 
@@ -93,6 +102,7 @@ def make_demand(
     whole_gpu: bool = False,
     cpu: int = 0,
     memory: str = "0",
+    slots: int = 1,
 ) -> Demand:
     t, v = parse_milli(tflops), parse_bytes(vram)
     return Demand(
@@ -112,6 +122,7 @@ def make_demand(
         whole_gpu=whole_gpu,
         cpu=cpu,
         memory=parse_bytes(memory),
+        slots=slots,
     )
 
 

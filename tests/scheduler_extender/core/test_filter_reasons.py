@@ -139,6 +139,20 @@ CASES = [
         "1 of 1 A100-SXM4-80GB GPUs held whole by other pods, pod needs 1 shared GPUs",
     ),
     Case(
+        "every vGPU slot of the node held",
+        make_node(n_gpus=2, slots_used=16),  # 16 on each GPU
+        make_demand(),
+        R.INSUFFICIENT_SLOTS,
+        "insufficient tensor-fusion.ai/vgpu slots on node n1: requested 1, free 0 of 32",
+    ),
+    Case(
+        "the GPU with room has no slot, the one with a slot no room",
+        make_node(gpus=[make_gpu("GPU-a", slots_used=16), make_gpu("GPU-b", index=1, vram_used="78Gi")]),
+        make_demand(),
+        R.INSUFFICIENT_SLOTS,
+        "insufficient tensor-fusion.ai/vgpu slots on GPU-a: requested 1, free 0 of 16",
+    ),
+    Case(
         "insufficient cpu",
         make_node(cpu_free=1000),
         make_demand(cpu=2000),
@@ -185,6 +199,7 @@ def test_every_filter_code_is_covered_by_the_table() -> None:
         (R.INSUFFICIENT_TFLOPS, False),
         (R.WHOLE_GPU_BUSY, False),
         (R.GPU_HELD_WHOLE, False),
+        (R.INSUFFICIENT_SLOTS, False),
     ],
 )
 def test_preemption_can_only_help_capacity_misfits(code: ReasonCode, unresolvable: bool) -> None:

@@ -37,9 +37,10 @@ def refusal(action: object) -> ReasonCode:
 def test_reserve_commit_release_round_trip_and_apply() -> None:
     ledger = Ledger().reserve("ns/a", NODE, [grant(vram_gi=4)], expires_at=30.0)
     ledger = ledger.reserve("ns/b", NODE, [grant(vram_gi=3), grant("GPU-n1-1", vram_gi=1)], expires_at=None)
-    assert ledger.usage("GPU-n1-0") == GpuUsage(tflops=20_000, vram=7 * GI, pods=2)
+    assert ledger.usage("GPU-n1-0") == GpuUsage(tflops=20_000, vram=7 * GI, pods=2, slots=2)
     applied = ledger.apply(make_snapshot(NODE)).nodes["n1"]
-    assert [(g.tflops_used, g.vram_used, g.pods) for g in applied.gpus] == [(20_000, 7 * GI, 2), (10_000, 1 * GI, 1)]
+    used = [(g.tflops_used, g.vram_used, g.pods, g.slots_used) for g in applied.gpus]
+    assert used == [(20_000, 7 * GI, 2, 2), (10_000, 1 * GI, 1, 1)] and applied.slots_used == 3
     committed = ledger.commit("ns/a")
     entry = committed.entry("ns/a")
     assert entry is not None and (entry.state, entry.expires_at) == (EntryState.COMMITTED, None)

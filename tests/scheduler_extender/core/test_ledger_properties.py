@@ -1,4 +1,8 @@
-"""Property tests: any sequence of reserve/commit/release/expire keeps the ledger honest."""
+"""Property tests: any sequence of reserve/commit/release/expire keeps the ledger honest.
+
+GPUs have few vGPU slots here (3, 2 and 1) so that slot limits, and allocations counted past them
+(``past_slices``, for pods bound before the limit), are hit as often as TFLOPS and VRAM limits.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,13 @@ from tests.scheduler_extender.core.builders import make_gpu, make_node
 from vgpu.contract.allocation import GpuGrant
 
 NODES = {
-    "a": make_node("a", gpus=[make_gpu("GPU-a0", tflops="10m", vram="8"), make_gpu("GPU-a1", tflops="10m", vram="8")]),
-    "b": make_node("b", gpus=[make_gpu("GPU-b0", tflops="5m", vram="4")]),
+    "a": make_node(
+        "a",
+        gpus=[make_gpu("GPU-a0", tflops="10m", vram="8", slots=3), make_gpu("GPU-a1", tflops="10m", vram="8", slots=2)],
+    ),
+    "b": make_node("b", gpus=[make_gpu("GPU-b0", tflops="5m", vram="4", slots=1)]),
 }
-CAPACITY = {g.uuid: (g.tflops, g.vram) for n in NODES.values() for g in n.gpus}
+CAPACITY = {g.uuid: (g.tflops, g.vram, g.slots) for n in NODES.values() for g in n.gpus}
 PODS = [f"ns/p{i}" for i in range(6)]
 
 
@@ -28,6 +35,8 @@ class Reserve:
     grants: tuple[GpuGrant, ...]
     expires_at: float | None
     whole: bool
+    slots: int
+    past_slices: bool
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,8 @@ def reserves(draw: st.DrawFn) -> Reserve:
     picked = draw(st.lists(st.sampled_from(uuids), min_size=1, max_size=3))
     grants = tuple(_grant(u, draw(st.integers(0, 6)), draw(st.integers(0, 6))) for u in picked)
     expires = draw(st.none() | st.floats(0, 10, allow_nan=False))
-    return Reserve(draw(st.sampled_from(PODS)), node, grants, expires, draw(st.booleans()))
+    slots, past = draw(st.integers(0, 2)), draw(st.sampled_from([False, False, False, True]))
+    return Reserve(draw(st.sampled_from(PODS)), node, grants, expires, draw(st.booleans()), slots, past)
 
 
 OPS = st.lists(
@@ -67,23 +77,33 @@ def reference_accepts(ledger: Ledger, op: Reserve, node: NodeState) -> bool:
     if ledger.entry(op.pod) is not None:
         existing = ledger.entry(op.pod)
         assert existing is not None
-        return (existing.node, existing.grants, existing.whole) == (op.node, op.grants, op.whole)
+        return (existing.node, existing.grants, existing.whole, existing.slots) == (
+            op.node,
+            op.grants,
+            op.whole,
+            op.slots,
+        )
     uuids = [g.uuid for g in op.grants]
     if len(set(uuids)) != len(uuids) or not set(uuids) <= {g.uuid for g in node.gpus}:
         return False
     for g in op.grants:
         used = ledger.usage(g.uuid)
-        cap_t, cap_v = CAPACITY[g.uuid]
+        cap_t, cap_v, cap_s = CAPACITY[g.uuid]
         if used.whole or (op.whole and used.pods):
             return False
         if used.tflops + g.tflops_request > cap_t or used.vram + g.vram_request > cap_v:
             return False
+        if used.slots + op.slots > cap_s and not op.past_slices:
+            return False
     return True
 
 
-def check_invariants(ledger: Ledger) -> None:
+def check_invariants(ledger: Ledger, past_slices: bool) -> None:
+    """``past_slices``: some reservation so far was allowed past the GPUs' slots."""
     totals: dict[str, GpuUsage] = {}
+    node_slots: dict[str, int] = {}
     for entry in ledger.entries().values():
+        node_slots[entry.node] = node_slots.get(entry.node, 0) + entry.slots * len(entry.grants)
         for g in entry.grants:
             u = totals.get(g.uuid, GpuUsage())
             totals[g.uuid] = GpuUsage(
@@ -91,24 +111,40 @@ def check_invariants(ledger: Ledger) -> None:
                 vram=u.vram + g.vram_request,
                 pods=u.pods + 1,
                 whole=u.whole or entry.whole,
+                slots=u.slots + entry.slots,
             )
-    for uuid, (cap_t, cap_v) in CAPACITY.items():
+    for uuid, (cap_t, cap_v, cap_s) in CAPACITY.items():
         usage = ledger.usage(uuid)
         assert usage == totals.get(uuid, GpuUsage())  # incremental totals equal the recount
         assert usage.tflops <= cap_t and usage.vram <= cap_v  # never over-committed
+        assert usage.slots <= cap_s or past_slices  # no GPU shared by more containers than its slices
         assert not usage.whole or usage.pods == 1  # a whole GPU has exactly its holder
+    for name, node in NODES.items():
+        assert ledger.node_slots(name) == node_slots.get(name, 0)  # the kubelet's count, kept incrementally
+        applied = ledger.apply_node(node)
+        assert applied.slots_used == node_slots.get(name, 0)
+        assert [g.slots_used for g in applied.gpus] == [ledger.usage(g.uuid).slots for g in node.gpus]
 
 
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: list[Reserve | Other]) -> None:
     ledger = Ledger()
+    past = False
     for op in ops:
         before = dict(ledger.entries())
         if isinstance(op, Reserve):
             expected = reference_accepts(ledger, op, NODES[op.node])
             try:
-                ledger = ledger.reserve(op.pod, NODES[op.node], op.grants, op.expires_at, whole=op.whole)
+                ledger = ledger.reserve(
+                    op.pod,
+                    NODES[op.node],
+                    op.grants,
+                    op.expires_at,
+                    whole=op.whole,
+                    slots=op.slots,
+                    past_slices=op.past_slices,
+                )
             except LedgerRefusal as refused:
                 assert not expected, refused.reason
                 assert dict(ledger.entries()) == before
@@ -116,6 +152,7 @@ def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: l
                     assert ledger.release(op.pod).entries() == ledger.entries()
             else:
                 assert expected
+                past = past or op.past_slices
         elif op.verb == "commit":
             try:
                 ledger = ledger.commit(op.pod)
@@ -129,7 +166,7 @@ def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: l
         else:
             ledger = ledger.expire(op.now)
             assert all(e.expires_at is None or e.expires_at > op.now for e in ledger.entries().values())
-        check_invariants(ledger)
+        check_invariants(ledger, past)
 
 
 @settings(max_examples=100, deadline=None)
@@ -139,8 +176,11 @@ def test_releasing_everything_returns_every_gpu_to_idle(ops: list[Reserve | Othe
     for op in ops:
         if isinstance(op, Reserve):
             with contextlib.suppress(LedgerRefusal):
-                ledger = ledger.reserve(op.pod, NODES[op.node], op.grants, op.expires_at, whole=op.whole)
+                ledger = ledger.reserve(
+                    op.pod, NODES[op.node], op.grants, op.expires_at, whole=op.whole, slots=op.slots
+                )
     for pod in PODS:
         ledger = ledger.release(pod)
     assert all(ledger.usage(uuid) == GpuUsage() for uuid in CAPACITY)
+    assert ledger.node_slots("a") == ledger.node_slots("b") == 0
     assert ledger.apply_node(NODES["a"]) is NODES["a"]

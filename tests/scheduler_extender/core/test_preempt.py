@@ -33,7 +33,7 @@ def loaded(node: NodeState, *victims: Victim) -> NodeState:
     """The node as the extender sees it: the victims' grants applied through the ledger."""
     ledger = Ledger()
     for v in victims:
-        ledger = ledger.reserve(v.pod_key, node, v.grants, None, whole=v.whole, qos=v.qos)
+        ledger = ledger.reserve(v.pod_key, node, v.grants, None, whole=v.whole, qos=v.qos, slots=v.slots)
     return ledger.apply_node(node)
 
 
@@ -128,7 +128,7 @@ def test_pods_on_gpus_the_demand_cannot_use_are_never_victims() -> None:
 def test_past_the_search_budget_the_set_is_still_minimal() -> None:
     many = [victim(f"ns/p{i:02}", Qos.LOW, ("GPU-0", 2)) for i in range(40)]
     demand = make_demand(vram="10Gi", qos=Qos.HIGH)
-    node = loaded(ONE, *many)
+    node = loaded(make_node("n", gpus=[make_gpu("GPU-0", slots=64)]), *many)
     got = select_victims(demand, node, many, CATALOG)
     assert got is not None and len(got) == 5
     chosen = [v for v in many if v.pod_key in got]

@@ -40,6 +40,7 @@ def recomputed(node: NodeState) -> NodeTotals:
         most_vram_free=sorted(shared, key=lambda g: g.vram_free, reverse=True)[0] if shared else None,
         most_tflops_free=sorted(shared, key=lambda g: g.tflops_free, reverse=True)[0] if shared else None,
         uniform=sizes[0] if len(sizes) == 1 else None,
+        slots=sum(g.slots for g in healthy),
     )
 
 
