@@ -179,7 +179,7 @@ def serve(nodes: int, pods: int, port: int) -> None:
     from scheduler_extender.app import create_app
     from scheduler_extender.settings import Settings
 
-    app = create_app(Settings(port=port), StaticCluster(nodes, pods))
+    app = create_app(Settings(), StaticCluster(nodes, pods))
     uvicorn.run(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools"
     )

@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
-DEFAULT_EXTENDER = "http://127.0.0.1:8080"
+from vgpu.names import EXTENDER_PUBLIC_PORT
+
+# The extender's read-only listener, e.g. through `kubectl port-forward svc/<release>-extender 8081`.
+DEFAULT_EXTENDER = f"http://127.0.0.1:{EXTENDER_PUBLIC_PORT}"
 
 
 def add_subcommand(subparsers: Any) -> None:

@@ -2,21 +2,26 @@
 
 Every :class:`Settings` field is a flag, spelled with dashes (``--handoff-wait 5``); ``--help``
 prints each with its description and default. The process builds the Kubernetes gateway from
-``--kubeconfig`` (or in-cluster config), creates the app and serves it with uvicorn.
+``--kubeconfig`` (or in-cluster config), creates the apps and serves them with uvicorn on one event
+loop: the verbs on ``--verbs-address``/``--verbs-port`` (loopback, for the kube-scheduler in the same
+pod: whoever reaches bind can place pods), the read-only routes on ``--public-address``/``--public-port``.
 
-    tf-extender --kubeconfig ~/.kube/config --port 8080 --url-prefix /extender --policy binpack
+    tf-extender --kubeconfig ~/.kube/config --verbs-port 8080 --public-port 8081 --url-prefix /extender
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
+import uvloop
+from fastapi import FastAPI
 
-from scheduler_extender.app import create_app
+from scheduler_extender.app import create_app, public_app
 from scheduler_extender.kube.gateway import KubernetesGateway, api_client
 from scheduler_extender.settings import Settings
 from vgpu.catalog_file import CatalogFileError
@@ -53,17 +58,48 @@ def main(argv: Sequence[str] | None = None) -> None:
         app = create_app(settings, gateway)
     except CatalogFileError as exc:
         raise SystemExit(f"tf-extender: --gpu-catalog {exc}") from None
-    # uvloop + httptools (hard dependencies), named so a missing one fails loudly instead of falling
-    # back to asyncio + the pure-Python h11 parser, which is slower on the 30–60 KB verb bodies.
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
+    uvloop.run(serve(listeners(settings, app)))
+
+
+def listeners(settings: Settings, app: FastAPI) -> tuple[uvicorn.Server, uvicorn.Server]:
+    """The verbs listener (``app``: every route, and its lifespan runs the extender) and the read-only one
+    (``public_app`` of the same extender, no lifespan of its own)."""
+
+    def server(asgi: FastAPI, host: str, port: int, lifespan: Literal["on", "off"]) -> uvicorn.Server:
+        # httptools named so a missing one fails loudly instead of falling back to the pure-Python h11
+        # parser, which is slower on the 30-60 KB verb bodies; the loop is uvloop (``main``).
+        config = uvicorn.Config(
+            asgi,
+            host=host,
+            port=port,
+            lifespan=lifespan,
+            log_level=settings.log_level,
+            access_log=False,
+            http="httptools",
+        )
+        return uvicorn.Server(config)
+
+    public = public_app(app.state.extender)
+    return (
+        server(app, settings.verbs_address, settings.verbs_port, "on"),
+        server(public, settings.public_address, settings.public_port, "off"),
     )
+
+
+async def serve(servers: Sequence[uvicorn.Server]) -> None:
+    """Run ``servers`` until one of them stops (a signal), then stop the others.
+
+    Every port is bound before any server starts, so one that is taken stops the process at once
+    (uvicorn logs the address and exits with status 3), not halfway through starting the extender.
+    """
+    sockets = [s.config.bind_socket() for s in servers]
+    running = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets, strict=True)]
+    try:
+        await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.wait(running)
 
 
 if __name__ == "__main__":

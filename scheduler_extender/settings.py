@@ -1,8 +1,8 @@
 """The extender's settings: one typed object, read from flags and ``TF_EXTENDER_*`` environment variables.
 
 It exists so that every knob an operator may turn (policy, hand-off timeouts, where the API server
-is, where to listen) is named, typed, defaulted and documented in one place, and so that tests
-build an app from an explicit ``Settings(...)`` instead of a module global.
+is, where the verbs and the read-only routes listen) is named, typed, defaulted and documented in
+one place, and so that tests build an app from an explicit ``Settings(...)`` instead of a module global.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
-from vgpu.names import DEFAULT_POOL, PlacementPolicy
+from vgpu.names import DEFAULT_POOL, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -88,8 +88,25 @@ class Settings(BaseSettings):
     kubeconfig: str | None = Field(
         None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
     )
-    host: str = Field("0.0.0.0", description="Address to listen on.")
-    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    verbs_address: str = Field(
+        "127.0.0.1",
+        description="Address the scheduling verbs (filter, prioritize, bind, preempt) listen on, with every "
+        "other route. Loopback: only the kube-scheduler beside the extender in its pod can call them; whoever "
+        "can reach bind can pin any unbound pod to any node, so widen it only behind something that "
+        "authenticates the caller.",
+    )
+    verbs_port: int = Field(
+        EXTENDER_VERBS_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the verbs (the KubeSchedulerConfiguration urlPrefix's).",
+    )
+    public_address: str = Field(
+        "0.0.0.0",
+        description="Address of the read-only listener: explain, healthz, readyz and metrics, for probes, "
+        "Prometheus and tfctl explain. It serves no verb.",
+    )
+    public_port: int = Field(EXTENDER_PUBLIC_PORT, ge=0, le=65535, description="Port of the read-only listener.")
     url_prefix: str = Field(
         "",
         description="Extra path prefix the verbs are served under as well as '/', matching the "
@@ -109,6 +126,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"handoff_wait {self.handoff_wait:g}s does not fit in bind_timeout {self.bind_timeout:g}s: "
                 f"it may be at most {most:g}s (2/3 of it; the rest is for the bind's API calls)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _verbs_apart(self) -> Settings:
+        if self.verbs_port and self.verbs_port == self.public_port:
+            raise ValueError(
+                f"verbs_port and public_port are both {self.verbs_port}: the verbs must not be served on the "
+                "read-only listener's port"
             )
         return self
 

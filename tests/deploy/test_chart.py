@@ -13,7 +13,16 @@ from device_plugin.main import parser as plugin_parser
 from scheduler_extender.main import settings_from as extender_settings
 from scheduler_extender.webhook.app import MUTATE_PATH
 from vgpu import catalog_file
-from vgpu.names import LABEL_ENABLED, QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, Qos, SystemAnnotation
+from vgpu.names import (
+    EXTENDER_PUBLIC_PORT,
+    EXTENDER_VERBS_PORT,
+    LABEL_ENABLED,
+    QOS_PRIORITY_VALUE,
+    RESOURCE_VGPU,
+    SCHEDULER_NAME,
+    Qos,
+    SystemAnnotation,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -60,13 +69,30 @@ def test_scheduler_config_routes_our_pods_to_the_extender() -> None:
 def test_standalone_config_equals_the_charts_apart_from_the_placeholders() -> None:
     chart, alone = chart_scheduler_config(), standalone_scheduler_config()
     assert alone["clientConnection"] == {"kubeconfig": "__KUBECONFIG__"}
-    assert alone["extenders"][0]["urlPrefix"] == "__EXTENDER_URL__"
-    assert chart["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8080/extender"
+    assert alone["extenders"][0]["urlPrefix"] == "http://127.0.0.1:__EXTENDER_VERBS_PORT__/extender"
+    assert chart["extenders"][0]["urlPrefix"] == f"http://127.0.0.1:{EXTENDER_VERBS_PORT}/extender"
     for doc in (chart, alone):
         doc.pop("clientConnection", None)
         doc.pop("leaderElection")
         doc["extenders"][0].pop("urlPrefix")
     assert chart == alone
+
+
+def test_only_the_read_only_listener_leaves_the_scheduler_pod() -> None:
+    """kube-scheduler calls the verbs on loopback, where the extender's own flags put them; the pod's
+    port, its probes and the Service are the read-only listener's, which serves no verb."""
+    spec = one("Deployment", "scheduler")["spec"]["template"]["spec"]
+    extender = container(spec, "extender")
+    settings = extender_settings(extender["args"])  # read by the binary's own flag parser
+    assert (settings.verbs_address, settings.verbs_port) == ("127.0.0.1", EXTENDER_VERBS_PORT)
+    assert (settings.public_address, settings.public_port) == ("0.0.0.0", EXTENDER_PUBLIC_PORT)
+    url = f"http://127.0.0.1:{settings.verbs_port}{settings.url_prefix}"
+    assert chart_scheduler_config()["extenders"][0]["urlPrefix"] == url
+    assert extender["ports"] == [{"name": "http", "containerPort": settings.public_port}]
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    (service,) = [o for o in objects() if o["kind"] == "Service" and o["metadata"]["name"].endswith("-extender")]
+    assert service["spec"]["ports"] == [{"name": "http", "port": settings.public_port, "targetPort": "http"}]
 
 
 def test_webhook_fails_closed_for_opted_in_pods_only() -> None:

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -73,7 +74,7 @@ class Cluster(AbstractContextManager["Cluster"]):
 
     def start(self) -> None:
         bin_dir = ensure_binaries()
-        self.extender_port, self.webhook_port = free_port(), free_port()
+        self.extender_verbs_port, self.extender_public_port, self.webhook_port = free_port(), free_port(), free_port()
         self.cp = ControlPlane(bin_dir, self.root / "control-plane")
         node_kubeconfig = self.cp.add_identity(f"system:node:{REAL_NODE}", ("system:nodes",))
         self.tenant_kubeconfig = self.cp.add_identity(TENANT, ())
@@ -87,8 +88,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         self.ensure_pool(DEFAULT_POOL)
         self._start_webhook()
         self.start_extender()
-        extender_url = f"http://127.0.0.1:{self.extender_port}{deploy.EXTENDER_PREFIX}"
-        self.cp.start_scheduler(self.kubeconfigs["extender"], extender_url)
+        self.cp.start_scheduler(self.kubeconfigs["extender"], self.extender_verbs_port)
         assert self.cp.pki is not None
         pool_label = {LABEL_NODE_POOL: DEFAULT_POOL}  # how an operator puts a node in a pool
         self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
@@ -126,19 +126,21 @@ class Cluster(AbstractContextManager["Cluster"]):
         apply(self.admin, deploy.webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", self.cp.pki.ca_crt))
 
     def start_extender(self) -> Proc:
-        """Writes workload status every second (default 5 s), so scenarios see it change sooner."""
+        """Writes workload status every second (default 5 s), so scenarios see it change sooner. Both
+        listeners keep their default addresses: the verbs on loopback, the read-only routes on all."""
         proc = self._ours(
             "tf-extender",
             [
                 str(VENV_BIN / "tf-extender"),
-                "--host=127.0.0.1",
-                f"--port={self.extender_port}",
+                f"--verbs-port={self.extender_verbs_port}",
+                f"--public-port={self.extender_public_port}",
                 f"--url-prefix={deploy.EXTENDER_PREFIX}",
                 f"--kubeconfig={self.kubeconfigs['extender']}",
                 "--workload-status-interval=1",
             ],
         )
-        wait_until("tf-extender port", lambda: tcp_listening(self.extender_port), 60, [proc])
+        for port in (self.extender_verbs_port, self.extender_public_port):
+            wait_until(f"tf-extender port {port}", partial(tcp_listening, port), 60, [proc])
         return proc
 
     @property

@@ -155,9 +155,9 @@ class ControlPlane:
         )
         wait_until("kube-controller-manager port", lambda: tcp_listening(port), 60, self.procs)
 
-    def start_scheduler(self, kubeconfig: Path, extender_url: str) -> None:
+    def start_scheduler(self, kubeconfig: Path, extender_verbs_port: int) -> None:
         """kube-scheduler with THE configuration from deploy/, as the given identity."""
-        config = deploy.scheduler_config(kubeconfig, extender_url)
+        config = deploy.scheduler_config(kubeconfig, extender_verbs_port)
         path = self.root / "scheduler-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()

@@ -25,7 +25,7 @@ CRDS = DEPLOY / "crds"
 MANIFESTS = DEPLOY / "manifests"
 EXAMPLES = DEPLOY / "examples"
 SCHEDULER_CONFIG = DEPLOY / "scheduler-config.yaml"
-EXTENDER_PREFIX = "/extender"  # the shipped chart serves the verbs under 127.0.0.1:8080/extender
+EXTENDER_PREFIX = "/extender"  # the shipped configurations call the verbs at 127.0.0.1:<verbs port>/extender
 
 # Kinds that run our binaries in a real cluster; the harness runs them as processes instead.
 WORKLOAD_KINDS = frozenset({"Deployment", "DaemonSet", "Service", "Pod", "Secret"})
@@ -88,13 +88,13 @@ def webhook_configurations(base_url: str, ca: Path) -> list[dict[str, Any]]:
     return out
 
 
-def scheduler_config(kubeconfig: Path, extender_url: str) -> dict[str, Any]:
+def scheduler_config(kubeconfig: Path, verbs_port: int) -> dict[str, Any]:
     """The shipped KubeSchedulerConfiguration with its two placeholders filled in, and nothing else."""
     text = SCHEDULER_CONFIG.read_text()
-    for placeholder in ("__KUBECONFIG__", "__EXTENDER_URL__"):
+    for placeholder in ("__KUBECONFIG__", "__EXTENDER_VERBS_PORT__"):
         if placeholder not in text:
             raise LookupError(f"{SCHEDULER_CONFIG} lacks the placeholder {placeholder}")
-    text = text.replace("__KUBECONFIG__", str(kubeconfig)).replace("__EXTENDER_URL__", extender_url)
+    text = text.replace("__KUBECONFIG__", str(kubeconfig)).replace("__EXTENDER_VERBS_PORT__", str(verbs_port))
     config: dict[str, Any] = yaml.safe_load(text)
     return config
 
