@@ -154,6 +154,11 @@ def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo]) -> PodAlloc
             raise AllocateError(f"{where}: allocation names GPU {grant.uuid}, which node {node} does not have")
         if gpu.health is not Health.HEALTHY:
             raise AllocateError(f"{where}: allocation names GPU {grant.uuid}, which is unhealthy on node {node}")
+        if gpu.mig:
+            raise AllocateError(
+                f"{where}: allocation names GPU {grant.uuid}, which is in MIG mode on node {node}: its UUID gives a "
+                "container no usable CUDA device, and MIG instances are not shared yet"
+            )
         _ordered(where, grant.uuid, "TFLOPS", humanize_tflops, grant.tflops_request, grant.tflops_limit, gpu.tflops)
         _ordered(where, grant.uuid, "vram", humanize_bytes, grant.vram_request, grant.vram_limit, gpu.vram)
     return alloc

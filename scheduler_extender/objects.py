@@ -226,7 +226,9 @@ def node_state(node: Mapping[str, Any], default_pool: str) -> NodeState:
             model=g.model,
             tflops=g.tflops,
             vram=g.vram,
-            healthy=g.health is Health.HEALTHY,
+            # A GPU in MIG mode is never shared: its parent UUID gives a container no usable CUDA
+            # device, and MIG instances are not scheduled yet (the node's reason says "healthy").
+            healthy=g.health is Health.HEALTHY and not g.mig,
             numa=g.numa,
             slots=inv.slices_per_gpu,
         )

@@ -225,6 +225,9 @@ def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> N
     sick = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=1, vram=1, health=Health.UNHEALTHY)}
     with pytest.raises(AllocateError, match="unhealthy on node node-a"):
         validate(pod, "node-a", sick)
+    mig = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=A100_TFLOPS, vram=A100_VRAM, mig=True)}
+    with pytest.raises(AllocateError, match="in MIG mode on node node-a: its UUID gives a container no usable"):
+        validate(pod, "node-a", mig)
 
 
 # --- proof: the kubelet's record settles answers, and only proven grants start ---

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from scheduler_extender.informer import Backoff, Informer
 from scheduler_extender.objects import PodRef
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import inventory as inventory_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import Qos, SystemAnnotation
 
@@ -335,3 +337,15 @@ def test_backoff_doubles_to_a_cap_and_resets() -> None:
     assert [backoff.next() for _ in range(4)] == [0.5, 1.0, 2.0, 2.0]
     backoff.reset()
     assert backoff.next() == 0.5
+
+
+def test_a_gpu_in_mig_mode_is_never_offered_for_sharing(cache: ClusterCache) -> None:
+    # Sharing it would hand containers the parent UUID, which gives them no usable CUDA device.
+    node = make_node("n1", gpus=2)
+    inv = inventory_contract.decode(node["metadata"]["annotations"][inventory_contract.KEY])
+    mig = replace(inv, gpus=(replace(inv.gpus[0], mig=True), inv.gpus[1]))
+    node["metadata"]["annotations"][inventory_contract.KEY] = inventory_contract.encode(mig)
+    cache.apply(Kind.NODE, WatchEvent("ADDED", node))
+    view = cache.node("n1")
+    assert view is not None
+    assert [(g.uuid, g.healthy) for g in view.gpus] == [("GPU-n1-0", False), ("GPU-n1-1", True)]
