@@ -59,9 +59,10 @@ def pending(cluster: Cluster) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def probe(cluster: Cluster, pending: Any) -> dict[str, Any]:
+def probe(cluster: Cluster) -> dict[str, Any]:
     """A GPU pod as admitted (the webhook's resolved request on it), never created: the Pod of the
     verb bodies, exactly what kube-scheduler would send for it."""
+    cluster.namespace(NAMESPACE)
     admitted = cluster.core.create_namespaced_pod(NAMESPACE, gpu_pod("surface-probe", SHARE), dry_run="All")
     pod: dict[str, Any] = cluster.admin.sanitize_for_serialization(admitted)
     return pod
