@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -90,15 +89,6 @@ def burst(core: CoreV1Api, namespace: str, count: int, pause: float = 0) -> None
     for i in range(count):
         core.create_namespaced_pod(namespace, gpu_pod(f"burst-{i:02d}", share))
         time.sleep(pause)
-
-
-@pytest.fixture
-def fresh(cluster: Cluster, core: CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A namespace of its own, emptied afterwards so the node's GPUs are free for the next scenario."""
-    name = cluster.namespace(f"e2e-{request.node.name.replace('_', '-')[5:40].strip('-')}")
-    yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    eventually(f"pods of {name} gone", lambda: not core.list_namespaced_pod(name).items, timeout=120)
 
 
 @pytest.mark.timeout(420)
