@@ -7,18 +7,21 @@ selection (it is placed and granted a share, but no kubelet runs it).
 WHY: the first thing a newcomer runs. It uses the same cluster as the end-to-end tests (real
 API server, scheduler, kubelet; our webhook, extender and device plugin), so what it prints is
 what the tests check: pod → node, GPU UUID, TFLOPS and VRAM granted, and the env one container
-was created with, and the status the extender wrote on the generated TensorFusionWorkload.
+was created with, and the status the extender wrote on the generated TensorFusionWorkload; then
+what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
+hand is admitted by the kubelet but the device plugin refuses to start it).
 Everything is stopped before it returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes.client import CustomObjectsApi
+from kubernetes.client import ApiException, CustomObjectsApi
 
 from vgpu.contract import allocation
 from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation
@@ -27,10 +30,11 @@ from vgpu.quantity import format_bytes, format_milli
 from . import deploy
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import gpus
-from .kube import apply, eventually
+from .kube import apply, bind_by_hand, events_for, eventually
 from .pods import allocation_of, created_env, gpu_pod
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
+DEMO_NOWHERE = "demo-no-nodes"  # a pool without nodes: a pod there waits for a Binding posted by hand
 
 
 def rows(pods: Sequence[Any]) -> list[tuple[str, ...]]:
@@ -105,8 +109,32 @@ def run(keep: bool) -> None:
 
         print(f"\nkubectl get tensorfusionworkloads -n {namespace} (status written by the extender):")
         print(table(eventually("workload status", workload_statuses, timeout=30)))
+        isolation(cluster, namespace)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
+
+
+def isolation(cluster: Cluster, namespace: str) -> None:
+    """What a pod that tries to skip the scheduler meets: admission, then the device plugin's proof."""
+    share = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
+    preset = gpu_pod("skips-the-scheduler", share)
+    preset["spec"]["nodeName"] = REAL_NODE
+    try:
+        cluster.core.create_namespaced_pod(namespace, preset)
+        print("\nBUG: a GPU pod with a preset spec.nodeName was admitted")
+    except ApiException as exc:
+        message = json.loads(exc.body)["message"]
+        print(f"\na GPU pod with spec.nodeName preset is denied ({exc.status}):\n  {message}")
+    cluster.ensure_pool(DEMO_NOWHERE)
+    cluster.core.create_namespaced_pod(namespace, gpu_pod("bound-by-hand", {**share, Annotation.GPUPOOL: DEMO_NOWHERE}))
+    bind_by_hand(cluster.core, namespace, "bound-by-hand", REAL_NODE)
+    print(f"pod/bound-by-hand: a Binding to {REAL_NODE} posted by hand, without the extender's grant")
+
+    def refused() -> str | None:
+        lines = [e for e in events_for(cluster.core, namespace, "bound-by-hand") if "tensor-fusion" in e]
+        return lines[0] if lines else None
+
+    print(f"  kubelet event: {eventually('the kubelet refusing bound-by-hand', refused, timeout=30)}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -134,3 +134,16 @@ def untaint_not_ready(core: CoreV1Api, node: str) -> None:
     taints = [t for t in (n.spec.taints or []) if t.key != "node.kubernetes.io/not-ready"]
     if len(taints) != len(n.spec.taints or []):
         core.patch_node(node, {"spec": {"taints": [core.api_client.sanitize_for_serialization(t) for t in taints]}})
+
+
+def bind_by_hand(core: CoreV1Api, namespace: str, name: str, node: str) -> None:
+    """POST a Binding as an administrator would, bypassing the scheduler and its extender."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    # The API answers a Status, which the client cannot read back as a Binding: take the raw answer.
+    response = core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+    assert response.status == 201, response.data

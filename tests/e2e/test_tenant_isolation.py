@@ -31,7 +31,7 @@ from vgpu.names import Annotation, Env
 
 from .cluster import REAL_NODE, TENANT, Cluster
 from .deploy import system_namespace
-from .kube import api_client, events_for, eventually, wait_bound, wait_running
+from .kube import api_client, bind_by_hand, events_for, eventually, wait_bound, wait_running
 from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
 
 OWN = "e2e-isolation-a"
@@ -101,19 +101,6 @@ def kubelet_paused(cluster: Cluster) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def bind_by_hand(core: CoreV1Api, namespace: str, name: str) -> None:
-    """POST a Binding as an administrator would, bypassing the scheduler and its extender."""
-    body = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": name},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": REAL_NODE},
-    }
-    # The API answers a Status, which the client cannot read back as a Binding: take the raw answer.
-    response = core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
-    assert response.status == 201, response.data
-
-
 def refusals(core: CoreV1Api, namespace: str, name: str) -> list[str]:
     """The grant owners named by the device plugin's PreStartContainer refusals of this pod."""
     return [m.group(1) for line in events_for(core, namespace, name) if (m := REFUSED.search(line))]
@@ -133,7 +120,7 @@ def test_rogue_pods_admitted_during_a_hand_off_never_start_on_its_grant(
             tenants[namespace].create_namespaced_pod(namespace, rogue)
         with kubelet_paused(cluster):
             for namespace, name in round_rogues:
-                bind_by_hand(core, namespace, name)
+                bind_by_hand(core, namespace, name, REAL_NODE)
             tenants[OWN].create_namespaced_pod(OWN, gpu_pod(f"legit-{r}", SHARE))
             bound = wait_bound(core, OWN, f"legit-{r}")
             assert bound.spec.node_name == REAL_NODE
