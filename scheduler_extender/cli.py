@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -23,6 +23,9 @@ from vgpu.errors import DomainError
 from vgpu.profile import ProfileSpec, parse_spec
 from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.request import PodView, is_enabled, resolve
+
+# Manifests ``tfctl resolve`` reads a pod from: a Pod, or a workload whose spec.template is one.
+POD_KINDS: Final = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +79,11 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _pod(doc: dict[str, Any]) -> PodView:
+def _pod(doc: dict[str, Any], path: Path) -> PodView:
+    kind = doc.get("kind")
+    if kind not in POD_KINDS:
+        accepted = ", ".join(POD_KINDS)
+        raise DomainError.one(f"{path}: kind", None if kind is None else str(kind), f"not a pod; accepted: {accepted}")
     template = (doc.get("spec") or {}).get("template")
     body = template if isinstance(template, dict) else doc
     outer = doc.get("metadata") or {}
@@ -95,7 +102,7 @@ def _spec(doc: dict[str, Any], kind: str) -> ProfileSpec:
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    pod = _pod(_load(args.manifest))
+    pod = _pod(_load(args.manifest), args.manifest)
     if not is_enabled(pod.labels):
         print('not a GPU pod: label tensor-fusion.ai/enabled is not "true"; the webhook leaves it untouched')
         return 0

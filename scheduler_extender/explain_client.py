@@ -51,7 +51,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tfctl: the extender answered {exc.code}: {exc.read().decode(errors='replace')[:300]}", file=sys.stderr)
         return 2
     except (urllib.error.URLError, TimeoutError) as exc:
-        print(f"tfctl: cannot reach the extender at {base}: {exc}", file=sys.stderr)
+        print(
+            f"tfctl: cannot reach the extender at {base}: {exc}\n"
+            "  tfctl explain asks the extender's read-only port; from outside the cluster forward it first:\n"
+            f"    kubectl -n tensor-fusion-system port-forward svc/tensor-fusion-extender {EXTENDER_PUBLIC_PORT}\n"
+            "  or give its URL with --extender",
+            file=sys.stderr,
+        )
         return 2
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import random
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -43,6 +44,9 @@ from vgpu.names import LABEL_NODE_GPU_MODEL
 from vgpu.quantity import MIB, parse_bytes, parse_milli
 
 UNIT = 1000  # compute units / MiB of one GPU in share-based (openb) inputs
+# The keys each kind of entry may have: a misspelt one is an error, never a silently wrong plan.
+NODE_KEYS: Final = ("name", "count", "gpus", "gpu_model", "tflops", "vram", "cpu", "memory", "pool", "labels")
+POD_KEYS: Final = ("name", "replicas", "tflops", "vram", "gpu_count", "gpu_model", "whole_gpu", "cpu", "memory")
 
 
 class PlanError(ValueError):
@@ -65,7 +69,12 @@ def add_subcommand(subparsers: Any) -> None:
     p = subparsers.add_parser("plan", help="replay a pod list on a cluster description with each placement policy")
     p.add_argument("pods", type=Path, help="pod list: CSV or YAML")
     p.add_argument("cluster", type=Path, help="cluster: YAML, or the openb node CSV")
-    p.add_argument("--policy", action="append", help="policy to compare (repeatable; default: all registered)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        choices=REGISTRY.names(),
+        help="policy to compare (repeatable; default: all registered)",
+    )
     p.add_argument("--shuffle", type=int, metavar="SEED", help="submit pods in a seeded random order")
     p.add_argument("--show-dropped", type=int, default=10, metavar="N", help="list up to N pods that did not fit")
     p.set_defaults(run=run)
@@ -155,6 +164,7 @@ def load_cluster(path: Path, catalog: Catalog) -> list[NodeState]:
     for i, entry in enumerate(doc["nodes"]):
         if not isinstance(entry, dict):
             raise PlanError(f"{path}: nodes[{i}] must be an object")
+        _known_keys(entry, NODE_KEYS, f"{path}: nodes[{i}]")
         nodes.extend(_yaml_nodes(entry, i, catalog))
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
@@ -217,11 +227,21 @@ def load_pods(path: Path, nodes: Sequence[NodeState]) -> list[Demand]:
     demands: list[Demand] = []
     for i, row in enumerate(rows):
         name = str(row.get("name") or f"pod{i}")
+        if "gpu_milli" not in row:  # an openb trace row carries more columns than it is planned by
+            _known_keys(row, POD_KEYS, f"{path}: pod {name}")
         demand = _share_demand(row, name, nodes) if "gpu_milli" in row else _demand(row, name)
         replicas = int(row.get("replicas") or 1)
         for k in range(replicas):
             demands.append(demand if replicas == 1 else replace(demand, pod_key=f"plan/{name}-{k}"))
     return demands
+
+
+def _known_keys(entry: dict[str, Any], accepted: Sequence[str], where: str) -> None:
+    unknown = sorted(str(k) for k in entry if k not in accepted)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise PlanError(f"{where}: unknown key {unknown[0]!r}; {hint}accepted keys: {', '.join(accepted)}")
 
 
 def _demand(row: dict[str, Any], name: str) -> Demand:

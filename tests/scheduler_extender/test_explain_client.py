@@ -76,4 +76,7 @@ def test_unreachable_extender_is_a_clear_error(capsys: pytest.CaptureFixture[str
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     assert main(["explain", "default/x", "--extender", f"http://127.0.0.1:{port}"]) == 2
-    assert f"cannot reach the extender at http://127.0.0.1:{port}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"cannot reach the extender at http://127.0.0.1:{port}" in err
+    assert "kubectl -n tensor-fusion-system port-forward svc/tensor-fusion-extender 8081" in err  # what to do
+    assert "--extender" in err
