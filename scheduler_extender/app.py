@@ -37,6 +37,7 @@ from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind, KubeGateway
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.informer import Informer
+from scheduler_extender.leader import LeaseElector, default_identity, own_namespace
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.periodic import Periodic
 from scheduler_extender.settings import Settings
@@ -72,6 +73,7 @@ class Extender:
     informers: tuple[Informer, ...]
     workload_status: WorkloadStatusWriter
     sweeper: Periodic
+    elector: LeaseElector
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -83,6 +85,7 @@ class Extender:
         self.events.start()
         for informer in self.informers:
             informer.start()
+        self.elector.start()
         self.workload_status.start()
         self.sweeper.start()
 
@@ -90,6 +93,7 @@ class Extender:
         self.stop.set()
         self.sweeper.stop()
         self.workload_status.stop()
+        self.elector.stop()
         self.events.stop()
 
 
@@ -141,17 +145,38 @@ def build(
         )
         for kind in (Kind.NODE, Kind.POD)
     )
+    elector = LeaseElector(
+        gateway,
+        settings.lease_namespace or own_namespace(),
+        settings.lease_name,
+        settings.identity or default_identity(),
+        clock=clock,
+        on_error=metrics.errors.labels("leader-election", "api").inc,
+    )
     workload_status = WorkloadStatusWriter(
         gateway,
         cache.records,
         interval=settings.workload_status_interval,
         clock=clock,
         ready=lambda: all(i.synced.is_set() for i in informers),
+        leading=elector.is_leader,
         on_error=metrics.errors.labels("workload-status", "api").inc,
     )
     sweeper = reservation_sweeper(cache)
     return Extender(
-        settings, gateway, cache, gate, verbs, binder, events, metrics, informers, workload_status, sweeper, stop
+        settings,
+        gateway,
+        cache,
+        gate,
+        verbs,
+        binder,
+        events,
+        metrics,
+        informers,
+        workload_status,
+        sweeper,
+        elector,
+        stop,
     )
 
 

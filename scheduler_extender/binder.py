@@ -19,6 +19,25 @@ scheduler's next bind of the pod finds the allocation on the unbound pod and und
 Every API call gets a timeout cut from the bind's deadline (deadline.py), so a bind answers within
 ``bind_timeout`` while the API server is stalled. GPU pods and plain pods post their Binding through
 the same step.
+
+Two extender replicas may bind the same pod at once (a rolling restart, a drain, a leader change:
+the old kube-scheduler's binds still run). The API server is the only arbiter they share, so the two
+writes that matter are conditional, and the loser backs off without undoing the winner:
+- the allocation is written by a merge patch carrying the ``metadata.resourceVersion`` of the pod the
+  bind just read (and its UID): if anything changed the pod since, the API server answers 409. The bind
+  then re-reads it: another allocation on it, or the pod bound, means another extender is binding it,
+  so this bind releases only its own reservation and gate hold and answers an Error saying so; nothing
+  that matters changed (a status update moved the resourceVersion), it writes once more. A merge patch
+  with a resourceVersion rather than a JSON patch ``test`` on the annotation, because "unchanged since
+  read" also covers a Binding or a deletion that landed in between;
+- the allocation is removed (rollback, or the cleanup of an unfinished bind) only while it still reads
+  exactly what this binder wrote: a JSON patch ``test`` of the UID and of the annotation's value, then
+  ``remove``. A failed test (422) means the allocation is someone else's; it is left alone, quietly.
+An unbound pod carrying an allocation this binder did not write is another replica's bind in
+progress, unless its ``boundAt`` is older than a bind can last (``bind_timeout`` plus clock slack):
+only then is it an abandoned bind's, removed (conditionally) before binding afresh. The ledger
+follows the same rule: a failed or lost bind releases only its own reservation, never an allocation
+the watch saw on the pod, and never another pod's gate hold seen on the node.
 """
 
 from __future__ import annotations
@@ -39,8 +58,8 @@ from scheduler_extender.core.model import Demand, Snapshot
 from scheduler_extender.core.placement import Placement, place
 from scheduler_extender.core.policy import Policies
 from scheduler_extender.deadline import BudgetSpent, Deadline
-from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject
-from scheduler_extender.handoff import GateBusy, HandoffGate
+from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject, precondition_failed
+from scheduler_extender.handoff import GateBusy, HandoffGate, bound_at
 from scheduler_extender.objects import PodRef, pod_record, pod_ref, scheduled_pod
 from scheduler_extender.wire import ExtenderBindingArgs
 from vgpu.catalog import Catalog
@@ -49,6 +68,11 @@ from vgpu.contract.allocation import PodAllocation
 from vgpu.names import SystemAnnotation
 
 log = logging.getLogger(__name__)
+
+ALLOCATION = SystemAnnotation.ALLOCATION.value
+# Seconds beyond ``bind_timeout`` after its boundAt before another writer's allocation on an unbound pod
+# counts as abandoned: the replicas' clocks may differ by this much.
+CLOCK_SLACK = 5.0
 
 
 class BindError(Exception):
@@ -98,6 +122,7 @@ class Binder:
         self.monotonic = monotonic
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # UIDs of pods with a bind in progress
+        self._written: dict[str, str] = {}  # pod UID -> allocation this binder wrote, bind not yet seen through
 
     def deadline(self) -> Deadline:
         """A bind deadline starting now (take it when the request arrives)."""
@@ -130,15 +155,24 @@ class Binder:
         record = pod_record(pod)
         if record.node_name is not None:
             if record.node_name == node and record.allocation is not None and record.allocation.node == node:
+                self._forget(ref.uid)
                 return BindOutcome(record.allocation, 0.0)  # a retried bind whose first answer was lost
             raise BindError(f"pod {ref.key} is already bound to {record.node_name}", "request")
+        removed = None
         if record.allocation is not None:
             # Unbound yet allocated: an earlier bind wrote the allocation and never posted the Binding
-            # (the extender died in between, its rollback failed, or its Binding's outcome was unknown).
-            # Roll it back, then bind afresh.
-            note = self._undo(ref, record.allocation.node, deadline, annotated=True, forward=True)
+            # (the extender died in between, its rollback failed, or its Binding's outcome was unknown),
+            # or another replica's bind is writing it now. Roll back only the first kind, then bind afresh.
+            text = _allocation_text(pod)
+            if not self._abandoned(ref, text, record.allocation.bound_at):
+                raise BindError(_contended(ref), "conflict")
+            note = self._undo(ref, record.allocation.node, deadline, written=text, forward=True)
             if note:
                 raise BindError(f"pod {ref.key} carries the allocation of an unfinished bind{note}", "annotate")
+            removed = record.allocation
+            pod = self._fetch(ref, deadline)
+            if pod_record(pod).node_name is not None or pod_record(pod).allocation is not None:
+                raise BindError(_contended(ref), "conflict")
         wanted = scheduled_pod(pod)
         if not wanted.is_gpu_pod:
             self._post_binding(ref, node, deadline)
@@ -151,7 +185,7 @@ class Binder:
         except GateBusy as busy:
             raise BindError(str(busy), "gate") from None
         try:
-            placement = self._reserve(ref, demand, node)
+            placement = self._reserve(ref, demand, node, removed)
         except BindError:
             self.gate.release(node, ref.uid)
             raise
@@ -164,17 +198,59 @@ class Binder:
             gpus=placement.grants,
             bound_at=rfc3339(self.clock()),
         )
-        try:
-            written = {SystemAnnotation.ALLOCATION.value: allocation_contract.encode(allocation)}
-            timeout = deadline.forward("record the GPU allocation")
-            self.gateway.patch_pod_annotations(ref.namespace, ref.name, ref.uid, written, timeout=timeout)
-        except GatewayError as exc:
-            # Without an answer the patch may have been applied all the same: remove it too.
-            note = self._undo(ref, node, deadline, annotated=_unanswered(exc))
-            raise BindError(f"could not record the GPU allocation on pod {ref.key}: {exc}{note}", "annotate") from None
-        self._post_binding(ref, node, deadline, undo=lambda: self._undo(ref, node, deadline, annotated=True))
+        text = allocation_contract.encode(allocation)
+        self._write_allocation(ref, node, pod, text, deadline)
+        self._post_binding(
+            ref, node, deadline, written=text, undo=lambda: self._undo(ref, node, deadline, written=text)
+        )
+        self._forget(ref.uid)
         self._bound(ref, node, demand, placement)
         return BindOutcome(allocation, waited)
+
+    def _write_allocation(self, ref: PodRef, node: str, pod: RawObject, text: str, deadline: Deadline) -> None:
+        """Write the allocation on the pod as read (resourceVersion precondition); once more after a 409 that
+        hid no other bind. Raises BindError having undone what this bind did, and nothing else."""
+        with self._lock:
+            self._written[ref.uid] = text  # before the call: an unanswered write may have landed
+        for attempt in range(2):
+            try:
+                self.gateway.patch_pod_annotations(
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
+                    {ALLOCATION: text},
+                    resource_version=_resource_version(pod),
+                    timeout=deadline.forward("record the GPU allocation"),
+                )
+                return
+            except GatewayError as exc:
+                if exc.status != 409 or attempt:
+                    # Without an answer the patch may have been applied all the same: remove it too.
+                    note = self._undo(ref, node, deadline, written=text if _unanswered(exc) else None)
+                    raise BindError(
+                        f"could not record the GPU allocation on pod {ref.key}: {exc}{note}", "annotate"
+                    ) from None
+            try:
+                pod = self._fetch(ref, deadline)
+            except BindError:
+                self._undo(ref, node, deadline, written=None)
+                raise
+            fresh = pod_record(pod)
+            if fresh.node_name is not None or fresh.allocation is not None:
+                self._undo(ref, node, deadline, written=None)
+                raise BindError(_contended(ref), "conflict")
+
+    def _abandoned(self, ref: PodRef, text: str, written_at: str) -> bool:
+        """Whether an unbound pod's allocation may be removed: this binder wrote it, or the bind that wrote
+        it must have ended (its boundAt is older than any bind lasts)."""
+        with self._lock:
+            if self._written.get(ref.uid) == text:
+                return True
+        return bound_at(written_at, self.clock()) + self.bind_timeout + CLOCK_SLACK < self.clock()
+
+    def _forget(self, uid: str) -> None:
+        with self._lock:
+            self._written.pop(uid, None)
 
     def _bound(self, ref: PodRef, node: str, demand: Demand, placement: Placement) -> None:
         """After the Binding: commit the reservation and teach the policy. Nothing here may fail the bind."""
@@ -199,9 +275,12 @@ class Binder:
             raise BindError(f"pod {ref.key} has UID {pod_ref(pod).uid}, not {ref.uid} (recreated?)", "request")
         return pod
 
-    def _bound_after_all(self, ref: PodRef, node: str, failure: GatewayError, deadline: Deadline) -> bool | None:
-        """Whether the pod is bound to ``node`` although posting its Binding failed (the answer was lost);
-        None when that cannot be read back."""
+    def _bound_after_all(
+        self, ref: PodRef, node: str, failure: GatewayError, deadline: Deadline, written: str | None
+    ) -> bool | None:
+        """Whether the pod is bound to ``node`` with the allocation this bind ``written`` (None: a pod
+        without GPUs) although posting its Binding failed (the answer was lost); None when that cannot
+        be read back. Bound with another allocation, another extender bound it: not this bind's."""
         try:
             pod = self.gateway.get_pod(ref.namespace, ref.name, timeout=deadline.cleanup(0.5))
         except GatewayError as exc:
@@ -209,21 +288,30 @@ class Binder:
             return None
         if pod is None or pod_ref(pod).uid != ref.uid or pod_record(pod).node_name != node:
             return False
+        if written is not None and _allocation_text(pod) != written:
+            log.info("bind %s -> %s: another extender bound the pod with its own allocation", ref.key, node)
+            return False
         log.warning(
             "bind %s -> %s answered %s, yet the pod is bound there: keeping its allocation", ref.key, node, failure
         )
         return True
 
     def _post_binding(
-        self, ref: PodRef, node: str, deadline: Deadline, *, undo: Callable[[], str] = lambda: ""
+        self,
+        ref: PodRef,
+        node: str,
+        deadline: Deadline,
+        *,
+        written: str | None = None,
+        undo: Callable[[], str] = lambda: "",
     ) -> None:
-        """POST the Binding. On failure, unless the pod turns out bound to ``node`` after all, ``undo``
-        (which returns a note when cleaning up failed) runs and the failure is raised as a BindError;
-        when whether it is bound cannot be read back, nothing is undone."""
+        """POST the Binding. On failure, unless the pod turns out bound to ``node`` with this bind's
+        allocation ``written`` after all, ``undo`` (which returns a note when cleaning up failed) runs and
+        the failure is raised as a BindError; when whether it is bound cannot be read back, nothing is undone."""
         try:
             self.gateway.bind(ref.namespace, ref.name, ref.uid, node, timeout=deadline.forward("post the Binding"))
         except GatewayError as exc:
-            bound = self._bound_after_all(ref, node, exc, deadline) if _ambiguous(exc) else False
+            bound = self._bound_after_all(ref, node, exc, deadline, written) if _ambiguous(exc) else False
             if bound:
                 return
             failed = f"could not bind pod {ref.key} to {node}: {exc}"
@@ -231,12 +319,18 @@ class Binder:
                 raise BindError(f"{failed}{_UNKNOWN_OUTCOME}", "binding") from None
             raise BindError(f"{failed}{undo()}", "binding") from None
 
-    def _reserve(self, ref: PodRef, demand: Demand, node: str) -> Placement:
-        """Under the cache lock: fresh view without the pod's own holds, place, reserve."""
+    def _reserve(self, ref: PodRef, demand: Demand, node: str, removed: PodAllocation | None) -> Placement:
+        """Under the cache lock: fresh view without the pod's own holds, place, reserve.
+
+        ``removed``: the allocation this bind just removed from the pod (the watch may still show it)."""
         with self.cache.lock:
-            # The pod, just read, is unbound and carries no allocation, and no other bind of it runs:
-            # what the cache still holds for it (a tentative reservation, or the hold of an earlier
-            # bind whose Binding's outcome was unknown) is stale.
+            # The pod, just read, is unbound and carries no allocation, and no other bind of it runs
+            # here: what the cache still holds for it (a tentative reservation, the hold of an earlier
+            # bind whose Binding's outcome was unknown) is stale — unless the watch has meanwhile shown
+            # an allocation another extender wrote on it.
+            seen = self.cache.record(ref.uid)
+            if seen is not None and seen.allocation is not None and seen.allocation != removed:
+                raise BindError(_contended(ref), "conflict")
             self.cache.release(ref.key, ref.uid)
             view = self.cache.node(node)
             if view is None:
@@ -252,29 +346,42 @@ class Binder:
                 raise BindError(f"pod {ref.key} cannot reserve GPUs on {node}: {refusal.reason}", "fit") from None
             return placement
 
-    def _undo(self, ref: PodRef, node: str, deadline: Deadline, *, annotated: bool, forward: bool = False) -> str:
+    def _undo(self, ref: PodRef, node: str, deadline: Deadline, *, written: str | None, forward: bool = False) -> str:
         """Roll back after a failed API call; returns a note for the Error if cleaning up failed too.
 
+        ``written``: the allocation that may be on the pod and is this bind's to remove (None: nothing
+        to remove). It is removed only while the pod still carries exactly that; otherwise it is someone
+        else's, and only this bind's own reservation goes — what the watch saw on the pod stays.
         ``forward``: the rollback of an earlier bind, a forward step of this one (its budget share);
         otherwise this bind's own cleanup (what is left to the deadline). The pod is not bound to
-        ``node``, so the gate is given back in any case. If the allocation could not be removed from
-        the pod, it may still exist, so it must still be counted: the reservation then stays, and
-        goes when the pod does or when the pod's next bind undoes it.
+        ``node`` by this bind, so its in-flight gate hold is given back in any case. If the allocation
+        could not be removed from the pod, it may still exist, so it must still be counted: the
+        reservation then stays, and goes when the pod does or when the pod's next bind undoes it.
         """
         self.gate.release(node, ref.uid)
-        if annotated:
-            try:
-                timeout = deadline.forward("remove an unfinished bind's allocation") if forward else deadline.cleanup()
-                self.gateway.patch_pod_annotations(
-                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION.value: None}, timeout=timeout
+        seen = self.cache.record(ref.uid)
+        if seen is not None:  # the pod as the watch last showed it (bound by another replica) holds its gate
+            self.gate.observe(seen)
+        if written is None:
+            self._forget(ref.uid)
+            self.cache.release_reserved(ref.key, ref.uid)
+            return ""
+        try:
+            timeout = deadline.forward("remove an unfinished bind's allocation") if forward else deadline.cleanup()
+            self.gateway.remove_pod_annotation(ref.namespace, ref.name, ref.uid, ALLOCATION, written, timeout=timeout)
+        except GatewayError as exc:
+            if precondition_failed(exc):  # not (any more) the allocation written: someone else owns it
+                log.info("rollback of %s: its allocation is no longer the one written; leaving it", ref.key)
+                self._forget(ref.uid)
+                self.cache.release_reserved(ref.key, ref.uid)
+                return ""
+            if exc.status != 404:  # a deleted pod carries no annotation to remove
+                log.error("rollback of %s: could not remove its allocation: %s", ref.key, exc)
+                return (
+                    f" (and removing its allocation annotation failed: {exc}; "
+                    "its GPUs stay accounted until the pod is deleted or bound again)"
                 )
-            except GatewayError as exc:
-                if exc.status != 404:  # a deleted pod carries no annotation to remove
-                    log.error("rollback of %s: could not remove its allocation: %s", ref.key, exc)
-                    return (
-                        f" (and removing its allocation annotation failed: {exc}; "
-                        "its GPUs stay accounted until the pod is deleted or bound again)"
-                    )
+        self._forget(ref.uid)
         self.cache.release(ref.key, ref.uid)
         return ""
 
@@ -283,6 +390,23 @@ _UNKNOWN_OUTCOME = (
     "; whether the Binding was made could not be read back, so nothing is undone: a bound pod keeps its "
     "allocation, an unbound one has it removed by its next bind"
 )
+
+
+def _contended(ref: PodRef) -> str:
+    return (
+        f"another extender is binding pod {ref.key} (its allocation or Binding is on the pod); "
+        "this bind backed off and left them as they are"
+    )
+
+
+def _allocation_text(pod: RawObject) -> str:
+    """The allocation annotation exactly as written on the pod ("" when absent)."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION) or "")
+
+
+def _resource_version(pod: RawObject) -> str | None:
+    rv = (pod.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv else None
 
 
 def _unanswered(exc: GatewayError) -> bool:

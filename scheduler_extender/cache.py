@@ -206,6 +206,14 @@ class ClusterCache:
             if self._owner.get(key, uid) == uid:
                 self._release(key)
 
+    def release_reserved(self, key: str, uid: str) -> None:
+        """Drop the pod's entry only while it is a reservation (a bind's own hold): a committed one is an
+        allocation the watch saw on the pod, written by whoever wrote it, and stays until the watch says."""
+        with self.lock:
+            entry = self._entry(key)
+            if entry is not None and entry.state is EntryState.RESERVED:
+                self.release(key, uid)
+
     # --- internals (caller holds the lock) ------------------------------------------------------------
     def _note_since_listing(self, key: str) -> None:
         if self._since_listing is not None:

@@ -95,9 +95,37 @@ class KubeGateway(Protocol):
         ...
 
     def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        changes: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+        timeout: float | None = None,
     ) -> None:
-        """Merge-patch annotations (None removes one), with the UID as precondition (409 if it differs)."""
+        """Merge-patch annotations (None removes one), with the UID as precondition (409 if it differs) and,
+        when given, the resourceVersion the pod was read at (409 if it changed since)."""
+        ...
+
+    def remove_pod_annotation(
+        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
+    ) -> None:
+        """Remove annotation ``key`` only while it still reads exactly ``value`` and the UID is ``uid``
+        (a JSON patch: ``test`` ops, then ``remove``); otherwise nothing changes and the call fails
+        with a status for which :func:`precondition_failed` is true."""
+        ...
+
+    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+        """A coordination.k8s.io/v1 Lease, or None when it does not exist."""
+        ...
+
+    def create_lease(self, namespace: str, body: RawObject) -> None:
+        """Create a Lease (409 when one of that name exists)."""
+        ...
+
+    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
+        """Replace a Lease; ``body`` carries the resourceVersion it was read at (409 if it changed since)."""
         ...
 
     def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
@@ -117,9 +145,29 @@ class KubeGateway(Protocol):
         ...
 
 
-def annotation_patch(uid: str, changes: Mapping[str, str | None]) -> RawObject:
-    """The merge-patch body for annotation changes; ``metadata.uid`` makes the API server check the UID."""
-    return {"metadata": {"uid": uid, "annotations": dict(changes)}}
+def annotation_patch(uid: str, changes: Mapping[str, str | None], resource_version: str | None = None) -> RawObject:
+    """The merge-patch body for annotation changes; ``metadata.uid`` makes the API server check the UID,
+    ``metadata.resourceVersion`` (when given) that the pod did not change since it was read."""
+    meta: RawObject = {"uid": uid, "annotations": dict(changes)}
+    if resource_version is not None:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
+
+
+def annotation_removal(uid: str, key: str, value: str) -> list[RawObject]:
+    """The JSON patch (RFC 6902) removing annotation ``key`` only if it still reads ``value``."""
+    path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": path, "value": value},
+        {"op": "remove", "path": path},
+    ]
+
+
+def precondition_failed(exc: GatewayError) -> bool:
+    """A conditional write refused because the object is not as the condition said: 409 Conflict (UID or
+    resourceVersion) or 422 (a JSON patch ``test`` that failed, or a path that is no longer there)."""
+    return exc.status in (409, 422)
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str) -> RawObject:

@@ -49,7 +49,8 @@ class Hold:
     in_flight: bool
 
 
-def _bound_at(text: str, default: float) -> float:
+def bound_at(text: str, default: float) -> float:
+    """Wall-clock seconds of an allocation's ``boundAt`` (``default`` when unreadable)."""
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
@@ -96,7 +97,7 @@ class HandoffGate:
             node = record.allocation.node
             if self._node_of.get(uid, node) != node:
                 self._drop(uid)
-            self._set(node, Hold(uid, record.ref.key, _bound_at(record.allocation.bound_at, self.clock()), False))
+            self._set(node, Hold(uid, record.ref.key, bound_at(record.allocation.bound_at, self.clock()), False))
             return
         current = self._current(uid)
         if current is None:

@@ -18,9 +18,17 @@ class Periodic:
     """Calls ``work`` every ``interval`` seconds in a thread named ``name``, between start and stop."""
 
     def __init__(
-        self, name: str, interval: float, work: Callable[[], object], on_error: Callable[[], None] | None = None
+        self,
+        name: str,
+        interval: float,
+        work: Callable[[], object],
+        on_error: Callable[[], None] | None = None,
+        *,
+        immediately: bool = False,
     ) -> None:
+        """``immediately``: the first pass runs at start, not one interval later."""
         self.name = name
+        self.immediately = immediately
         self.interval = interval
         self.work = work
         self.on_error = on_error
@@ -39,10 +47,15 @@ class Periodic:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        first = 0.0 if self.immediately else self.interval
+        if self._stop.wait(first):
+            return
+        while True:
             try:
                 self.work()
             except Exception:
                 log.exception("%s: a pass failed", self.name)
                 if self.on_error is not None:
                     self.on_error()
+            if self._stop.wait(self.interval):
+                return

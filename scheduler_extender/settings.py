@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
-from vgpu.names import DEFAULT_POOL, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
+from vgpu.names import DEFAULT_POOL, EXTENDER_LEASE_NAME, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -79,6 +79,21 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between passes that write each TensorFusionWorkload's status (replicas and "
         "allocated TFLOPS/VRAM of its pods that hold GPUs); only changed workloads are patched.",
+    )
+    lease_name: str = Field(
+        EXTENDER_LEASE_NAME,
+        description="Name of the coordination.k8s.io Lease the extender replicas elect a leader with; only "
+        "the leader writes TensorFusionWorkload status.",
+    )
+    lease_namespace: str | None = Field(
+        None,
+        description="Namespace of that Lease; unset: the pod's own namespace (from its service account), "
+        "else 'default'.",
+    )
+    identity: str | None = Field(
+        None,
+        description="This replica's name in the Lease (the chart sets the pod name); unset: the hostname "
+        "and a random suffix.",
     )
     gpu_catalog: str | None = Field(
         None,

@@ -7,6 +7,8 @@ happens off the request path: once the cache has its first list, a worker thread
 allocations every ``interval`` seconds and patches only the workloads whose totals changed. At its
 first pass (and after a failed patch) it lists the workloads to learn what their status says now,
 so totals that went stale while the extender was down (pods deleted meanwhile) are corrected.
+With several extender replicas only the one holding the Lease (``leader.py``) writes; a replica
+that is not leader writes nothing, and lists afresh once it becomes leader (another wrote meanwhile).
 
 The arithmetic is pure (``workload_totals``, ``status_of``, ``pending_writes``, ``status_patch``);
 ``WorkloadStatusWriter`` is the thin shell around the gateway.
@@ -124,12 +126,14 @@ class WorkloadStatusWriter:
         interval: float,
         clock: Callable[[], float],
         ready: Callable[[], bool] = lambda: True,
+        leading: Callable[[], bool] = lambda: True,
         on_error: Callable[[], None] | None = None,
     ) -> None:
         self.gateway = gateway
         self.records = records
         self.clock = clock
         self.ready = ready
+        self.leading = leading
         self.on_error = on_error
         self._written: dict[WorkloadKey, WorkloadTotals | None] | None = None  # None: list first
         self._worker = Periodic("workload-status", interval, self._pass, on_error)
@@ -137,8 +141,12 @@ class WorkloadStatusWriter:
     def sync(self) -> int:
         """One pass: patch what changed. Returns how many workloads were patched.
 
-        Nothing happens before the cache's first list has landed: an empty cache would zero every status.
+        Nothing happens before the cache's first list has landed (an empty cache would zero every status),
+        nor while this replica is not the leader.
         """
+        if not self.leading():
+            self._written = None  # the leader writes meanwhile: what it wrote is learnt by a list once leading
+            return 0
         if not self.ready():
             return 0
         try:

@@ -71,6 +71,8 @@ SCHEDULER_NAME: Final = "tensor-fusion-scheduler"
 EXTENDER_VERBS_PORT: Final = 8080  # filter/prioritize/bind/preempt, on loopback for kube-scheduler in the same pod
 EXTENDER_PUBLIC_PORT: Final = 8081  # read-only: explain, healthz, readyz, metrics
 DEFAULT_POOL: Final = "default-pool"
+# The coordination.k8s.io Lease whose holder, among the extender replicas, writes workload status.
+EXTENDER_LEASE_NAME: Final = "tensor-fusion-extender"
 
 
 class Qos(StrEnum):

@@ -1,4 +1,4 @@
-"""The extender's real KubeGateway: lists, watches, annotation patches, Bindings and Events via the official client.
+"""The extender's real KubeGateway: lists, watches, pod patches, Bindings, Events and its Lease via the official client.
 
 The only place the extender's scheduling side touches ``kubernetes``. Responses are read as raw
 JSON (``_preload_content=False``) and never deserialised into the client's models: the cache reads
@@ -38,6 +38,7 @@ from scheduler_extender.gateway import (
     RawObject,
     WatchEvent,
     annotation_patch,
+    annotation_removal,
     binding_body,
     event_body,
 )
@@ -46,11 +47,13 @@ from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD
 log = logging.getLogger(__name__)
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
 # (connect, read) seconds for single calls; a watch reads for its own timeout plus this slack.
 CALL_TIMEOUT: Final = (5.0, 15.0)
 LIST_TIMEOUT: Final = (5.0, 120.0)  # a LIST of every pod in a big cluster takes a while to read
 WATCH_SLACK: Final = 30.0
 T = TypeVar("T")
+PatchBody = RawObject | list[RawObject]  # a merge patch or a JSON patch
 
 
 def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
@@ -118,6 +121,7 @@ class KubernetesGateway:
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.leases = client.CoordinationV1Api(api)
 
     def _lister(self, kind: Kind) -> Callable[..., Any]:
         return self.core.list_node if kind is Kind.NODE else self.core.list_pod_for_all_namespaces
@@ -177,18 +181,74 @@ class KubernetesGateway:
             raise
 
     def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        changes: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+        timeout: float | None = None,
     ) -> None:
-        body = annotation_patch(uid, changes)
+        self._patch_pod(namespace, name, annotation_patch(uid, changes, resource_version), MERGE_PATCH, timeout)
+
+    def remove_pod_annotation(
+        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
+    ) -> None:
+        self._patch_pod(namespace, name, annotation_removal(uid, key, value), JSON_PATCH, timeout)
+
+    def _patch_pod(self, namespace: str, name: str, body: PatchBody, content_type: str, timeout: float | None) -> None:
         limit = CALL_TIMEOUT if timeout is None else timeout
         _call(
             f"patch pod {namespace}/{name}",
             lambda: _drained(
                 self.core.patch_namespaced_pod(
-                    name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=limit
+                    name, namespace, body, _content_type=content_type, _preload_content=False, _request_timeout=limit
                 )
             ),
             limit,
+        )
+
+    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+        try:
+            return _call(
+                f"get lease {namespace}/{name}",
+                lambda: _json(
+                    self.leases.read_namespaced_lease(
+                        name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
+                    )
+                ),
+            )
+        except GatewayError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, body: RawObject) -> None:
+        _call(
+            f"create lease in {namespace}",
+            lambda: _drained(
+                self.leases.create_namespaced_lease(
+                    namespace,
+                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
+            ),
+        )
+
+    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
+        _call(
+            f"update lease {namespace}/{name}",
+            lambda: _drained(
+                self.leases.replace_namespaced_lease(
+                    name,
+                    namespace,
+                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
+            ),
         )
 
     def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:

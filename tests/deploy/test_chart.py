@@ -11,6 +11,7 @@ import yaml
 
 from device_plugin.main import parser as plugin_parser
 from scheduler_extender.main import settings_from as extender_settings
+from scheduler_extender.settings import Settings
 from scheduler_extender.webhook.app import MUTATE_PATH
 from vgpu import catalog_file
 from vgpu.names import (
@@ -267,3 +268,49 @@ def test_no_gpu_catalog_renders_nothing_extra(tmp_path: Path) -> None:
     assert "gpu-catalog" not in yaml.safe_dump_all(empty)
     for kind, workload, name in WORKLOADS:
         assert not any(a.startswith("--gpu-catalog") for a in container(pod_spec(empty, kind, workload), name)["args"])
+
+
+def test_two_schedulers_roll_one_at_a_time_with_leader_election_and_a_budget_each() -> None:
+    """Two scheduler replicas, kube-scheduler's leader election picking the active one, a rolling update
+    that starts a new pod before an old one goes, and a PodDisruptionBudget keeping one scheduler and
+    one webhook up through drains."""
+    scheduler = one("Deployment", "scheduler")
+    assert scheduler["spec"]["replicas"] == 2
+    assert scheduler["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    namespace = scheduler["metadata"]["namespace"]
+    election = chart_scheduler_config()["leaderElection"]
+    assert election == {"leaderElect": True, "resourceName": SCHEDULER_NAME, "resourceNamespace": namespace}
+    for name in ("scheduler", "webhook"):
+        pods = one("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+        budget = one("PodDisruptionBudget", name)
+        assert budget["spec"]["minAvailable"] == 1
+        assert budget["metadata"]["namespace"] == namespace
+        assert budget["spec"]["selector"]["matchLabels"].items() <= pods.items()
+
+
+def test_the_extender_elects_its_status_writer_with_a_lease_it_may_use() -> None:
+    """Each extender names itself by its pod and uses the Lease in its own namespace, where the scheduler's
+    service account may get, create and update leases (kube-scheduler's and the extender's)."""
+    scheduler = one("Deployment", "scheduler")
+    spec = scheduler["spec"]["template"]["spec"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container(spec, "extender")["env"]}
+    assert env == {"TF_EXTENDER_IDENTITY": "metadata.name", "TF_EXTENDER_LEASE_NAMESPACE": "metadata.namespace"}
+    fields = {f"TF_EXTENDER_{f.upper()}" for f in Settings.model_fields}
+    assert set(env) <= fields
+    namespace = scheduler["metadata"]["namespace"]
+    (binding,) = [
+        o
+        for o in objects()
+        if o["kind"] == "RoleBinding"
+        and o["metadata"]["namespace"] == namespace
+        and {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": namespace} in o["subjects"]
+    ]
+    role = one("Role", binding["roleRef"]["name"])
+    assert role["metadata"]["namespace"] == namespace
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert triples("coordination.k8s.io", "leases", "get", "create", "update") <= granted

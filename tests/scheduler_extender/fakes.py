@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from scheduler_extender.gateway import (
@@ -39,7 +39,7 @@ GI = 1024**3
 
 
 class FakeGateway:
-    """Thread-safe fake API server for Nodes and Pods (watchable) and TensorFusionWorkloads (list and status)."""
+    """Thread-safe fake API server: Nodes and Pods (watchable), TensorFusionWorkloads (list, status), Leases."""
 
     def __init__(self, *, auto_receipt: bool = False) -> None:
         self._cond = threading.Condition()
@@ -59,6 +59,9 @@ class FakeGateway:
         self.closed = False
         self.workloads: dict[tuple[str, str], RawObject] = {}  # TensorFusionWorkloads by (namespace, name)
         self.status_patches: list[tuple[str, str, RawObject]] = []
+        self.leases: dict[tuple[str, str], RawObject] = {}  # coordination.k8s.io Leases by (namespace, name)
+        self.refused_removals = 0  # conditional annotation removals whose test failed
+        self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
 
     # --- test controls ----------------------------------------------------------------------------
     def put(self, kind: Kind, obj: RawObject) -> RawObject:
@@ -134,10 +137,21 @@ class FakeGateway:
         self._maybe_fail("get")
         with self._cond:
             pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
-            return copy.deepcopy(pod) if pod is not None else None
+            pod = copy.deepcopy(pod) if pod is not None else None
+        hook, self.after_get = self.after_get, None
+        if hook is not None:
+            hook()
+        return pod
 
     def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None], *, timeout: float | None = None
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        changes: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.calls.append(f"patch {namespace}/{name} {sorted(changes)}")
         op = "patch" if any(v is not None for v in changes.values()) else "unpatch"
@@ -149,7 +163,48 @@ class FakeGateway:
                 raise GatewayError("pods not found", 404)
             if pod["metadata"]["uid"] != uid:
                 raise GatewayError("Precondition failed: UID", 409)
+            if resource_version is not None and pod["metadata"]["resourceVersion"] != resource_version:
+                raise GatewayError("Operation cannot be fulfilled on pods: the object has been modified", 409)
             self._patch(pod, changes)
+
+    def remove_pod_annotation(
+        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
+    ) -> None:
+        self.calls.append(f"patch {namespace}/{name} {[key]}")
+        self._maybe_stall("unpatch", timeout)
+        self._maybe_fail("unpatch")
+        with self._cond:
+            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
+            if pod is None:
+                raise GatewayError("pods not found", 404)
+            if pod["metadata"]["uid"] != uid or pod["metadata"].get("annotations", {}).get(key) != value:
+                self.refused_removals += 1
+                raise GatewayError("the server rejected our request: testing value failed", 422)
+            self._patch(pod, {key: None})
+
+    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+        self._maybe_fail("lease")
+        with self._cond:
+            lease = self.leases.get((namespace, name))
+            return copy.deepcopy(lease) if lease is not None else None
+
+    def create_lease(self, namespace: str, body: RawObject) -> None:
+        self._maybe_fail("lease")
+        with self._cond:
+            key = (namespace, body["metadata"]["name"])
+            if key in self.leases:
+                raise GatewayError("leases already exists", 409)
+            self._store_lease(key, body)
+
+    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
+        self._maybe_fail("lease")
+        with self._cond:
+            lease = self.leases.get((namespace, name))
+            if lease is None:
+                raise GatewayError("leases not found", 404)
+            if body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
+                raise GatewayError("Operation cannot be fulfilled on leases: the object has been modified", 409)
+            self._store_lease((namespace, name), body)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
         self.calls.append(f"bind {namespace}/{name} {node}")
@@ -219,6 +274,12 @@ class FakeGateway:
             else:
                 annotations[k] = v
         self._store(Kind.POD, pod, "MODIFIED")
+
+    def _store_lease(self, key: tuple[str, str], body: RawObject) -> None:
+        lease = copy.deepcopy(body)
+        self.rv += 1
+        lease["metadata"]["resourceVersion"] = str(self.rv)
+        self.leases[key] = lease
 
     def _store(self, kind: Kind, obj: RawObject, event_type: str) -> RawObject:
         obj = copy.deepcopy(obj)

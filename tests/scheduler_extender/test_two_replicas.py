@@ -1,0 +1,213 @@
+"""Two extender replicas (two apps, two caches) binding over one fake API server: the issue-12 mechanism.
+
+A rolling restart or a leader change leaves the old kube-scheduler's binds running beside the new
+one's, so both replicas may bind the same pod. The loser must back off without undoing the winner:
+every pod bound once, with exactly one allocation ever written on it, never removed by the loser,
+and both ledgers counting that allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from scheduler_extender.binder import CLOCK_SLACK, rfc3339
+from scheduler_extender.gateway import Kind
+from tests.scheduler_extender.conftest import Running
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_bind import allocation, bind_body
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.names import Qos, SystemAnnotation
+
+ALLOCATION = SystemAnnotation.ALLOCATION.value
+
+
+@pytest.fixture
+def fake() -> FakeGateway:
+    return FakeGateway(auto_receipt=True)  # the device plugin's receipts free each node's gate at once
+
+
+def history(fake: FakeGateway, name: str) -> list[str | None]:
+    """The allocation annotation of pod ``name`` in every watch event, in order."""
+    return [
+        event.object["metadata"].get("annotations", {}).get(ALLOCATION)
+        for _, kind, event in fake.log
+        if kind is Kind.POD and event.object["metadata"]["name"] == name and event.type != "DELETED"
+    ]
+
+
+def assert_one_allocation_never_removed(fake: FakeGateway, name: str) -> None:
+    values = history(fake, name)
+    written = {v for v in values if v is not None}
+    assert len(written) == 1, f"{name}: {len(written)} different allocations written"
+    first = values.index(next(iter(written)))
+    assert None not in values[first:], f"{name}: its allocation was removed after it was written"
+
+
+def assert_ledgers_agree(fake: FakeGateway, apps: tuple[Running, ...], names: list[str]) -> None:
+    for app in apps:
+        app.settle()
+        assert app.ext.cache.conflicts() == {}
+        for name in names:
+            entry, alloc = app.ext.cache.entry(f"default/{name}"), allocation(fake, name)
+            assert alloc is not None and entry is not None
+            assert (entry.state, entry.node, entry.grants) == ("committed", alloc.node, alloc.gpus)
+
+
+def other_replicas_allocation(name: str, node: str, written_at: float) -> str:
+    return allocation_contract.encode(
+        PodAllocation(
+            pod_uid=f"uid-default-{name}",
+            node=node,
+            pool="default-pool",
+            qos=Qos.MEDIUM,
+            containers=("main",),
+            gpus=(
+                GpuGrant(
+                    uuid=f"GPU-{node}-1",
+                    index=1,
+                    tflops_request=10_000,
+                    tflops_limit=10_000,
+                    vram_request=4 * GI,
+                    vram_limit=4 * GI,
+                    gpu_tflops=312_000,
+                ),
+            ),
+            bound_at=rfc3339(written_at),
+        )
+    )
+
+
+@pytest.mark.parametrize("same_node", [True, False], ids=["same-node", "different-nodes"])
+def test_both_replicas_binding_every_pod_at_once_bind_each_once_with_one_allocation(
+    run: Callable[..., Running], fake: FakeGateway, same_node: bool
+) -> None:
+    nodes = [f"n{i}" for i in range(6)]
+    for node in nodes:
+        fake.put(Kind.NODE, make_node(node, gpus=4))
+    names = [f"p{i}" for i in range(30)]
+    for name in names:
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=10_000, vram=4 * GI)))
+    apps = (run(), run())
+
+    def bind(job: tuple[int, int]) -> str:
+        replica, i = job
+        node = nodes[(i + (0 if same_node or replica == 0 else 1)) % len(nodes)]
+        reply: dict[str, str] = apps[replica].post("/bind", bind_body(names[i], node))
+        return reply["Error"]
+
+    with ThreadPoolExecutor(16) as pool:
+        errors = list(pool.map(bind, [(r, i) for i in range(len(names)) for r in (0, 1)]))
+
+    assert sorted(n for _, n, _ in fake.bindings) == sorted(names)  # every pod bound exactly once
+    for name in names:
+        alloc = allocation(fake, name)
+        assert alloc is not None and alloc.node == fake.pod("default", name)["spec"]["nodeName"]
+        assert_one_allocation_never_removed(fake, name)
+    assert all("another extender is binding" in e or "is already bound" in e for e in errors if e)
+    assert_ledgers_agree(fake, apps, names)
+
+
+def test_a_pod_carrying_another_replicas_fresh_allocation_is_left_alone(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2))
+    app = run()
+    theirs = other_replicas_allocation("p1", "n1", app.ext.binder.clock())
+    fake.put(Kind.POD, make_pod("p1", gpu_request(), annotations={ALLOCATION: theirs}))
+    app.settle()
+    reply = app.post("/bind", bind_body("p1", "n1"))
+    assert "another extender is binding pod default/p1" in reply["Error"]
+    assert fake.pod("default", "p1")["metadata"]["annotations"][ALLOCATION] == theirs
+    assert fake.bindings == []
+    app.settle()
+    entry = app.ext.cache.entry("default/p1")  # still counted: the other replica's GPUs are taken
+    assert entry is not None and entry.state == "committed" and entry.grants[0].uuid == "GPU-n1-1"
+
+
+def test_an_abandoned_allocation_older_than_any_bind_is_rolled_back_and_the_pod_bound_afresh(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2))
+    app = run()
+    old = app.ext.binder.clock() - app.ext.settings.bind_timeout - CLOCK_SLACK - 1
+    fake.put(
+        Kind.POD, make_pod("p1", gpu_request(), annotations={ALLOCATION: other_replicas_allocation("p1", "n1", old)})
+    )
+    app.settle()
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    alloc = allocation(fake, "p1")
+    assert alloc is not None and alloc.bound_at != rfc3339(old) and fake.bindings == [("default", "p1", "n1")]
+
+
+def test_the_loser_of_the_allocation_write_backs_off_without_undoing_the_winner(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2))
+    fake.put(Kind.POD, make_pod("p1", gpu_request()))
+    loser, winner = run(), run()
+    # The loser reads the pod; before it writes, the winner binds it completely.
+    fake.after_get = lambda: winner.post("/bind", bind_body("p1", "n1"))
+    reply = loser.post("/bind", bind_body("p1", "n1"))
+    assert "another extender is binding pod default/p1" in reply["Error"]
+    assert fake.bindings == [("default", "p1", "n1")]
+    assert_one_allocation_never_removed(fake, "p1")
+    assert_ledgers_agree(fake, (loser, winner), ["p1"])
+
+
+def test_the_loser_of_the_binding_leaves_the_winners_allocation_and_gate(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2))
+    fake.put(Kind.POD, make_pod("p1", gpu_request()))
+    fake.auto_receipt = False  # the winner's pod stays in hand-off: it holds n1's gate in both replicas
+    loser, winner = run(), run()
+    theirs = other_replicas_allocation("p1", "n1", winner.ext.binder.clock())
+
+    def winner_binds() -> None:  # between the loser's write and its Binding: the winner's allocation and Binding
+        pod = fake.pod("default", "p1")
+        pod["metadata"]["annotations"][ALLOCATION] = theirs
+        pod["spec"]["nodeName"] = "n1"
+        fake.put(Kind.POD, pod)
+        loser.settle()
+
+    real_bind = fake.bind
+
+    def bind_after_the_winner(namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
+        winner_binds()
+        real_bind(namespace, name, uid, node, timeout=timeout)  # 409: already assigned
+
+    fake.bind = bind_after_the_winner  # type: ignore[method-assign]
+    reply = loser.post("/bind", bind_body("p1", "n1"))
+    assert "could not bind pod default/p1" in reply["Error"]
+    assert fake.pod("default", "p1")["metadata"]["annotations"][ALLOCATION] == theirs
+    assert fake.refused_removals == 1  # the loser's rollback was refused by its test, not applied
+    loser.settle()
+    assert [h.pod_key for h in loser.ext.gate.holders("n1")] == ["default/p1"]
+    entry = loser.ext.cache.entry("default/p1")
+    assert entry is not None and entry.state == "committed" and entry.grants[0].uuid == "GPU-n1-1"
+
+
+def test_a_write_refused_only_for_a_status_update_is_written_again(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2))
+    fake.put(Kind.POD, make_pod("p1", gpu_request()))
+    app = run()
+
+    def status_update() -> None:
+        pod = fake.pod("default", "p1")
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+        fake.put(Kind.POD, pod)
+
+    fake.after_get = status_update
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    assert fake.calls == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "bind default/p1 n1",
+    ]
+    assert_one_allocation_never_removed(fake, "p1")
