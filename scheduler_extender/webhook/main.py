@@ -1,7 +1,8 @@
 """``tf-webhook``: serve the mutating admission webhook over TLS.
 
 Flags override the ``TF_WEBHOOK_*`` environment (see ``settings.py``); the API server only calls
-webhooks over HTTPS, so the certificate and key are required.
+webhooks over HTTPS, so the certificate and key are required, and a renewed pair is served without a
+restart (``tls.py``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from scheduler_extender.periodic import Periodic
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
 from scheduler_extender.webhook.settings import WebhookSettings
+from scheduler_extender.webhook.tls import CertReloader
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
@@ -24,6 +27,12 @@ def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
     parser.add_argument("--port", type=int, help="HTTPS port (TF_WEBHOOK_PORT, default 9443)")
     parser.add_argument("--tls-cert-file", help="PEM certificate (TF_WEBHOOK_TLS_CERT_FILE)")
     parser.add_argument("--tls-key-file", help="PEM private key (TF_WEBHOOK_TLS_KEY_FILE)")
+    parser.add_argument(
+        "--tls-reload-s",
+        type=float,
+        help="seconds between checks of the certificate and key for a renewal, served without a restart "
+        "(TF_WEBHOOK_TLS_RELOAD_S, default 10)",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file; default in-cluster (TF_WEBHOOK_KUBECONFIG)")
     parser.add_argument("--kube-timeout-s", type=float, help="per API call timeout (TF_WEBHOOK_KUBE_TIMEOUT_S)")
     parser.add_argument("--log-level", help="uvicorn/python log level (TF_WEBHOOK_LOG_LEVEL, default info)")
@@ -34,7 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_args(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -42,6 +51,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         ssl_keyfile=str(settings.tls_key_file),
         log_level=settings.log_level.lower(),
     )
+    config.load()  # builds the SSLContext every handshake uses; the reloader renews it in place
+    assert config.ssl is not None
+    reloader = CertReloader(config.ssl, settings.tls_cert_file, settings.tls_key_file)
+    watcher = Periodic("webhook-tls-reload", settings.tls_reload_s, reloader.check)
+    watcher.start()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        watcher.stop()
 
 
 if __name__ == "__main__":

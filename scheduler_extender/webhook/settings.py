@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scheduler_extender.webhook.tls import CHECK_INTERVAL_S
+
 
 class WebhookSettings(BaseSettings):
     """Settings of ``tf-webhook``."""
@@ -21,6 +23,7 @@ class WebhookSettings(BaseSettings):
     port: int = Field(default=9443, ge=1, le=65535)
     tls_cert_file: Path = Path("/etc/tensor-fusion/webhook-tls/tls.crt")
     tls_key_file: Path = Path("/etc/tensor-fusion/webhook-tls/tls.key")
+    tls_reload_s: float = Field(default=CHECK_INTERVAL_S, gt=0, le=3600)
     # Empty: in-cluster service-account credentials.
     kubeconfig: Path | None = None
     # Per Kubernetes call; keep the sum of a request's calls (3-4) well inside the webhook's timeoutSeconds.
