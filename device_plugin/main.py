@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,20 @@ from device_plugin.probe import GpuProbe, ProbeError
 from device_plugin.probe_report import report
 from vgpu.catalog import Catalog
 from vgpu.catalog_file import CatalogFileError, load
-from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
+from vgpu.names import DEFAULT_SLICES_PER_GPU, DISTRIBUTION, EnforcementBackend
 from vgpu.quantity import parse_milli
 
 log = logging.getLogger("device_plugin")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tf-device-plugin", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="tf-device-plugin",
+        description="GPU node daemon: advertises vGPU slices to the kubelet, hands each container its GPU "
+        "grant and limits, publishes the node's GPU inventory. --probe prints what NVML (or --fake-gpus) "
+        "finds, as it would be published, and exits.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
 
     def add(flag: str, default: str | None, help: str, **kw: Any) -> None:  # noqa: A002
         env = "TF_PLUGIN_" + flag.upper().replace("-", "_")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ from vgpu.catalog_file import CatalogFileError
 from vgpu.catalog_file import load as load_catalog
 from vgpu.contract import resolved
 from vgpu.errors import DomainError
+from vgpu.names import DISTRIBUTION
 from vgpu.profile import ProfileSpec, parse_spec
 from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.request import PodView, is_enabled, resolve
@@ -30,7 +32,11 @@ POD_KINDS: Final = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet
 
 def parser() -> argparse.ArgumentParser:
     """tfctl's whole command line (each sub-command's ``run`` handler returns the exit code)."""
-    parser = argparse.ArgumentParser(prog="tfctl", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="tfctl",
+        description="the command line for people: check a request, browse the catalog, plan capacity, explain a pod",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     parser.add_argument(
         "--gpu-catalog",
         type=Path,

@@ -15,6 +15,8 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Sequence
+from enum import Enum
+from importlib.metadata import version
 from typing import Any, Literal
 
 import uvicorn
@@ -25,6 +27,7 @@ from scheduler_extender.app import create_app, public_app
 from scheduler_extender.kube.gateway import KubernetesGateway, api_client
 from scheduler_extender.settings import Settings
 from vgpu.catalog_file import CatalogFileError
+from vgpu.names import DISTRIBUTION
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,12 +37,14 @@ def parser() -> argparse.ArgumentParser:
         description="kube-scheduler HTTP extender for fractional GPUs (tensor-fusion.ai pod interface). "
         "Each flag can also be set as TF_EXTENDER_<NAME> in the environment.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     for name, info in Settings.model_fields.items():
+        shown = info.default.value if isinstance(info.default, Enum) else info.default
         p.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=None,
-            help=f"{info.description} (default: {info.default!r})",
+            help=f"{info.description} (default: {'none' if shown is None else shown})",
         )
     return p
 

@@ -148,3 +148,7 @@ class PlacementPolicy(StrEnum):
     # FGD-style: place where the expected stranded GPU capacity, against the pod mix learned online,
     # grows least (scheduler_extender/core/fragmentation.py; benchmarks/placement/README.md).
     FRAGMENTATION = "fragmentation"
+
+
+# The installed distribution whose version every binary reports (--version).
+DISTRIBUTION: Final = "tensor-fusion-k8s"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from importlib.metadata import version
 
 import uvicorn
 
@@ -17,12 +18,14 @@ from scheduler_extender.periodic import Periodic
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
 from scheduler_extender.webhook.settings import WebhookSettings
 from scheduler_extender.webhook.tls import CertReloader
+from vgpu.names import DISTRIBUTION
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
     parser = argparse.ArgumentParser(
         prog="tf-webhook", description=f"TensorFusion-style GPU admission webhook (POST {MUTATE_PATH})"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     parser.add_argument("--host", help="listen address (TF_WEBHOOK_HOST, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="HTTPS port (TF_WEBHOOK_PORT, default 9443)")
     parser.add_argument("--tls-cert-file", help="PEM certificate (TF_WEBHOOK_TLS_CERT_FILE)")
