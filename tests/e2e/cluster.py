@@ -137,6 +137,8 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--url-prefix={deploy.EXTENDER_PREFIX}",
                 f"--kubeconfig={self.kubeconfigs['extender']}",
                 "--workload-status-interval=1",
+                # Out of a pod there is no service-account namespace: the Lease is where the chart's Role allows it.
+                f"--lease-namespace={deploy.system_namespace()}",
             ],
         )
         for port in (self.extender_verbs_port, self.extender_public_port):

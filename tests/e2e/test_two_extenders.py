@@ -1,0 +1,145 @@
+"""Two extenders binding the same pods at once, as the old and the new kube-scheduler do during a rolling
+restart, a drain or a leader change (issue 12): every pod bound once, with one allocation, never removed.
+
+A second ``tf-extender`` process runs beside the cluster's, with its own cache and ledger, against the
+same API server. A burst of pending GPU pods — parked by a nodeSelector no node matches, so the real
+kube-scheduler never binds them itself — is then bound through both extenders' verb ports at once,
+each pod to its own kubelet-less node (its gate free), the same node on both sides. The API server is
+the only arbiter: the conditional writes must let exactly one bind win each pod and the loser back off
+without undoing it. The pods' allocation annotations are checked through every change the API server
+recorded (a watch replayed from before the burst), not just at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+from kubernetes import watch
+from kubernetes.client import CoreV1Api
+
+from vgpu.contract import allocation
+from vgpu.names import Annotation
+
+from . import deploy
+from .cluster import Cluster
+from .fake_nodes import gpus
+from .kube import eventually
+from .pods import gpu_pod
+from .procs import Proc, free_port, http_ok, wait_until
+
+POOL = "e2e-ha"
+COUNT = 12
+SHARE = {Annotation.TFLOPS_REQUEST: "30", Annotation.VRAM_REQUEST: "4Gi", Annotation.GPUPOOL: POOL}
+
+
+@contextmanager
+def second_extender(cluster: Cluster) -> Iterator[int]:
+    """Another extender, started as the cluster's is but on ports of its own; yields its verbs port."""
+    first = cluster.ours["tf-extender"]
+    verbs, public = free_port(), free_port()
+    argv = [a for a in first.argv if not a.startswith(("--verbs-port=", "--public-port="))]
+    argv += [f"--verbs-port={verbs}", f"--public-port={public}"]
+    proc = Proc("tf-extender-2", argv, first.log.with_name("tf-extender-2.log")).start()
+    try:
+        wait_until("the second extender ready", partial(http_ok, f"http://127.0.0.1:{public}/readyz"), 60, [proc])
+        yield verbs
+    finally:
+        proc.stop()
+
+
+def call(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read().decode())
+
+
+def allocations_seen(core: CoreV1Api, namespace: str, since: str) -> dict[str, list[str]]:
+    """Per pod, its allocation annotation ("" when absent) in every change since resourceVersion ``since``."""
+    seen: dict[str, list[str]] = {}
+    stream = watch.Watch().stream(
+        core.list_namespaced_pod, namespace, resource_version=since, timeout_seconds=3, _request_timeout=10
+    )
+    for event in stream:
+        pod = event["object"]
+        if event["type"] in ("ADDED", "MODIFIED"):
+            text = (pod.metadata.annotations or {}).get(allocation.KEY, "")
+            seen.setdefault(pod.metadata.name, []).append(text)
+    return seen
+
+
+def allocated_there(pod: Any, uid: str) -> bool:
+    """Whether the pod's allocation is for this pod and the node it is bound to."""
+    alloc = allocation.decode(pod.metadata.annotations[allocation.KEY])
+    return alloc.node == pod.spec.node_name and alloc.pod_uid == uid
+
+
+def removed_after_written(values: list[str]) -> bool:
+    """Whether an allocation, once on the pod, was later absent from it."""
+    written = [i for i, text in enumerate(values) if text]
+    return bool(written) and "" in values[written[0] :]
+
+
+@pytest.mark.timeout(300)
+def test_two_extenders_binding_the_same_pods_at_once_bind_each_once_with_one_allocation(
+    cluster: Cluster, core: CoreV1Api, fresh: str
+) -> None:
+    nodes = [f"e2e-ha-{i}" for i in range(COUNT)]
+    for node in nodes:
+        cluster.add_fake_node(node, gpus(node, 1), pool=POOL)
+    try:
+        names = [f"ha-{i:02d}" for i in range(COUNT)]
+        uids = {}
+        for name in names:
+            pod = gpu_pod(name, SHARE)
+            pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}  # kube-scheduler never binds it
+            uids[name] = core.create_namespaced_pod(fresh, pod).metadata.uid
+        since = core.list_namespaced_pod(fresh).metadata.resource_version
+        with second_extender(cluster) as other:
+            ports = (cluster.extender_verbs_port, other)
+            for port in ports:  # both know every node of the pool before the burst
+                eventually(
+                    f"extender :{port} knowing the {POOL} nodes",
+                    lambda p=port: all(n in json.dumps(call(p, f"/explain/{fresh}/{names[0]}")) for n in nodes),
+                    timeout=30,
+                )
+
+            def bind(job: tuple[int, str]) -> str:
+                port, name = job
+                body = {"PodName": name, "PodNamespace": fresh, "PodUID": uids[name], "Node": nodes[names.index(name)]}
+                reply: dict[str, str] = call(port, f"{deploy.EXTENDER_PREFIX}/bind", body)
+                return reply["Error"]
+
+            jobs = [(port, name) for name in names for port in ports]
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                errors = [e for e in pool.map(bind, jobs) if e]
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(fresh).items}
+        bound = [n for n in names if pods[n].spec.node_name]
+        without = [n for n in bound if allocation.KEY not in (pods[n].metadata.annotations or {})]
+        mismatched = [n for n in bound if n not in without and not allocated_there(pods[n], uids[n])]
+        seen = allocations_seen(core, fresh, since)
+        several = {n: k for n in names if (k := len(set(seen.get(n, [])) - {""})) != 1}
+        removed = [n for n in names if removed_after_written(seen.get(n, []))]
+        backed_off = sum("another extender is binding" in e for e in errors)
+        print(
+            f"{COUNT} pods x 2 extenders: {len(bound)} bound, {len(without)} without an allocation, "
+            f"{len(mismatched)} with an allocation for another node or pod, {len(several)} given several "
+            f"allocations, {len(removed)} with an allocation removed; {len(errors)} Errors "
+            f"({backed_off} backing off for the other extender)"
+        )
+        assert len(bound) == COUNT and [pods[n].spec.node_name for n in names] == nodes
+        assert without == [] and mismatched == []
+        assert several == {}, f"pods given several different allocations: {several}"
+        assert removed == [], f"pods whose allocation was removed after it was written: {removed}"
+        assert all("another extender is binding" in e or "already bound" in e for e in errors), errors
+    finally:
+        for node in nodes:
+            core.delete_node(node)
