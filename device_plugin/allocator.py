@@ -139,6 +139,16 @@ class Allocator:
             self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
             self._spawn(self._confirm(frozenset(ids)))
         target = Target(namespace=found.pod.namespace, pod=found.pod.name, container=found.container)
+        gpus = [g.uuid for g in alloc.gpus]
+        log.info(
+            "Allocate %s: pod %s container %s, GPUs %s%s",
+            list(ids),
+            found.pod.key,
+            found.container,
+            gpus,
+            " (again)" if found.again else " (provisional until the kubelet records it)",
+            extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
+        )
         return build(alloc, target, self._config.backend, self._config.paths)
 
     async def verify_start(self, ids: tuple[str, ...]) -> None:
@@ -180,6 +190,7 @@ class Allocator:
                     result.holder.key,
                     result.holder.key,
                     answer.key,
+                    extra={"pod": result.holder.key, "container": result.holder.container, "devices": list(answer.ids)},
                 )
                 continue
             done = self._confirmed.setdefault(answer.uid, {})

@@ -30,6 +30,7 @@ from device_plugin.probe import GpuProbe, ProbeError
 from device_plugin.probe_report import report
 from vgpu.catalog import Catalog
 from vgpu.catalog_file import CatalogFileError, load
+from vgpu.logfmt import LogFormat, formatter
 from vgpu.names import DEFAULT_SLICES_PER_GPU, DISTRIBUTION, EnforcementBackend
 from vgpu.quantity import parse_milli
 
@@ -87,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
     add("metrics-port", "9400", "port of /metrics (0 disables)", type=int)
     add("kubeconfig", None, "kubeconfig path (default: in-cluster, then ~/.kube/config)")
     add("log-level", "info", "log level", choices=["debug", "info", "warning", "error"])
+    add(
+        "log-format",
+        LogFormat.TEXT.value,
+        "text, or json: one object per line with pod, container, gpus and devices as keys",
+        choices=[f.value for f in LogFormat],
+    )
     p.add_argument(
         "--probe",
         action="store_true",
@@ -175,7 +182,9 @@ async def _serve(daemon: Daemon) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper())
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter(LogFormat(args.log_format)))
     if args.probe:
         return _print_probe(args)
     config = config_from(args)

@@ -92,7 +92,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             except AllocateError as exc:
                 self._metrics.allocate_seconds.labels("error").observe(time.perf_counter() - started)
                 self._metrics.errors.labels("allocate").inc()
-                log.warning("Allocate %s refused: %s", list(ids), exc)
+                log.warning("Allocate %s refused: %s", list(ids), exc, extra={"devices": list(ids)})
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"tensor-fusion: {exc}")
             responses.append(to_response(grant))
         self._metrics.allocate_seconds.labels("ok").observe(time.perf_counter() - started)
@@ -106,6 +106,6 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             await self._allocator.verify_start(ids)
         except AllocateError as exc:
             self._metrics.errors.labels("prestart").inc()
-            log.warning("PreStartContainer %s refused: %s", list(ids), exc)
+            log.warning("PreStartContainer %s refused: %s", list(ids), exc, extra={"devices": list(ids)})
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"tensor-fusion: {exc}")
         return dp.PreStartContainerResponse()

@@ -27,6 +27,7 @@ from scheduler_extender.app import create_app, public_app
 from scheduler_extender.kube.gateway import KubernetesGateway, api_client
 from scheduler_extender.settings import Settings
 from vgpu.catalog_file import CatalogFileError
+from vgpu.logfmt import formatter
 from vgpu.names import DISTRIBUTION
 
 
@@ -57,7 +58,9 @@ def settings_from(argv: Sequence[str] | None = None) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = settings_from(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level.upper())
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter(settings.log_format))
     gateway = KubernetesGateway(api_client(settings.kubeconfig))
     try:
         app = create_app(settings, gateway)

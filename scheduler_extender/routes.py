@@ -163,7 +163,8 @@ def _bind(ext: Extender, args: ExtenderBindingArgs, deadline: Deadline) -> Exten
         except BindError as exc:
             ext.metrics.binds.labels(exc.stage).inc()
             ext.metrics.errors.labels("bind", exc.stage).inc()
-            log.info("bind %s/%s -> %s failed: %s", args.PodNamespace, args.PodName, args.Node, exc)
+            pod = f"{args.PodNamespace}/{args.PodName}"
+            log.info("bind %s -> %s failed: %s", pod, args.Node, exc, extra={"pod": pod, "node": args.Node})
             return ExtenderBindingResult(Error=str(exc))
         except Exception as exc:
             log.exception("bind failed")
@@ -171,6 +172,15 @@ def _bind(ext: Extender, args: ExtenderBindingArgs, deadline: Deadline) -> Exten
             ext.metrics.errors.labels("bind", "internal").inc()
             return ExtenderBindingResult(Error=f"GPU extender bind failed: {exc.__class__.__name__}: {exc}")
         ext.metrics.gate_wait.observe(outcome.gate_wait)
+        pod = f"{args.PodNamespace}/{args.PodName}"
+        gpus = [g.uuid for g in outcome.allocation.gpus] if outcome.allocation is not None else []
+        log.info(
+            "bound %s -> %s, GPUs %s",
+            pod,
+            args.Node,
+            gpus or "none",
+            extra={"pod": pod, "node": args.Node, "gpus": gpus},
+        )
         ext.metrics.binds.labels("bound" if outcome.allocation is not None else "bound-without-gpu").inc()
         return ExtenderBindingResult(Error="")
 

@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
+from vgpu.logfmt import LogFormat
 from vgpu.names import DEFAULT_POOL, EXTENDER_LEASE_NAME, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -133,6 +134,9 @@ class Settings(BaseSettings):
     )
     backoff_max: float = Field(30.0, gt=0, description="Longest pause between retries after a list/watch error.")
     log_level: LogLevel = Field("info", description="Log level of the extender's own logs.")
+    log_format: LogFormat = Field(
+        LogFormat.TEXT, description="text, or json: one object per line with pod, node and gpus as keys."
+    )
 
     @model_validator(mode="after")
     def _gate_wait_fits_the_bind(self) -> Settings:

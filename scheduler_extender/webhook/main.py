@@ -18,6 +18,7 @@ from scheduler_extender.periodic import Periodic
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
 from scheduler_extender.webhook.settings import WebhookSettings
 from scheduler_extender.webhook.tls import CertReloader
+from vgpu.logfmt import LogFormat, formatter
 from vgpu.names import DISTRIBUTION
 
 
@@ -39,13 +40,18 @@ def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
     parser.add_argument("--kubeconfig", help="kubeconfig file; default in-cluster (TF_WEBHOOK_KUBECONFIG)")
     parser.add_argument("--kube-timeout-s", type=float, help="per API call timeout (TF_WEBHOOK_KUBE_TIMEOUT_S)")
     parser.add_argument("--log-level", help="uvicorn/python log level (TF_WEBHOOK_LOG_LEVEL, default info)")
+    parser.add_argument(
+        "--log-format", choices=[f.value for f in LogFormat], help="text or json (TF_WEBHOOK_LOG_FORMAT, default text)"
+    )
     given = {key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None}
     return WebhookSettings(**given)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_args(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=settings.log_level.upper())
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter(settings.log_format))
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -12,6 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.webhook.tls import CHECK_INTERVAL_S
+from vgpu.logfmt import LogFormat
 
 
 class WebhookSettings(BaseSettings):
@@ -29,3 +30,4 @@ class WebhookSettings(BaseSettings):
     # Per Kubernetes call; keep the sum of a request's calls (3-4) well inside the webhook's timeoutSeconds.
     kube_timeout_s: float = Field(default=2.0, gt=0, le=30)
     log_level: str = "info"
+    log_format: LogFormat = LogFormat.TEXT

@@ -1,0 +1,54 @@
+"""--log-format json: one object per line, the scheduling fields as keys, from every binary's records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from scheduler_extender.gateway import Kind
+from tests.scheduler_extender.conftest import Running
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_bind import bind_body
+from vgpu.logfmt import JsonFormatter, LogFormat, formatter
+
+
+def record(msg: str, *args: object, exc: bool = False, **extra: object) -> logging.LogRecord:
+    info = None
+    if exc:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            info = sys.exc_info()
+    rec = logging.LogRecord("tf.test", logging.WARNING, __file__, 1, msg, args, info)
+    rec.__dict__.update(extra)
+    return rec
+
+
+def test_a_record_is_one_json_object_with_its_scheduling_fields() -> None:
+    line = JsonFormatter().format(record("bound %s", "ns/p", pod="ns/p", node="n1", gpus=("GPU-a",), other="x"))
+    assert "\n" not in line
+    doc = json.loads(line)
+    assert {k: doc[k] for k in ("level", "logger", "msg", "pod", "node", "gpus")} == {
+        "level": "warning", "logger": "tf.test", "msg": "bound ns/p", "pod": "ns/p", "node": "n1", "gpus": ["GPU-a"],
+    }  # fmt: skip
+    assert "other" not in doc and doc["time"][:2] == "20"
+    assert "ValueError: boom" in json.loads(JsonFormatter().format(record("failed", exc=True)))["exc"]
+    assert isinstance(formatter(LogFormat.TEXT), logging.Formatter)
+    assert not isinstance(formatter(LogFormat.TEXT), JsonFormatter)
+
+
+def test_a_bind_logs_its_pod_node_and_gpus(
+    run: Callable[..., Running], fake: FakeGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI, tflops=100_000))
+    fake.put(Kind.POD, make_pod("p1", gpu_request(tflops=30_000, vram=6 * GI)))
+    app = run()
+    with caplog.at_level(logging.INFO, logger="scheduler_extender.routes"):
+        assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    (line,) = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.getMessage().startswith("bound")]
+    assert (line["pod"], line["node"], len(line["gpus"])) == ("default/p1", "n1", 1)
+    assert line["gpus"][0].startswith("GPU-n1-")
