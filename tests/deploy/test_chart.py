@@ -206,16 +206,28 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
     )
 
 
-def render(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
-    """The chart rendered by helm (the pinned build deploy/check.sh uses) as deploy/manifests is, with
-    ``values`` on top."""
+CHART = DEPLOY / "helm" / "tensor-fusion"
+
+
+def helm_template(
+    values: dict[str, Any], tmp_path: Path, *helm_args: str, kube_version: str | None = "1.36.2", chart: Path = CHART
+) -> str:
+    """``helm template`` of the chart by the pinned helm deploy/check.sh uses, as deploy/manifests is
+    rendered, with ``values`` on top, for ``kube_version`` (None: helm's own default) and ``helm_args``."""
     helm = subprocess.run([DEPLOY / "build-helm.sh"], check=True, capture_output=True, text=True).stdout.strip()
     given = tmp_path / "values.yaml"
     given.write_text(yaml.safe_dump(values), encoding="utf-8")
-    chart = DEPLOY / "helm" / "tensor-fusion"
-    command = [helm, "template", "tensor-fusion", chart, "-n", "tensor-fusion-system", "--kube-version", "1.36.2"]
-    command += ["-f", DEPLOY / "manifests-values.yaml", "-f", given]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    command = [helm, "template", "tensor-fusion", str(chart), "-n", "tensor-fusion-system", *helm_args]
+    command += ["--kube-version", kube_version] if kube_version else []
+    command += ["-f", str(DEPLOY / "manifests-values.yaml"), "-f", str(given)]
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+
+def render(
+    values: dict[str, Any], tmp_path: Path, *helm_args: str, kube_version: str | None = "1.36.2"
+) -> list[dict[str, Any]]:
+    """The objects :func:`helm_template` renders."""
+    out = helm_template(values, tmp_path, *helm_args, kube_version=kube_version)
     return [d for d in yaml.safe_load_all(out) if d]
 
 
