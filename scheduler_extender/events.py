@@ -1,4 +1,4 @@
-"""Pod Events that tell users why their GPU pod is pending, posted off the request path and rate-limited.
+"""Pod Events that tell users why their GPU pod is pending, or what it was granted, posted off the request path.
 
 kube-scheduler's own FailedScheduling event carries our per-node reasons, but only as "N nodes
 are available: …" fragments; ours adds the core's one-line summary (``0/12 nodes: 5 insufficient
@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Literal
 
 from scheduler_extender.gateway import KubeGateway, PodEvent
 from scheduler_extender.objects import PodRef
@@ -22,6 +22,7 @@ from scheduler_extender.objects import PodRef
 log = logging.getLogger(__name__)
 
 REASON_FAILED: Final = "FailedGpuScheduling"
+REASON_GRANTED: Final = "GpuGranted"  # Normal, at bind: which GPUs and what share, as recorded on the pod
 # The most pods remembered for deduplication; the oldest are forgotten beyond it.
 _MEMORY: Final = 10_000
 _QUEUE: Final = 1_000
@@ -58,11 +59,23 @@ class EventRecorder:
             self._last[pod.uid] = (f"{reason}:{message}", now)
             while len(self._last) > _MEMORY:
                 del self._last[next(iter(self._last))]
-        event = PodEvent(namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid, reason=reason, message=message)
+        return self._enqueue(self._event(pod, reason, message, "Warning"))
+
+    def normal(self, pod: PodRef, reason: str, message: str) -> bool:
+        """Queue a Normal event (one that happens once per pod, such as a grant: not deduplicated)."""
+        return self._enqueue(self._event(pod, reason, message, "Normal"))
+
+    @staticmethod
+    def _event(pod: PodRef, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> PodEvent:
+        return PodEvent(
+            namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid, reason=reason, message=message, type=kind
+        )
+
+    def _enqueue(self, event: PodEvent) -> bool:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            log.warning("event queue full; dropping %s for %s", reason, pod.key)
+            log.warning("event queue full; dropping %s for %s/%s", event.reason, event.namespace, event.pod_name)
             return False
         return True
 

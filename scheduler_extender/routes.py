@@ -36,8 +36,10 @@ from starlette.concurrency import run_in_threadpool
 from scheduler_extender import strict_json
 from scheduler_extender.binder import BindError
 from scheduler_extender.deadline import Deadline
+from scheduler_extender.events import REASON_GRANTED
 from scheduler_extender.explain import MalformedPod, explain_pod, explain_submission
 from scheduler_extender.gateway import GatewayError
+from scheduler_extender.objects import PodRef
 from scheduler_extender.verbs import offered
 from scheduler_extender.wire import (
     ExtenderArgs,
@@ -174,6 +176,9 @@ def _bind(ext: Extender, args: ExtenderBindingArgs, deadline: Deadline) -> Exten
         ext.metrics.gate_wait.observe(outcome.gate_wait)
         pod = f"{args.PodNamespace}/{args.PodName}"
         gpus = [g.uuid for g in outcome.allocation.gpus] if outcome.allocation is not None else []
+        if outcome.allocation is not None:
+            ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=args.PodUID)
+            ext.events.normal(ref, REASON_GRANTED, outcome.allocation.describe())
         log.info(
             "bound %s -> %s, GPUs %s",
             pod,

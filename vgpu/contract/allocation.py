@@ -14,7 +14,7 @@ from typing import Final
 
 from vgpu.contract.strict import Reader, dump, load
 from vgpu.names import Qos, SystemAnnotation
-from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
+from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops, parse_bytes, parse_milli
 
 VERSION: Final = "v1"
 KEY: Final = SystemAnnotation.ALLOCATION.value
@@ -43,6 +43,16 @@ class PodAllocation:
     containers: tuple[str, ...]
     gpus: tuple[GpuGrant, ...]
     bound_at: str  # RFC 3339, the extender's clock
+
+    def describe(self) -> str:
+        """One line for the pod's GpuGranted event: each GPU's reserved share and limits, the node, the pool."""
+        shares = "; ".join(
+            f"{g.uuid} (index {g.index}): {humanize_tflops(g.tflops_request)} TFLOPS / "
+            f"{humanize_bytes(g.vram_request)} reserved, limits {humanize_tflops(g.tflops_limit)} / "
+            f"{humanize_bytes(g.vram_limit)}"
+            for g in self.gpus
+        )
+        return f"granted on node {self.node} (pool {self.pool}, qos {self.qos.value}): {shares}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
