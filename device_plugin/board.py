@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 
-from device_plugin.health import HealthBoard, HealthPolicy
+from device_plugin.health import GpuHealth, HealthBoard, HealthPolicy
 from device_plugin.probe import GpuDevice, GpuProbe
 from device_plugin.slices import Slice, slices
 from vgpu.catalog import Catalog
@@ -121,10 +121,19 @@ class HealthMonitor:
         *,
         check_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
+        on_flip: Callable[[str, GpuHealth], None] | None = None,
     ) -> None:
+        """``on_flip(uuid, state)`` hears of every GPU that turned healthy or unhealthy (it must not block)."""
         self._probe, self._board = probe, board
         self._interval = check_interval_s
         self._clock = clock
+        self._on_flip = on_flip
+
+    def _apply(self, board: HealthBoard, flipped: frozenset[str]) -> None:
+        self._board.set_health(board, flipped)
+        if self._on_flip is not None:
+            for uuid in sorted(flipped):
+                self._on_flip(uuid, board.states[uuid])
 
     def _check_all(self) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
@@ -147,9 +156,9 @@ class HealthMonitor:
                 await asyncio.sleep(min(wait, self._interval))
             for event in events:
                 board, flipped = self._board.health.xid(event.uuid, event.xid, self._clock())
-                self._board.set_health(board, flipped)
+                self._apply(board, flipped)
             if self._clock() >= next_check:
                 results = await asyncio.to_thread(self._check_all)
                 board, flipped = self._board.health.checked(results, self._clock())
-                self._board.set_health(board, flipped)
+                self._apply(board, flipped)
                 next_check = self._clock() + self._interval

@@ -25,6 +25,7 @@ from device_plugin.health import HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET, PodDevices, list_pod_devices
 from device_plugin.lifecycle import PluginServer, SocketConfig
 from device_plugin.metrics import GpuCollector, PluginMetrics
+from device_plugin.node_events import NodeEvents
 from device_plugin.pod_cache import PodCache, PodFeed
 from device_plugin.probe import GpuProbe
 from device_plugin.publisher import InventoryPublisher
@@ -88,7 +89,10 @@ class Daemon:
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         self.server = PluginServer(self.servicer, config.sockets, self.metrics)
-        self.monitor = HealthMonitor(probe, self.board, check_interval_s=config.health_check_s)
+        self.node_events = NodeEvents(gateway, config.node, self.metrics)
+        self.monitor = HealthMonitor(
+            probe, self.board, check_interval_s=config.health_check_s, on_flip=self.node_events.gpu_flipped
+        )
         self.publisher = InventoryPublisher(
             gateway,
             self.board,
@@ -126,3 +130,4 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.keeper.drain()
+            await self.node_events.drain()

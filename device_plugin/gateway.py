@@ -39,3 +39,7 @@ class KubeGateway(Protocol):
     def patch_node(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
         """Merge-patch labels and annotations onto a node."""
         ...
+
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        """Post an Event about ``node`` (what ``kubectl describe node`` shows)."""
+        ...

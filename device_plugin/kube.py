@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client
@@ -29,6 +31,7 @@ _CALL_TIMEOUT = (5.0, 15.0)
 config: Any = _config
 watch: Any = _watch
 _KINDS: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
+EVENT_COMPONENT = "tensor-fusion-device-plugin"
 
 
 def _load(kubeconfig: str | None) -> None:
@@ -97,3 +100,27 @@ class KubeApi:
             {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}},
             _request_timeout=_CALL_TIMEOUT,
         )
+
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": EVENT_COMPONENT, "host": node},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        # Not read back as a model (the client's Event model is strict); the answer is drained so the
+        # pooled connection is reused.
+        core: Any = self._core  # a plain dict is sent as is; the raw answer is not a model
+        response = core.create_namespaced_event("default", body, _preload_content=False, _request_timeout=_CALL_TIMEOUT)
+        response.read()
+        response.release_conn()

@@ -132,6 +132,15 @@ def test_list_and_watch_follows_faults_and_recovery_and_inventory_follows(tmp_pa
             gpu_file(gpus, events=[(GPU0, 79)])  # a critical XID
             devices = dict(await kubelet.next_list())
             assert {d for d, h in devices.items() if h == "Unhealthy"} == {slice_id(GPU0, n) for n in range(4)}
+            # Each flip is an Event on the node, in order: what `kubectl describe node` shows.
+            await until(lambda: len(kube.node_events) == 3)
+            assert [(n, r, w) for n, r, _, w in kube.node_events] == [
+                ("node-a", "GpuUnhealthy", True),
+                ("node-a", "GpuHealthy", False),
+                ("node-a", "GpuUnhealthy", True),
+            ]
+            assert f"GPU {GPU1} is unhealthy (fell off the bus)" in kube.node_events[0][2]
+            assert f"GPU {GPU0} is unhealthy (XID 79)" in kube.node_events[2][2]
 
     run(scenario())
 

@@ -110,6 +110,18 @@ def test_failing_gpu_leaves_allocatable_and_is_marked_unhealthy_until_it_heals(
         cluster.set_gpu_faults({})
     wait_gpu_state(core, (total, total, healthy), f"{sick} back in allocatable, Healthy")
 
+    def node_events() -> list[tuple[str, str]] | None:
+        found = core.list_namespaced_event("default", field_selector=f"involvedObject.name={REAL_NODE}").items
+        ours = sorted(((e.metadata.creation_timestamp, e.reason, e.type, e.message) for e in found
+                       if e.reason in ("GpuUnhealthy", "GpuHealthy") and sick in e.message), key=lambda x: x[0])  # fmt: skip
+        return [(reason, kind) for _, reason, kind, _ in ours] if len(ours) >= 2 else None
+
+    # What `kubectl describe node` shows: when the GPU left service and why, and when it came back.
+    assert eventually("GPU health events on the node", node_events, timeout=30)[-2:] == [
+        ("GpuUnhealthy", "Warning"),
+        ("GpuHealthy", "Normal"),
+    ]
+
 
 def test_killed_plugin_comes_back_and_running_pods_keep_their_allocation(cluster: Cluster, core: CoreV1Api) -> None:
     assert cluster.node is not None
