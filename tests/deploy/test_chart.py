@@ -202,7 +202,9 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
     )
     # device_plugin/kube.py
     assert role_rules("-device-plugin") == (
-        triples("", "nodes", "get", "patch") | triples("", "pods", "list", "watch", "patch")
+        triples("", "nodes", "get", "patch")
+        | triples("", "pods", "list", "watch", "patch")
+        | triples("", "events", "create")  # GpuUnhealthy / GpuHealthy on its node
     )
 
 
