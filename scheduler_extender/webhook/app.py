@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypedDict
 
@@ -34,7 +34,9 @@ class State(TypedDict):
     registry: CollectorRegistry
 
 
-def handle(body: bytes, cluster: AdmissionCluster, admissions: Counter) -> dict[str, Any]:
+def handle(
+    body: bytes, cluster: AdmissionCluster, admissions: Counter, tolerations: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
     """One admission call, end to end; always returns an AdmissionReview response document."""
     try:
         req = review.parse(body)
@@ -42,7 +44,7 @@ def handle(body: bytes, cluster: AdmissionCluster, admissions: Counter) -> dict[
         admissions.labels("malformed").inc()
         return review.respond(exc.uid, review.deny(f"malformed AdmissionReview: {exc}"))
     try:
-        decision = decide(req, cluster)
+        decision = decide(req, cluster, tolerations)
         verdict = decision.verdict
         if decision.upsert is not None and verdict.allowed and not req.dry_run:
             try:
@@ -88,7 +90,9 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
     @app.post(MUTATE_PATH)
     async def mutate(request: Request) -> Response:
         body = await request.body()
-        doc = await run_in_threadpool(handle, body, request.state.cluster, request.state.admissions)
+        doc = await run_in_threadpool(
+            handle, body, request.state.cluster, request.state.admissions, settings.gpu_tolerations
+        )
         return Response(json.dumps(doc, ensure_ascii=False), media_type="application/json")
 
     @app.get("/healthz")

@@ -47,8 +47,9 @@ class _Pools:
     defaults: tuple[str, ...]
 
 
-def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
-    """Decide on a pod CREATE; anything else we were sent is allowed untouched."""
+def decide(review: ReviewRequest, cluster: AdmissionReads, tolerations: Sequence[Mapping[str, Any]] = ()) -> Decision:
+    """Decide on a pod CREATE; anything else we were sent is allowed untouched. ``tolerations`` are
+    the GPU nodes' taints' tolerations, added to every GPU pod that lacks them."""
     if (review.group, review.kind, review.operation) != ("", "Pod", "CREATE"):
         return Decision(allow())
     problem = _malformed(review.object)
@@ -78,7 +79,7 @@ def decide(review: ReviewRequest, cluster: AdmissionReads) -> Decision:
                 denial=Denial.SERVICE_UNAVAILABLE,
             )
         )
-    ops, patch_warnings = pod_patch(review.object, req, view.annotations)
+    ops, patch_warnings = pod_patch(review.object, req, view.annotations, tolerations)
     upsert = None
     if req.generate_workload:
         upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))

@@ -8,11 +8,13 @@ restart (``tls.py``).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Sequence
 from importlib.metadata import version
 
 import uvicorn
+from pydantic import ValidationError
 
 from scheduler_extender.periodic import Periodic
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
@@ -43,8 +45,17 @@ def parse_args(argv: Sequence[str] | None = None) -> WebhookSettings:
     parser.add_argument(
         "--log-format", choices=[f.value for f in LogFormat], help="text or json (TF_WEBHOOK_LOG_FORMAT, default text)"
     )
+    parser.add_argument(
+        "--gpu-tolerations",
+        type=json.loads,
+        help="JSON list of tolerations added to every GPU pod that lacks them (TF_WEBHOOK_GPU_TOLERATIONS, default "
+        "the NVIDIA taint nvidia.com/gpu:NoSchedule; [] adds none)",
+    )
     given = {key: value for key, value in vars(parser.parse_args(argv)).items() if value is not None}
-    return WebhookSettings(**given)
+    try:
+        return WebhookSettings(**given)
+    except ValidationError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,7 +3,8 @@
 Each inject container gets ``tensor-fusion.ai/vgpu`` (= gpu-count) in requests and limits, so
 kube-scheduler sends the pod to the extender (managedResources) and kubelet asks the device plugin;
 every other container loses any copy a tenant wrote. The pod is handed to our scheduler, gets the
-QoS PriorityClass unless it chose one, and carries the resolved request for everyone downstream.
+QoS PriorityClass unless it chose one, tolerates the GPU nodes' taints (``tolerations.py``), and
+carries the resolved request for everyone downstream.
 
 Whole objects are replaced with ``add`` (which overwrites), so the patch is correct whatever
 sub-keys were missing, and idempotent if the API server ever reinvokes us.
@@ -11,9 +12,10 @@ sub-keys were missing, and idempotent if the API server ever reinvokes us.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from scheduler_extender.webhook.tolerations import missing
 from vgpu.contract import resolved
 from vgpu.names import QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, SystemAnnotation
 from vgpu.request import GpuRequest
@@ -33,9 +35,15 @@ def pointer(*parts: str | int) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def pod_patch(pod: Mapping[str, Any], req: GpuRequest, annotations: Mapping[str, str]) -> tuple[list[Op], list[str]]:
+def pod_patch(
+    pod: Mapping[str, Any],
+    req: GpuRequest,
+    annotations: Mapping[str, str],
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> tuple[list[Op], list[str]]:
     """The patch for ``pod`` (raw JSON, shape checked by the caller) and warnings for the user;
-    ``annotations`` are the tenant's, already stripped of system keys."""
+    ``annotations`` are the tenant's, already stripped of system keys; ``tolerations`` are the GPU
+    nodes' (added unless the pod already tolerates them)."""
     ops: list[Op] = []
     warnings: list[str] = []
     wanted = {**annotations, SystemAnnotation.RESOLVED_REQUEST.value: resolved.encode(req)}
@@ -60,6 +68,11 @@ def pod_patch(pod: Mapping[str, Any], req: GpuRequest, annotations: Mapping[str,
         # set both so they agree even if the plugin is re-run after our patch.
         ops.append({"op": "add", "path": pointer("spec", "priorityClassName"), "value": req.qos.priority_class})
         ops.append({"op": "add", "path": pointer("spec", "priority"), "value": QOS_PRIORITY_VALUE[req.qos]})
+    add = missing(spec.get("tolerations"), tolerations)
+    if add and isinstance(spec.get("tolerations"), list):
+        ops += [{"op": "add", "path": pointer("spec", "tolerations", "-"), "value": dict(t)} for t in add]
+    elif add:
+        ops.append({"op": "add", "path": pointer("spec", "tolerations"), "value": [dict(t) for t in add]})
     return ops, warnings
 
 

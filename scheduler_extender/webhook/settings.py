@@ -7,11 +7,13 @@ command-line flags (what a developer or the end-to-end harness types); pydantic 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.webhook.tls import CHECK_INTERVAL_S
+from scheduler_extender.webhook.tolerations import NVIDIA_TAINT, check
 from vgpu.logfmt import LogFormat
 
 
@@ -31,3 +33,10 @@ class WebhookSettings(BaseSettings):
     kube_timeout_s: float = Field(default=2.0, gt=0, le=30)
     log_level: str = "info"
     log_format: LogFormat = LogFormat.TEXT
+    # Added to every GPU pod that does not already tolerate them (JSON list in TF_WEBHOOK_GPU_TOLERATIONS).
+    gpu_tolerations: list[dict[str, Any]] = Field(default_factory=lambda: [dict(t) for t in NVIDIA_TAINT])
+
+    @field_validator("gpu_tolerations")
+    @classmethod
+    def _tolerations(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return check(value)

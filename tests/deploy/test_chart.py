@@ -7,12 +7,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from device_plugin.main import parser as plugin_parser
 from scheduler_extender.main import settings_from as extender_settings
 from scheduler_extender.settings import Settings
 from scheduler_extender.webhook.app import MUTATE_PATH
+from scheduler_extender.webhook.settings import WebhookSettings
 from vgpu import catalog_file
 from vgpu.names import (
     EXTENDER_PUBLIC_PORT,
@@ -328,3 +330,12 @@ def test_the_extender_elects_its_status_writer_with_a_lease_it_may_use() -> None
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
     assert triples("coordination.k8s.io", "leases", "get", "create", "update") <= granted
+
+
+def test_the_webhook_reads_the_charts_gpu_tolerations(monkeypatch: pytest.MonkeyPatch) -> None:
+    (container,) = one("Deployment", "webhook")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    monkeypatch.setenv("TF_WEBHOOK_GPU_TOLERATIONS", env["TF_WEBHOOK_GPU_TOLERATIONS"])
+    assert WebhookSettings().gpu_tolerations == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]

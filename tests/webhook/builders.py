@@ -112,8 +112,10 @@ def apply_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
         parent: Any = doc
         for part in parts[:-1]:
             parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last: Any = int(parts[-1]) if isinstance(parent, list) else parts[-1]
-        if op["op"] in ("add", "replace"):
+        last: Any = (len(parent) if parts[-1] == "-" else int(parts[-1])) if isinstance(parent, list) else parts[-1]
+        if op["op"] == "add" and isinstance(parent, list):
+            parent.insert(last, op["value"])
+        elif op["op"] in ("add", "replace"):
             assert op["op"] == "add" or last in parent
             parent[last] = op["value"]
         elif op["op"] == "remove":

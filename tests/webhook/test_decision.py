@@ -327,3 +327,37 @@ def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
     assert [w for w in response["warnings"] if "prediction" in w] == [
         "autoScalingConfig.autoSetRequests.prediction.enable: accepted but not implemented: no usage prediction is made"
     ]
+
+
+NVIDIA = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("existing", "added"),
+    [
+        (None, [NVIDIA]),
+        ([{"key": "other", "operator": "Exists"}], [NVIDIA]),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists"}], []),  # any effect covers NoSchedule
+        ([{"operator": "Exists"}], []),  # tolerates every taint
+        ([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}], [NVIDIA]),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}], [NVIDIA]),
+    ],
+    ids=["none", "other-key", "same-key-any-effect", "everything", "one-value-only", "other-effect"],
+)
+def test_gpu_pods_tolerate_the_gpu_nodes_taint_unless_they_already_do(
+    existing: list[dict[str, str]] | None, added: list[dict[str, str]]
+) -> None:
+    def review_with(labels: dict[str, str] | None) -> review.ReviewRequest:
+        doc = review_of(BASIC, labels=labels)
+        pod_spec = doc["request"]["object"]["spec"]
+        pod_spec.pop("tolerations", None)
+        if existing is not None:
+            pod_spec["tolerations"] = existing
+        return review.parse(json.dumps(doc).encode())
+
+    req = review_with(None)
+    response = review.respond(req.uid, decide(req, FakeCluster(), [NVIDIA]).verdict)["response"]
+    pod = apply_patch(req.object, decode_patch(response))
+    assert pod["spec"].get("tolerations", []) == (existing or []) + added
+    plain = review_with({"app": "x"})
+    assert not decide(plain, FakeCluster(), [NVIDIA]).verdict.patch  # not a GPU pod: untouched

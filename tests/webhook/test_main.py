@@ -16,6 +16,25 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (got.port, got.tls_cert_file, got.kubeconfig) == (8443, Path("/flag/tls.crt"), Path("/k/config"))
 
 
-def test_bad_port_is_rejected() -> None:
-    with pytest.raises(ValueError, match="port"):
+def test_bad_port_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
         parse_args(["--port", "70000"])
+    assert exit_.value.code == 2
+    assert "port\n  Input should be less than or equal to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('[{"key": "a", "operator": "Maybe"}]', "gpu tolerations[0].operator 'Maybe': must be one of Exists, Equal"),
+        ('[{"key": "a", "effekt": "NoSchedule"}]', "gpu tolerations[0]: unknown field 'effekt'; accepted: key,"),
+        ('[{"operator": "Equal"}]', "gpu tolerations[0]: operator Equal needs a key"),
+    ],
+)
+def test_bad_gpu_tolerations_are_refused_naming_the_entry(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--gpu-tolerations", value])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
