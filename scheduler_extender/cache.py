@@ -15,6 +15,10 @@ Per-node views (inventory + ledger usage) are kept up to date on each change, so
 copies a dict of ready NodeStates. The core's Ledger is kept one per node: a pod's GPUs are all on
 one node, so the per-GPU checks are the same, and each (copying) transition costs O(pods on that
 node) instead of O(pods in the cluster), which is what makes rebuilding 50,000 allocations cheap.
+A pod bound to a node without an allocation of its own (a Binding posted by hand, a static pod) that
+asks for vGPU device IDs gets them from the kubelet all the same, so its IDs count against the
+node's free slots until it is gone or finished (it never gets a GPU grant: the device plugin refuses
+to start it).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 from scheduler_extender.core.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
 from scheduler_extender.core.model import NodeState, Snapshot, workload_key
 from scheduler_extender.gateway import Kind, RawObject, WatchEvent
 from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.kubelet_devices import vgpu_device_ids
 from scheduler_extender.objects import PodRecord, PodRef, is_relevant, node_state, pod_record, pod_ref
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
@@ -56,6 +62,10 @@ class ClusterCache:
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
+        # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
+        # (bound by hand, static): the kubelet counts their IDs, so the node's free slots must too.
+        self._foreign: dict[str, tuple[str, int]] = {}  # uid -> (node, device IDs)
+        self._foreign_ids: Counter[str] = Counter()  # node -> device IDs held by foreign pods
         self._workload_view: Mapping[str, frozenset[str]] | None = None
 
     # --- informer sink ----------------------------------------------------------------------------
@@ -251,7 +261,30 @@ class ClusterCache:
         for name in nodes:
             base = self._base.get(name)
             if base is not None:
-                self._view[name] = self._ledger(name).apply_node(base)
+                view = self._ledger(name).apply_node(base)
+                foreign = self._foreign_ids.get(name, 0)
+                self._view[name] = replace(view, slots_used=view.slots_used + foreign) if foreign else view
+
+    def _note_foreign(self, obj: RawObject | None, uid: str) -> None:
+        """Track ``obj`` (None: gone) as a foreign holder of device IDs on its node, or stop tracking it."""
+        held: tuple[str, int] | None = None
+        ids = 0 if obj is None else vgpu_device_ids(obj) or 0
+        if obj is not None and ids > 0:
+            record = pod_record(obj)
+            if record.node_name and not record.terminal and record.allocation is None:
+                held = (record.node_name, ids)
+        old = self._foreign.get(uid)
+        if old == held:
+            return
+        if old is not None:
+            del self._foreign[uid]
+            self._foreign_ids[old[0]] -= old[1]
+            if self._foreign_ids[old[0]] <= 0:
+                del self._foreign_ids[old[0]]
+        if held is not None:
+            self._foreign[uid] = held
+            self._foreign_ids[held[0]] += held[1]
+        self._refresh({pair[0] for pair in (old, held) if pair is not None})
 
     def _set_node(self, node: NodeState) -> None:
         if self._base.get(node.name) == node:
@@ -271,6 +304,10 @@ class ClusterCache:
             self._set_node(node)
 
     def _replace_pods(self, items: list[RawObject]) -> None:
+        for uid in set(self._foreign) - {pod_ref(item).uid for item in items}:
+            self._note_foreign(None, uid)
+        for item in items:
+            self._note_foreign(item, pod_ref(item).uid)
         records = {r.ref.uid: r for r in (pod_record(item) for item in items if is_relevant(item))}
         for uid, old in list(self._records.items()):
             if uid not in records:
@@ -303,6 +340,7 @@ class ClusterCache:
 
     def _pod_changed(self, obj: RawObject) -> None:
         ref = pod_ref(obj)
+        self._note_foreign(obj, ref.uid)
         if not is_relevant(obj) and ref.uid not in self._records:
             return
         record = pod_record(obj)
@@ -310,6 +348,7 @@ class ClusterCache:
         self.gate.observe(record)
 
     def _pod_gone(self, ref: PodRef) -> None:
+        self._note_foreign(None, ref.uid)
         old = self._records.pop(ref.uid, None)
         if old is not None:
             self._track_workload(old, -1)

@@ -83,3 +83,33 @@ def test_a_node_out_of_slots_is_a_filter_reason_shown_by_explain_until_a_pod_goe
     fake.delete(Kind.POD, "default/p3")
     app.settle()
     assert app.post("/filter", body)["NodeNames"] == ["n1"]
+
+
+def hand_bound(name: str, node: str, ids: int, phase: str = "Running") -> dict[str, Any]:
+    """A pod bound to ``node`` outside the extender (a Binding posted by hand, a static pod): it asks for
+    vGPU device IDs, which the kubelet gives it, but carries no allocation."""
+    pod = with_vgpu(make_pod(name, gpu_request()), ids)
+    pod["spec"]["nodeName"] = node
+    pod["status"]["phase"] = phase
+    return pod
+
+
+def test_device_ids_held_without_an_allocation_still_count_against_the_node(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    # Otherwise a pod bound by hand, which the kubelet gave IDs, lets the extender bind a pod the kubelet
+    # must then fail with "requested number of devices unavailable".
+    fake.put(Kind.NODE, make_node("n1"))  # 8 device IDs
+    for i in range(6):
+        fake.put(Kind.POD, with_vgpu(allocated_pod(f"p{i}", "n1", grant("n1", i % 2, vram=GI)), 1))
+    fake.put(Kind.POD, hand_bound("rogue", "n1", 2))
+    fake.put(Kind.POD, hand_bound("done", "n1", 2, phase="Failed"))  # a finished pod holds none
+    fake.put(Kind.POD, with_vgpu(make_pod("new", gpu_request(vram=GI)), 1))
+    app = run()
+    view = app.ext.cache.node("n1")
+    assert view is not None and view.slots_used == 8
+    body = {"Pod": fake.pod("default", "new"), "Nodes": None, "NodeNames": ["n1"]}
+    assert app.post("/filter", body)["FailedNodes"] == {"n1": f"{SLOTS} on node n1: requested 1, free 0 of 8"}
+    fake.delete(Kind.POD, "default/rogue")
+    app.settle()
+    assert app.post("/filter", body)["NodeNames"] == ["n1"]
