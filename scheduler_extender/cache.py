@@ -92,7 +92,9 @@ class ClusterCache:
                 else:
                     self._set_node(node_state(event.object, self.default_pool))
             elif event.type == "DELETED":
-                self._pod_gone(pod_ref(event.object))
+                ref = pod_ref(event.object)
+                self._note_foreign(ref.uid, None)
+                self._pod_gone(ref)
             else:
                 self._pod_changed(event.object)
 
@@ -265,14 +267,8 @@ class ClusterCache:
                 foreign = self._foreign_ids.get(name, 0)
                 self._view[name] = replace(view, slots_used=view.slots_used + foreign) if foreign else view
 
-    def _note_foreign(self, obj: RawObject | None, uid: str) -> None:
-        """Track ``obj`` (None: gone) as a foreign holder of device IDs on its node, or stop tracking it."""
-        held: tuple[str, int] | None = None
-        ids = 0 if obj is None else vgpu_device_ids(obj) or 0
-        if obj is not None and ids > 0:
-            record = pod_record(obj)
-            if record.node_name and not record.terminal and record.allocation is None:
-                held = (record.node_name, ids)
+    def _note_foreign(self, uid: str, held: tuple[str, int] | None) -> None:
+        """Track pod ``uid`` as holding ``held`` = (node, device IDs) without an allocation, or (None) not."""
         old = self._foreign.get(uid)
         if old == held:
             return
@@ -304,18 +300,26 @@ class ClusterCache:
             self._set_node(node)
 
     def _replace_pods(self, items: list[RawObject]) -> None:
-        for uid in set(self._foreign) - {pod_ref(item).uid for item in items}:
-            self._note_foreign(None, uid)
+        held: dict[str, tuple[str, int] | None] = {}
+        records: dict[str, PodRecord] = {}
         for item in items:
-            self._note_foreign(item, pod_ref(item).uid)
-        records = {r.ref.uid: r for r in (pod_record(item) for item in items if is_relevant(item))}
+            ids = vgpu_device_ids(item) or 0
+            relevant = is_relevant(item)
+            record = pod_record(item) if relevant or ids else None
+            held[pod_ref(item).uid] = _foreign_hold(record, ids)
+            if relevant and record is not None:
+                records[record.ref.uid] = record
+        for uid in set(self._foreign) - held.keys():
+            self._note_foreign(uid, None)
+        for uid, hold in held.items():
+            self._note_foreign(uid, hold)
         for uid, old in list(self._records.items()):
             if uid not in records:
                 self._pod_gone(old.ref)
         for record in records.values():
             self._record_changed(record)
         self.gate.replace(records.values())
-        self._drop_unlisted({pod_ref(item).uid for item in items})
+        self._drop_unlisted(set(held))
 
     def _drop_unlisted(self, listed: set[str]) -> None:
         """After a relist, release what the LIST contradicts.
@@ -340,15 +344,15 @@ class ClusterCache:
 
     def _pod_changed(self, obj: RawObject) -> None:
         ref = pod_ref(obj)
-        self._note_foreign(obj, ref.uid)
-        if not is_relevant(obj) and ref.uid not in self._records:
-            return
-        record = pod_record(obj)
-        self._record_changed(record)
-        self.gate.observe(record)
+        ids = vgpu_device_ids(obj) or 0
+        relevant = is_relevant(obj) or ref.uid in self._records
+        record = pod_record(obj) if relevant or ids else None
+        if relevant and record is not None:
+            self._record_changed(record)
+            self.gate.observe(record)
+        self._note_foreign(ref.uid, _foreign_hold(record, ids))
 
     def _pod_gone(self, ref: PodRef) -> None:
-        self._note_foreign(None, ref.uid)
         old = self._records.pop(ref.uid, None)
         if old is not None:
             self._track_workload(old, -1)
@@ -432,3 +436,11 @@ class ClusterCache:
         if self._workload_view is None:
             self._workload_view = MappingProxyType({w: frozenset(c) for w, c in self._workloads.items()})
         return self._workload_view
+
+
+def _foreign_hold(record: PodRecord | None, ids: int) -> tuple[str, int] | None:
+    """(node, device IDs) a pod holds there without an allocation of its own, the kubelet having bound it
+    and given it IDs; None when it holds none that way (unbound, finished, or allocated by us)."""
+    if record is None or ids <= 0 or not record.node_name or record.terminal or record.allocation is not None:
+        return None
+    return record.node_name, ids
