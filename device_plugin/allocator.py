@@ -38,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
+from device_plugin.background import Background
 from device_plugin.board import DeviceBoard
 from device_plugin.envs import ContainerGrant, EnforcementPaths, Target, build
 from device_plugin.fresh_read import FreshRead
@@ -90,7 +91,7 @@ class Allocator:
         self._stolen: dict[frozenset[str], Answer] = {}  # answers whose IDs the kubelet gave another pod
         self._fresh = FreshRead(self._list_pods)
         self._truth = FreshRead(pod_devices)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
 
     def served(self) -> Mapping[str, frozenset[str]]:
         """Containers per pod UID that are answered (pending) or confirmed: not to be answered again."""
@@ -137,7 +138,7 @@ class Allocator:
         if not found.again:
             pod = found.pod
             self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
-            self._spawn(self._confirm(frozenset(ids)))
+            self._background.spawn(self._confirm(frozenset(ids)))
         target = Target(namespace=found.pod.namespace, pod=found.pod.name, container=found.container)
         gpus = [g.uuid for g in alloc.gpus]
         log.info(
@@ -208,11 +209,6 @@ class Allocator:
             truth = await self._fresh_truth()
             if truth is not None:
                 self._settle(truth)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _fresh_truth(self) -> PodDevices | None:
         """The kubelet's PodResources record from a read begun after this call; None when unreadable."""

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from datetime import UTC, datetime
 from typing import Protocol
 
+from device_plugin.background import Background
 from device_plugin.gateway import KubeGateway
 from device_plugin.kubelet_api import PodDevices
 from device_plugin.metrics import PluginMetrics
@@ -54,19 +55,16 @@ class HandoffKeeper:
         self._gateway, self._cache, self._node, self._metrics = gateway, cache, node, metrics
         self._pod_devices, self._now = pod_devices, now
         self._pending: dict[str, tuple[PodRecord, Handoff]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
 
     def record(self, pod: PodRecord, devices: Devices) -> None:
         """Write the receipt for ``pod`` in the background (retried by :meth:`reconcile_once`)."""
         self._pending[pod.uid] = (pod, self._receipt(pod, devices))
-        task = asyncio.get_running_loop().create_task(self._write(pod.uid))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background.spawn(self._write(pod.uid))
 
     async def drain(self) -> None:
         """Wait for receipts being written now (tests, shutdown)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._background.drain()
 
     async def _write(self, uid: str) -> None:
         entry = self._pending.get(uid)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Final
 
+from device_plugin.background import Background
 from device_plugin.gateway import KubeGateway
 from device_plugin.health import GpuHealth
 from device_plugin.metrics import PluginMetrics
@@ -43,17 +44,14 @@ class NodeEvents:
 
     def __init__(self, gateway: KubeGateway, node: str, metrics: PluginMetrics) -> None:
         self._gateway, self._node, self._metrics = gateway, node, metrics
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
 
     def gpu_flipped(self, uuid: str, state: GpuHealth) -> None:
-        task = asyncio.get_running_loop().create_task(self._post(*event_for(uuid, state)))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background.spawn(self._post(*event_for(uuid, state)))
 
     async def drain(self) -> None:
         """Wait for the events being posted (tests, shutdown)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._background.drain()
 
     async def _post(self, reason: str, message: str, warning: bool) -> None:
         try:
