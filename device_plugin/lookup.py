@@ -31,7 +31,7 @@ RESOURCE_NOUN = f"{RESOURCE_VGPU} devices"
 
 # Annotation texts are immutable and decode to frozen values: decode each once, not on every Allocate
 # (a node reboot re-allocates every pod at once, and each lookup scans every receipt on the node).
-_receipt = functools.lru_cache(maxsize=4096)(decode_handoff)
+cached_receipt = functools.lru_cache(maxsize=4096)(decode_handoff)
 _allocation = functools.lru_cache(maxsize=4096)(decode)
 
 
@@ -79,7 +79,7 @@ def recorded(pods: Iterable[PodRecord], node: str, ids: Iterable[str]) -> Match 
         if pod.node != node or pod.handoff is None or not pod.active:
             continue
         try:
-            receipt: Handoff = _receipt(pod.handoff)
+            receipt: Handoff = cached_receipt(pod.handoff)
         except DomainError:
             continue
         for container, got in receipt.devices:

@@ -23,17 +23,14 @@ pods in. Pure: decisions over plain data.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from device_plugin.kubelet_api import PodDevices
+from device_plugin.lookup import cached_receipt
 from device_plugin.pods import PodRecord
-from vgpu.contract.allocation import decode_handoff
 from vgpu.errors import DomainError
-
-_receipt = functools.lru_cache(maxsize=4096)(decode_handoff)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +99,7 @@ def _in_receipt(pod: PodRecord, container: str, ids: frozenset[str]) -> bool:
     if pod.handoff is None:
         return False
     try:
-        receipt = _receipt(pod.handoff)
+        receipt = cached_receipt(pod.handoff)
     except DomainError:
         return False
     return receipt.pod_uid == pod.uid and any(c == container and frozenset(got) == ids for c, got in receipt.devices)

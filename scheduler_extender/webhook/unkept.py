@@ -30,7 +30,7 @@ def unkept(req: GpuRequest) -> tuple[str, ...]:
     out = []
     for block, (annotation, does) in _LAYERS.items():
         config = dict(req.auto_scaling.get(block) or {})
-        if config.get("enable") is True:
+        if _enabled(config):
             out.append(
                 f"{annotation} / autoScalingConfig.{block}.enable: accepted but not acted on yet: nothing "
                 f"{does}; the values admitted now stay as they are"
