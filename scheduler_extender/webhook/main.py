@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import ssl
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 
 import uvicorn
 from pydantic import ValidationError
+from uvicorn.config import create_ssl_context
 
 from scheduler_extender.periodic import Periodic
 from scheduler_extender.webhook.app import MUTATE_PATH, create_app
@@ -71,9 +74,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         ssl_keyfile=str(settings.tls_key_file),
         log_level=settings.log_level.lower(),
     )
-    config.load()  # builds the SSLContext every handshake uses; the reloader renews it in place
+    config.load()  # builds the SSLContext every handshake starts on; the reloader hands them to renewed ones
     assert config.ssl is not None
-    reloader = CertReloader(config.ssl, settings.tls_cert_file, settings.tls_key_file)
+
+    def build(cert: Path, key: Path) -> ssl.SSLContext:
+        return create_ssl_context(
+            cert, key, None, config.ssl_version, config.ssl_cert_reqs, config.ssl_ca_certs, config.ssl_ciphers
+        )
+
+    reloader = CertReloader(config.ssl, settings.tls_cert_file, settings.tls_key_file, build)
     watcher = Periodic("webhook-tls-reload", settings.tls_reload_s, reloader.check)
     watcher.start()
     try:

@@ -4,9 +4,11 @@ cert-manager renews the certificate before it expires, and the kubelet swaps the
 files in place; a webhook that read them once at start would serve the old certificate until
 restarted, and the API server — with ``failurePolicy: Fail`` — would refuse every GPU pod once it
 expired. So the certificate and key are watched: when either file's content changes, the pair is
-loaded into the very SSLContext the server handshakes with, and every new connection gets the new
-certificate (open ones keep theirs). A half-written or mismatched pair is logged and counted, and
-the old certificate stays until a good pair appears.
+loaded into a fresh SSLContext, and the server's context hands every new handshake over to the
+newest one from its SNI callback (open connections keep theirs). The live context is never loaded
+into: OpenSSL installs a certificate and then its key, and a handshake between the two would find
+a certificate without a key. A half-written or mismatched pair is logged and counted, and the old
+certificate stays until a good pair appears.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -33,13 +36,26 @@ def fingerprint(*paths: Path) -> str:
 
 
 class CertReloader:
-    """Reloads ``cert``/``key`` into ``context`` when their contents change; :meth:`check` is one pass."""
+    """Serves the newest good ``cert``/``key`` pair through ``context``; :meth:`check` is one pass.
 
-    def __init__(self, context: ssl.SSLContext, cert: Path, key: Path) -> None:
-        self.context, self.cert, self.key = context, cert, key
+    ``build`` makes a server context from the two paths with the server's own settings; it raises
+    when the pair cannot be loaded.
+    """
+
+    def __init__(
+        self, context: ssl.SSLContext, cert: Path, key: Path, build: Callable[[Path, Path], ssl.SSLContext]
+    ) -> None:
+        self.cert, self.key, self.build = cert, key, build
+        self.current = context
         self.loaded = fingerprint(cert, key)
         self.reloads = 0
         self.failures = 0
+        context.sni_callback = self._hand_over  # called for every ClientHello, with or without a name
+
+    def _hand_over(self, connection: ssl.SSLObject, _name: str | None, served: ssl.SSLContext) -> None:
+        current = self.current  # one read: a reload between two reads must not mix contexts
+        if current is not served:
+            connection.context = current
 
     def check(self) -> bool:
         """Load the pair if it changed since the last good load; True when a new pair is now served."""
@@ -47,16 +63,14 @@ class CertReloader:
         if not current or current == self.loaded:
             return False
         try:
-            # A scratch context first: a failed load into the live one could leave it without a key.
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(str(self.cert), str(self.key))
-            self.context.load_cert_chain(str(self.cert), str(self.key))
+            fresh = self.build(self.cert, self.key)
         except (ssl.SSLError, OSError) as exc:
             self.failures += 1
             log.warning(
                 "webhook TLS: cannot load the changed %s / %s; serving the previous pair: %s", self.cert, self.key, exc
             )
             return False
-        self.loaded = current
+        self.current, self.loaded = fresh, current
         self.reloads += 1
         log.info("webhook TLS: serving the renewed certificate from %s", self.cert)
         return True

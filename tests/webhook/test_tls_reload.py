@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +105,34 @@ def test_a_renewed_pair_is_served_without_a_restart_and_a_broken_one_is_not(
     assert served(port) == der(renewed[0])
     shutil.copy(stray[1], key)  # the pair is complete again
     eventually_served(port, der(stray[0]))
+
+
+def test_handshakes_during_renewals_all_succeed(tmp_path: Path, webhook: tuple[int, Path, Path]) -> None:
+    """Every handshake made while pairs are swapped in gets a whole pair: none fails, none is refused."""
+    port, crt, key = webhook
+    pairs = [make_pair(tmp_path, f"renewal{i}") for i in range(40)]
+    failures: list[str] = []
+    done = threading.Event()
+    handshakes = 0
+
+    def client() -> None:
+        nonlocal handshakes
+        while not done.is_set():
+            try:
+                served(port)
+                handshakes += 1
+            except OSError as exc:
+                failures.append(repr(exc))
+
+    hammer = threading.Thread(target=client)
+    hammer.start()
+    try:
+        for pair_crt, pair_key in pairs:
+            shutil.copy(pair_crt, crt)
+            shutil.copy(pair_key, key)
+            eventually_served(port, der(pair_crt))
+    finally:
+        done.set()
+        hammer.join(10)
+    assert failures == []
+    assert handshakes > len(pairs)
