@@ -33,6 +33,12 @@ writes that matter are conditional, and the loser backs off without undoing the 
 - the allocation is removed (rollback, or the cleanup of an unfinished bind) only while it still reads
   exactly what this binder wrote: a JSON patch ``test`` of the UID and of the annotation's value, then
   ``remove``. A failed test (422) means the allocation is someone else's; it is left alone, quietly.
+- two replicas binding *different* pods to one node each place from their own cache, which may not yet
+  show the other's allocation. So the allocation is written with the label ``allocated-node``, and
+  before the Binding the bind lists every pod with that label for its node, consistently: an
+  allocation there that the placement did not count makes this bind back off (undoing itself). Write
+  first, read after: of two binds that missed each other, the later one's list shows the earlier's
+  write, so at most one goes on and no GPU is promised twice (``_arbitrate``).
 An unbound pod carrying an allocation this binder did not write is another replica's bind in
 progress, unless its ``boundAt`` is older than a bind can last (``bind_timeout`` plus clock slack):
 only then is it an abandoned bind's, removed (conditionally) before binding afresh. The ledger
@@ -45,7 +51,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,12 +66,19 @@ from scheduler_extender.core.policy import Policies
 from scheduler_extender.deadline import BudgetSpent, Deadline
 from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject, precondition_failed
 from scheduler_extender.handoff import GateBusy, HandoffGate, bound_at
-from scheduler_extender.objects import PodRef, pod_record, pod_ref, scheduled_pod
+from scheduler_extender.objects import (
+    PodRef,
+    allocated_node_label,
+    allocated_on_selector,
+    pod_record,
+    pod_ref,
+    scheduled_pod,
+)
 from scheduler_extender.wire import ExtenderBindingArgs
 from vgpu.catalog import Catalog
 from vgpu.contract import allocation as allocation_contract
-from vgpu.contract.allocation import PodAllocation
-from vgpu.names import SystemAnnotation
+from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.names import LABEL_ALLOCATED_NODE, SystemAnnotation
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +198,7 @@ class Binder:
         except GateBusy as busy:
             raise BindError(str(busy), "gate") from None
         try:
-            placement = self._reserve(ref, demand, node, removed)
+            placement, counted = self._reserve(ref, demand, node, removed)
         except BindError:
             self.gate.release(node, ref.uid)
             raise
@@ -200,6 +213,7 @@ class Binder:
         )
         text = allocation_contract.encode(allocation)
         self._write_allocation(ref, node, pod, text, deadline)
+        self._arbitrate(ref, node, counted, text, deadline)
         self._post_binding(
             ref, node, deadline, written=text, undo=lambda: self._undo(ref, node, deadline, written=text)
         )
@@ -219,6 +233,7 @@ class Binder:
                     ref.name,
                     ref.uid,
                     {ALLOCATION: text},
+                    labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
                     resource_version=_resource_version(pod),
                     timeout=deadline.forward("record the GPU allocation"),
                 )
@@ -239,6 +254,42 @@ class Binder:
             if fresh.node_name is not None or fresh.allocation is not None:
                 self._undo(ref, node, deadline, written=None)
                 raise BindError(_contended(ref), "conflict")
+
+    def _arbitrate(
+        self, ref: PodRef, node: str, counted: Mapping[str, tuple[GpuGrant, ...]], text: str, deadline: Deadline
+    ) -> None:
+        """After writing the allocation, before the Binding: list every allocation on ``node`` consistently
+        and back off (undoing this bind) if one was written that the placement did not count.
+
+        Another extender replica places pods from its own cache, and neither sees the other's allocation
+        until its watch delivers it. Each writes first and lists after, so of two binds whose placements
+        missed each other's allocation, the later lister sees the earlier's write: at most one goes on
+        (both backing off is the worst case, and kube-scheduler retries them). What the placement counted
+        stays valid: an allocation only leaves a node by its pod going or finishing."""
+        try:
+            listed = self.gateway.list_pods(
+                allocated_on_selector(node), timeout=deadline.forward("list the node's allocations")
+            )
+        except GatewayError as exc:
+            note = self._undo(ref, node, deadline, written=text)
+            failed = f"could not list the allocations on {node} to confirm the placement of pod {ref.key}: {exc}"
+            raise BindError(f"{failed}{note}", "read") from None
+        unseen = []
+        for pod in listed:
+            record = pod_record(pod)
+            alloc = record.allocation
+            if record.ref.uid == ref.uid or not record.holds_gpus or alloc is None or alloc.node != node:
+                continue
+            if counted.get(record.ref.uid) != alloc.gpus:
+                unseen.append(record.ref.key)
+        if unseen:
+            note = self._undo(ref, node, deadline, written=text)
+            raise BindError(
+                f"another extender placed {', '.join(sorted(unseen))} on {node} while pod {ref.key} was being "
+                f"placed there; this bind backed off so that the GPUs are not promised twice, and the "
+                f"scheduler will retry it{note}",
+                "conflict",
+            ) from None
 
     def _abandoned(self, ref: PodRef, text: str, written_at: str) -> bool:
         """Whether an unbound pod's allocation may be removed: this binder wrote it, or the bind that wrote
@@ -319,8 +370,11 @@ class Binder:
                 raise BindError(f"{failed}{_UNKNOWN_OUTCOME}", "binding") from None
             raise BindError(f"{failed}{undo()}", "binding") from None
 
-    def _reserve(self, ref: PodRef, demand: Demand, node: str, removed: PodAllocation | None) -> Placement:
-        """Under the cache lock: fresh view without the pod's own holds, place, reserve.
+    def _reserve(
+        self, ref: PodRef, demand: Demand, node: str, removed: PodAllocation | None
+    ) -> tuple[Placement, dict[str, tuple[GpuGrant, ...]]]:
+        """Under the cache lock: fresh view without the pod's own holds, place, reserve. Returns the placement
+        and what the node's ledger counted for the other pods when it was made (see :meth:`_arbitrate`).
 
         ``removed``: the allocation this bind just removed from the pod (the watch may still show it)."""
         with self.cache.lock:
@@ -336,6 +390,7 @@ class Binder:
             if view is None:
                 raise BindError(f"node {node} is unknown to the GPU extender (no inventory seen)", "fit")
             placement = place(demand, view, self.policies.for_demand(demand), self.catalog)
+            counted = self.cache.counted_on(node)
             if placement is None:
                 result = filter_nodes(demand, Snapshot(nodes={node: view}), (node,), self.catalog)
                 reason = result.reasons().get(node)
@@ -344,7 +399,7 @@ class Binder:
                 self.cache.reserve(ref, node, placement.grants, qos=demand.qos, expires_at=None, slots=demand.slots)
             except LedgerRefusal as refusal:
                 raise BindError(f"pod {ref.key} cannot reserve GPUs on {node}: {refusal.reason}", "fit") from None
-            return placement
+            return placement, counted
 
     def _undo(self, ref: PodRef, node: str, deadline: Deadline, *, written: str | None, forward: bool = False) -> str:
         """Roll back after a failed API call; returns a note for the Error if cleaning up failed too.

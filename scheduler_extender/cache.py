@@ -143,6 +143,13 @@ class ClusterCache:
         with self.lock:
             return tuple(r for r in self._records.values() if r.allocation and r.allocation.node == node)
 
+    def counted_on(self, node: str) -> dict[str, tuple[GpuGrant, ...]]:
+        """Per pod UID, the grants ``node``'s ledger counts for it: written allocations and binds' holds,
+        not filter/prioritize guesses."""
+        with self.lock:
+            entries = self._ledger(node).entries()
+            return {self._owner[k]: e.grants for k, e in entries.items() if k not in self._tentative}
+
     def records(self) -> tuple[PodRecord, ...]:
         """Every pod that holds GPUs."""
         with self.lock:

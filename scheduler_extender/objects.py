@@ -9,6 +9,7 @@ a corrupt annotation becomes an error message on the value (a node's ``inventory
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +24,7 @@ from vgpu.contract import resolved as resolved_contract
 from vgpu.contract.allocation import PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
-from vgpu.names import LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
+from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
 from vgpu.request import GpuRequest
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -192,6 +193,20 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         workload=workload,
         slots=slots,
     )
+
+
+def allocated_node_label(node: str) -> str:
+    """The value of LABEL_ALLOCATED_NODE for an allocation on ``node``: the name itself when it is a valid
+    label value (at most 63 characters), otherwise a digest of it. Readers match allocations by the
+    annotation's node, never by the label alone (anyone who may edit the pod may also set the label)."""
+    if len(node) <= 63:
+        return node
+    return "n-" + hashlib.sha256(node.encode()).hexdigest()[:40]
+
+
+def allocated_on_selector(node: str) -> str:
+    """The label selector of every pod allocated GPUs on ``node`` (by this version of the extender)."""
+    return f"{LABEL_ALLOCATED_NODE}={allocated_node_label(node)}"
 
 
 def is_relevant(pod: Mapping[str, Any]) -> bool:

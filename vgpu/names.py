@@ -54,6 +54,10 @@ class SystemAnnotation(StrEnum):
     NODE_INVENTORY = f"{DOMAIN}/gpu-inventory"
 
 
+# --- the pod label the extender writes with an allocation: which node it is for (value: objects.py's
+# allocated_node_label), so that a bind can list, consistently and cheaply, every allocation on its node.
+LABEL_ALLOCATED_NODE: Final = f"{DOMAIN}/allocated-node"
+
 # --- node labels the device plugin publishes so users can use plain nodeAffinity ----------------
 LABEL_NODE_POOL: Final = f"{DOMAIN}/gpupool"
 LABEL_NODE_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"

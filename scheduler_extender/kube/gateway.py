@@ -187,10 +187,25 @@ class KubernetesGateway:
         uid: str,
         changes: Mapping[str, str | None],
         *,
+        labels: Mapping[str, str] | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        self._patch_pod(namespace, name, annotation_patch(uid, changes, resource_version), MERGE_PATCH, timeout)
+        body = annotation_patch(uid, changes, resource_version, labels)
+        self._patch_pod(namespace, name, body, MERGE_PATCH, timeout)
+
+    def list_pods(self, label_selector: str, *, timeout: float | None = None) -> Sequence[RawObject]:
+        limit = CALL_TIMEOUT if timeout is None else timeout
+        listed = _call(
+            f"list pods {label_selector}",
+            lambda: _json(  # no resourceVersion: a consistent read, never a stale cache
+                self.core.list_pod_for_all_namespaces(
+                    label_selector=label_selector, _preload_content=False, _request_timeout=limit
+                )
+            ),
+            limit,
+        )
+        return list(listed.get("items") or [])
 
     def remove_pod_annotation(
         self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None

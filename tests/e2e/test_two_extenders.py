@@ -1,5 +1,6 @@
-"""Two extenders binding the same pods at once, as the old and the new kube-scheduler do during a rolling
-restart, a drain or a leader change (issue 12): every pod bound once, with one allocation, never removed.
+"""Two extenders binding at once, as the old and the new kube-scheduler do during a rolling restart, a
+drain or a leader change (issue 12): the same pods — every pod bound once, with one allocation, never
+removed; different pods onto the same GPU — never promised twice.
 
 A second ``tf-extender`` process runs beside the cluster's, with its own cache and ledger, against the
 same API server. A burst of pending GPU pods — parked by a nodeSelector no node matches, so the real
@@ -140,6 +141,69 @@ def test_two_extenders_binding_the_same_pods_at_once_bind_each_once_with_one_all
         assert several == {}, f"pods given several different allocations: {several}"
         assert removed == [], f"pods whose allocation was removed after it was written: {removed}"
         assert all("another extender is binding" in e or "already bound" in e for e in errors), errors
+    finally:
+        for node in nodes:
+            core.delete_node(node)
+
+
+BIG = {Annotation.TFLOPS_REQUEST: "200", Annotation.VRAM_REQUEST: "50Gi", Annotation.GPUPOOL: POOL}
+PAIRS = 10
+
+
+@pytest.mark.timeout(300)
+def test_two_extenders_placing_different_pods_on_one_gpu_at_once_never_promise_it_twice(
+    cluster: Cluster, core: CoreV1Api, fresh: str
+) -> None:
+    """Each node's one A100 has room for one 200-TFLOPS/50Gi pod; two such pods race for it, one through
+    each extender, on ten nodes at once. Each extender places from its own cache, which may not yet show
+    the other's allocation: only the consistent list after the write keeps the GPU from being promised
+    twice."""
+    nodes = [f"e2e-ha-pair-{i}" for i in range(PAIRS)]
+    for node in nodes:
+        cluster.add_fake_node(node, gpus(node, 1), pool=POOL)
+    try:
+        pairs = [(f"pair-{i:02d}-a", f"pair-{i:02d}-b") for i in range(PAIRS)]
+        uids = {}
+        for name in [n for pair in pairs for n in pair]:
+            pod = gpu_pod(name, BIG)
+            pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}  # kube-scheduler never binds it
+            uids[name] = core.create_namespaced_pod(fresh, pod).metadata.uid
+        with second_extender(cluster) as other:
+            ports = (cluster.extender_verbs_port, other)
+            for port in ports:
+                eventually(
+                    f"extender :{port} knowing the {POOL} pair nodes",
+                    lambda p=port: all(n in json.dumps(call(p, f"/explain/{fresh}/pair-00-a")) for n in nodes),
+                    timeout=30,
+                )
+
+            def bind(job: tuple[int, str, str]) -> str:
+                port, name, node = job
+                body = {"PodName": name, "PodNamespace": fresh, "PodUID": uids[name], "Node": node}
+                reply: dict[str, str] = call(port, f"{deploy.EXTENDER_PREFIX}/bind", body)
+                return reply["Error"]
+
+            jobs = [(ports[k], pair[k], node) for pair, node in zip(pairs, nodes, strict=True) for k in (0, 1)]
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                errors = [e for e in pool.map(bind, jobs) if e]
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(fresh).items}
+        per_node = {node: [n for n in pair if pods[n].spec.node_name] for pair, node in zip(pairs, nodes, strict=True)}
+        promised = {node: [n for n in pair if allocation.KEY in (pods[n].metadata.annotations or {})]
+                    for pair, node in zip(pairs, nodes, strict=True)}  # fmt: skip
+        twice = [node for node, held in promised.items() if len(held) > 1]
+        backed_off = sum("another extender placed" in e for e in errors)
+        print(
+            f"{PAIRS} nodes x 2 pods through 2 extenders: {sum(map(len, per_node.values()))} bound, "
+            f"{len(twice)} GPUs promised twice, {sum(not held for held in per_node.values())} nodes left empty; "
+            f"{len(errors)} Errors ({backed_off} backing off for the other extender's allocation)"
+        )
+        assert twice == [], f"GPUs promised to two pods: {twice}"
+        assert all(len(held) <= 1 for held in per_node.values())
+        for node, held in per_node.items():  # a bound pod is bound with its allocation; the other holds none
+            assert promised[node] == held, (node, held, promised[node])
+            assert all(allocated_there(pods[n], uids[n]) for n in held)
+        allowed = ("another extender placed", "no longer fits", "still handing GPUs over", "cannot reserve")
+        assert all(any(a in e for a in allowed) for e in errors), errors
     finally:
         for node in nodes:
             core.delete_node(node)

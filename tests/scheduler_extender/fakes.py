@@ -62,6 +62,7 @@ class FakeGateway:
         self.leases: dict[tuple[str, str], RawObject] = {}  # coordination.k8s.io Leases by (namespace, name)
         self.refused_removals = 0  # conditional annotation removals whose test failed
         self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
+        self.before_list: Callable[[], None] | None = None  # runs once before the next pod list (interleaving)
 
     # --- test controls ----------------------------------------------------------------------------
     def put(self, kind: Kind, obj: RawObject) -> RawObject:
@@ -150,6 +151,7 @@ class FakeGateway:
         uid: str,
         changes: Mapping[str, str | None],
         *,
+        labels: Mapping[str, str] | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -165,7 +167,20 @@ class FakeGateway:
                 raise GatewayError("Precondition failed: UID", 409)
             if resource_version is not None and pod["metadata"]["resourceVersion"] != resource_version:
                 raise GatewayError("Operation cannot be fulfilled on pods: the object has been modified", 409)
-            self._patch(pod, changes)
+            self._patch(pod, changes, labels)
+
+    def list_pods(self, label_selector: str, *, timeout: float | None = None) -> list[RawObject]:
+        """Only ``key=value`` selectors (what the binder asks); ``before_list`` runs first, once."""
+        self.calls.append(f"list pods {label_selector}")
+        self._maybe_stall("list", timeout)
+        self._maybe_fail("list-pods")
+        hook, self.before_list = self.before_list, None
+        if hook is not None:
+            hook()
+        key, _, value = label_selector.partition("=")
+        with self._cond:
+            pods = self.objects[Kind.POD].values()
+            return [copy.deepcopy(p) for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
 
     def remove_pod_annotation(
         self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
@@ -265,8 +280,12 @@ class FakeGateway:
         if error is not None:
             raise error
 
-    def _patch(self, pod: RawObject, changes: Mapping[str, str | None]) -> None:
+    def _patch(
+        self, pod: RawObject, changes: Mapping[str, str | None], labels: Mapping[str, str] | None = None
+    ) -> None:
         pod = copy.deepcopy(pod)
+        if labels:
+            pod["metadata"].setdefault("labels", {}).update(labels)
         annotations = pod["metadata"].setdefault("annotations", {})
         for k, v in changes.items():
             if v is None:

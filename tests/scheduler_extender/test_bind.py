@@ -33,13 +33,31 @@ def cluster(fake: FakeGateway) -> FakeGateway:
     return fake
 
 
+def test_a_bind_that_cannot_list_its_nodes_allocations_undoes_itself(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """Without the consistent list the placement is unconfirmed (another replica may have written beside it)."""
+    app = run()
+    cluster.fail["list-pods"] = GatewayError("etcdserver: request timed out", 504)
+    error = app.post("/bind", bind_body("p1", "n1"))["Error"]
+    assert "could not list the allocations on n1 to confirm the placement of pod default/p1" in error
+    assert allocation(cluster, "p1") is None and cluster.bindings == []
+    app.settle()
+    assert app.ext.cache.entry("default/p1") is None and app.ext.gate.holders("n1") == ()
+    assert cluster.pod("default", "p1")["metadata"]["labels"]["tensor-fusion.ai/allocated-node"] == "n1"
+
+
 def test_bind_records_allocation_then_binds_and_commits(run: Callable[..., Running], cluster: FakeGateway) -> None:
     app = run()
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
     alloc = allocation(cluster, "p1")
     assert alloc is not None and alloc.node == "n1" and alloc.pod_uid == "uid-default-p1"
     assert [(g.tflops_request, g.vram_request) for g in alloc.gpus] == [(30_000, 6 * GI)]
-    assert cluster.calls == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]
+    assert cluster.calls == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "list pods tensor-fusion.ai/allocated-node=n1",
+        "bind default/p1 n1",
+    ]
     entry = app.ext.cache.entry("default/p1")
     assert entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
 
@@ -79,7 +97,11 @@ def test_binding_committed_despite_a_failed_answer_keeps_the_allocation(
     cluster.lost_bind_answer = error
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
     assert cluster.bindings == [("default", "p1", "n1")]
-    assert cluster.calls == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]  # no undo
+    assert cluster.calls == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "list pods tensor-fusion.ai/allocated-node=n1",
+        "bind default/p1 n1",
+    ]  # no undo
     alloc = allocation(cluster, "p1")
     entry = app.ext.cache.entry("default/p1")
     assert alloc is not None and entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
@@ -127,9 +149,10 @@ def test_binding_whose_outcome_cannot_be_read_back_keeps_the_allocation_for_the_
     assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]  # it may still get bound there
     # The Binding did not land: the scheduler's next bind removes the allocation, then binds afresh.
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
-    assert cluster.calls[-3:] == [
+    assert cluster.calls[-4:] == [
         "patch default/p1 ['tensor-fusion.ai/allocation']",
         "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "list pods tensor-fusion.ai/allocated-node=n1",
         "bind default/p1 n1",
     ]
     app.settle()
@@ -309,4 +332,8 @@ def test_a_pod_left_allocated_but_unbound_by_a_dead_extender_binds_on_retry(
     assert alloc is not None and alloc.node == "n1" and alloc.bound_at != "2026-01-01T00:00:00Z"  # written afresh
     entry = app.ext.cache.entry("default/p1")
     assert entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
-    assert fake.calls[-2:] == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]
+    assert fake.calls[-3:] == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "list pods tensor-fusion.ai/allocated-node=n1",
+        "bind default/p1 n1",
+    ]

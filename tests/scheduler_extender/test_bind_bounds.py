@@ -98,7 +98,11 @@ def test_a_second_bind_of_a_pod_whose_bind_runs_is_refused_and_undoes_nothing(
         assert error == "a bind of pod default/p1 is still in progress; the scheduler will retry"
         go.set()
         assert first.result(5) == {"Error": ""}
-    assert cluster.calls == ["patch default/p1 ['tensor-fusion.ai/allocation']", "bind default/p1 n1"]
+    assert cluster.calls == [
+        "patch default/p1 ['tensor-fusion.ai/allocation']",
+        "list pods tensor-fusion.ai/allocated-node=n1",
+        "bind default/p1 n1",
+    ]
     app.settle()
     assert allocation(cluster, "p1") is not None
     assert 'tf_extender_binds_total{result="busy"} 1.0' in app.client.get("/metrics").text

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -93,3 +94,38 @@ def test_answers_the_bind_path_does_not_read_give_their_connection_back(tmp_path
         server.shutdown()
         server.server_close()
     assert len(_Pods.connections) == 1  # one pooled connection for all ten calls, none left checked out
+
+
+class _PodList(BaseHTTPRequestHandler):
+    """Answers GET with one pod list, remembering each request's path."""
+
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).paths.append(self.path)
+        body = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": [{"kind": "Pod"}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
+def test_the_node_allocations_list_is_a_consistent_read_across_namespaces(tmp_path: Path) -> None:
+    """No resourceVersion in the query: the API server answers from etcd's latest, never a stale cache."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PodList)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pods = gateway_to(server.server_address[1], tmp_path).list_pods("tensor-fusion.ai/allocated-node=n1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pods == [{"kind": "Pod"}]
+    [path] = _PodList.paths
+    assert path.startswith("/api/v1/pods?") and urllib.parse.unquote(path).endswith(
+        "labelSelector=tensor-fusion.ai/allocated-node=n1"
+    )
+    assert "resourceVersion" not in path
