@@ -40,6 +40,10 @@ class KubeGateway(Protocol):
         """Merge-patch labels and annotations onto a node."""
         ...
 
+    def patch_node_resources(self, name: str, resources: Mapping[str, str]) -> None:
+        """Merge-patch extended resources into the node's status capacity and allocatable."""
+        ...
+
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         """Post an Event about ``node`` (what ``kubectl describe node`` shows)."""
         ...

@@ -101,6 +101,10 @@ class KubeApi:
             _request_timeout=_CALL_TIMEOUT,
         )
 
+    def patch_node_resources(self, name: str, resources: Mapping[str, str]) -> None:
+        body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
+        self._core.patch_node_status(name, body, _request_timeout=_CALL_TIMEOUT)
+
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {

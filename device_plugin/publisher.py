@@ -1,9 +1,13 @@
-"""Publishes the node inventory (annotation) and GPU labels on our Node, on change and as a heartbeat.
+"""Publishes the node inventory (annotation), GPU labels and GPU share resources on our Node, on change and
+as a heartbeat.
 
 The extender places pods from this annotation, so it must follow health changes promptly (the board
 wakes us) and prove liveness (a heartbeat every ``heartbeat_s``), yet not churn the API server: we
 patch only when the content changed or the heartbeat is due. Labels (pool, GPU model, GPU count)
-let users select GPU nodes with plain nodeAffinity.
+let users select GPU nodes with plain nodeAffinity. The node's TFLOPS and VRAM totals go into its
+status as extended resources (``vgpu/node_resources.py``), so kube-scheduler's fit and preemption,
+ResourceQuota and ``kubectl describe node`` count GPU shares; the kubelet keeps resources it does not
+manage, and a re-created Node gets them back at the next heartbeat.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from vgpu.names import (
     EnforcementBackend,
     SystemAnnotation,
 )
+from vgpu.node_resources import node_capacity
 
 log = logging.getLogger(__name__)
 _RETRY_S = 5.0
@@ -97,6 +102,7 @@ class InventoryPublisher:
         await asyncio.to_thread(
             self._gateway.patch_node, self._node, state[0], {SystemAnnotation.NODE_INVENTORY.value: text}
         )
+        await asyncio.to_thread(self._gateway.patch_node_resources, self._node, node_capacity(content))
         self._last, self._last_at = state, self._clock()
         self.patches += 1
         return True

@@ -65,6 +65,12 @@ LABEL_NODE_GPU_COUNT: Final = f"{DOMAIN}/gpu-count"
 
 # --- the extended resource the webhook injects and the device plugin advertises -----------------
 RESOURCE_VGPU: Final = f"{DOMAIN}/vgpu"
+# The pod's GPU shares as node-level extended resources (vgpu/node_resources.py): kube-scheduler's
+# NodeResourcesFit, its preemption dry run, ResourceQuota and `kubectl describe node` count them.
+# Whole numbers only: TFLOPS in thousandths (the request model's own unit, exact), VRAM in bytes.
+RESOURCE_MILLI_TFLOPS: Final = f"{DOMAIN}/milli-tflops"
+RESOURCE_VRAM: Final = f"{DOMAIN}/vram"
+NODE_RESOURCES: Final = (RESOURCE_MILLI_TFLOPS, RESOURCE_VRAM)
 # Device IDs of RESOURCE_VGPU per healthy GPU (the plugin's --slices-per-gpu default): how many
 # containers may share one GPU, and, summed over a node's healthy GPUs, what the kubelet admits.
 DEFAULT_SLICES_PER_GPU: Final = 16

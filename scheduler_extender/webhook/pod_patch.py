@@ -2,7 +2,9 @@
 
 Each inject container gets ``tensor-fusion.ai/vgpu`` (= gpu-count) in requests and limits, so
 kube-scheduler sends the pod to the extender (managedResources) and kubelet asks the device plugin;
-every other container loses any copy a tenant wrote. The pod is handed to our scheduler, gets the
+the first one also gets the pod's GPU shares as node resources (``vgpu/node_resources.py``), which
+kube-scheduler's fit and preemption and ResourceQuota count. Every other container loses any copy of
+these a tenant wrote. The pod is handed to our scheduler, gets the
 QoS PriorityClass unless it chose one, tolerates the GPU nodes' taints (``tolerations.py``), and
 carries the resolved request for everyone downstream.
 
@@ -17,7 +19,8 @@ from typing import Any, Final
 
 from scheduler_extender.webhook.tolerations import missing
 from vgpu.contract import resolved
-from vgpu.names import QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, SystemAnnotation
+from vgpu.names import NODE_RESOURCES, QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, SystemAnnotation
+from vgpu.node_resources import pod_requests
 from vgpu.request import GpuRequest
 
 # Only our components write these; a tenant copy is removed on create (the admission policy
@@ -49,15 +52,21 @@ def pod_patch(
     wanted = {**annotations, SystemAnnotation.RESOLVED_REQUEST.value: resolved.encode(req)}
     ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": wanted})
     spec: Mapping[str, Any] = pod["spec"]
+    shares = {k: v for k, v in pod_requests(req).items() if v != "0"}
+    first = next((c.get("name") for c in spec.get("containers") or () if c.get("name") in req.containers), None)
     for field in ("containers", "initContainers"):
         for index, container in enumerate(spec.get(field) or ()):
             inject = field == "containers" and container.get("name") in req.containers
+            wanted = {RESOURCE_VGPU: str(req.gpu_count)} if inject else {}
+            if inject and container.get("name") == first:
+                wanted |= shares
             current = container.get("resources")
-            new = _with_vgpu(current, req.gpu_count if inject else None)
+            new = _with_ours(current, wanted)
             if new != current:
                 ops.append({"op": "add", "path": pointer("spec", field, index, "resources"), "value": new})
                 if not inject:
-                    warnings.append(f"removed {RESOURCE_VGPU} from {field[:-1]} {container.get('name')!s:.60}")
+                    removed = ", ".join(sorted(_ours_in(current)))
+                    warnings.append(f"removed {removed} from {field[:-1]} {container.get('name')!s:.60}")
     scheduler = spec.get("schedulerName")
     if scheduler != SCHEDULER_NAME:
         ops.append({"op": "add", "path": pointer("spec", "schedulerName"), "value": SCHEDULER_NAME})
@@ -76,19 +85,27 @@ def pod_patch(
     return ops, warnings
 
 
-def _with_vgpu(current: object, count: int | None) -> Any:
-    """``current`` resources with the vGPU resource set to ``count`` (or removed when None)."""
+def _with_ours(current: object, wanted: Mapping[str, str]) -> Any:
+    """``current`` resources with exactly ``wanted`` of our resources, in requests and limits alike."""
     res: dict[str, Any] = dict(current) if isinstance(current, Mapping) else {}
     changed = False
     for side in ("requests", "limits"):
         raw = res.get(side)
         block: dict[str, Any] = dict(raw) if isinstance(raw, Mapping) else {}
-        if count is not None and block.get(RESOURCE_VGPU) != str(count):
-            block[RESOURCE_VGPU] = str(count)
-        elif count is None and RESOURCE_VGPU in block:
-            del block[RESOURCE_VGPU]
-        else:
+        ours = {k: str(v) for k, v in block.items() if k in _OURS}
+        if ours == wanted:
             continue
-        res[side] = block
+        res[side] = {k: v for k, v in block.items() if k not in _OURS} | dict(wanted)
         changed = True
     return res if changed else current
+
+
+def _ours_in(resources: object) -> set[str]:
+    """Which of our resources ``resources`` (a container's) names, in requests or limits."""
+    if not isinstance(resources, Mapping):
+        return set()
+    sides = (resources.get(side) for side in ("requests", "limits"))
+    return {k for side in sides if isinstance(side, Mapping) for k in side if k in _OURS}
+
+
+_OURS: Final = frozenset((RESOURCE_VGPU, *NODE_RESOURCES))

@@ -20,6 +20,7 @@ from vgpu.names import (
     EXTENDER_PUBLIC_PORT,
     EXTENDER_VERBS_PORT,
     LABEL_ENABLED,
+    NODE_RESOURCES,
     QOS_PRIORITY_VALUE,
     RESOURCE_VGPU,
     SCHEDULER_NAME,
@@ -139,8 +140,9 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     )
     (check,) = [v["expression"] for v in policy["variables"] if f"'{RESOURCE_VGPU}'" in v["expression"]]
     assert "variables.containers.exists(" in check
+    assert all(f"'{name}'" in check for name in (RESOURCE_VGPU, *NODE_RESOURCES))  # every resource the webhook sets
     assert "object.spec.containers" not in check
-    users = [v["expression"] for v in policy["validations"] if "variables.requestsVgpu" in v["expression"]]
+    users = [v["expression"] for v in policy["validations"] if "variables.requestsOurs" in v["expression"]]
     assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
@@ -205,6 +207,7 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
     # device_plugin/kube.py
     assert role_rules("-device-plugin") == (
         triples("", "nodes", "get", "patch")
+        | triples("", "nodes/status", "patch")  # the node's TFLOPS and VRAM totals
         | triples("", "pods", "list", "watch", "patch")
         | triples("", "events", "create")  # GpuUnhealthy / GpuHealthy on its node
     )

@@ -143,6 +143,7 @@ class FakeKube:
         self.pods: dict[str, dict[str, Any]] = {}
         self.node: dict[str, Any] = {"metadata": {"name": NODE, "labels": dict(node_labels or {}), "annotations": {}}}
         self.node_patches: list[tuple[dict[str, str], dict[str, str]]] = []
+        self.resource_patches: list[dict[str, str]] = []
         self.node_events: list[tuple[str, str, str, bool]] = []  # (node, reason, message, warning)
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
@@ -230,6 +231,13 @@ class FakeKube:
             self.node["metadata"]["labels"].update(labels)
             self.node["metadata"]["annotations"].update(annotations)
             self.node_patches.append((dict(labels), dict(annotations)))
+
+    def patch_node_resources(self, name: str, resources: Mapping[str, str]) -> None:
+        with self._lock:
+            status = self.node.setdefault("status", {})
+            for side in ("capacity", "allocatable"):
+                status.setdefault(side, {}).update(resources)
+            self.resource_patches.append(dict(resources))
 
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         with self._lock:

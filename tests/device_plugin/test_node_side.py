@@ -29,6 +29,8 @@ from vgpu.names import (
     LABEL_NODE_GPU_COUNT,
     LABEL_NODE_GPU_MODEL,
     LABEL_NODE_POOL,
+    RESOURCE_MILLI_TFLOPS,
+    RESOURCE_VRAM,
     EnforcementBackend,
     SystemAnnotation,
 )
@@ -136,12 +138,20 @@ def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) ->
         inv = decode(annotations[SystemAnnotation.NODE_INVENTORY.value])
         assert [(g.uuid, g.tflops, g.numa) for g in inv.gpus] == [(GPU0, 312_000, 0), (GPU1, 312_000, 1)]
         assert (inv.pool, inv.slices_per_gpu, inv.backend, inv.heartbeat) == ("training", 4, "hami-core", "beat-0.0")
+        both = {RESOURCE_MILLI_TFLOPS: "624000", RESOURCE_VRAM: str(2 * 80 * 1024**3)}
+        assert kube.resource_patches == [both]
+        assert {s: kube.node["status"][s] for s in ("capacity", "allocatable")} == {
+            "capacity": both,
+            "allocatable": both,
+        }
         clock[0] = 10.0
         assert not await publisher.publish_once()  # nothing changed, heartbeat not due
         health, flipped = board.health.xid(GPU1, 79, 10.0)
         board.set_health(health, flipped)
         assert await publisher.publish_once()
         assert decode(kube.node_patches[-1][1][SystemAnnotation.NODE_INVENTORY.value]).gpus[1].health == "Unhealthy"
+        # The unhealthy GPU leaves the node's totals: kube-scheduler must not count on it.
+        assert kube.resource_patches[-1] == {RESOURCE_MILLI_TFLOPS: "312000", RESOURCE_VRAM: str(80 * 1024**3)}
         clock[0] = 45.0
         assert await publisher.publish_once()  # heartbeat due
         assert len(kube.node_patches) == 3

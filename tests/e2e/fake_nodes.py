@@ -21,6 +21,7 @@ from device_plugin.publisher import node_labels
 from vgpu import catalog
 from vgpu.contract import inventory
 from vgpu.names import RESOURCE_VGPU, EnforcementBackend
+from vgpu.node_resources import node_capacity
 
 from .kube import untaint_not_ready
 
@@ -91,3 +92,5 @@ def add_fake_node(admin: ApiClient, plugin: ApiClient, name: str, fake: tuple[Fa
     core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}})
     untaint_not_ready(core, name)  # the API server adds it at create; the node is Ready
     CoreV1Api(plugin).patch_node(name, {"metadata": {"annotations": {inventory.KEY: inventory.encode(inv)}}})
+    shares = node_capacity(inv)  # what the device plugin advertises, with its identity (RBAC: nodes/status)
+    CoreV1Api(plugin).patch_node_status(name, {"status": {"capacity": shares, "allocatable": shares}})

@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client import ApiException, CoreV1Api, RbacAuthorizationV1Api
 
 from vgpu.contract import allocation
-from vgpu.names import RESOURCE_VGPU, Annotation, Qos
+from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, Annotation, Qos
 
 from .cluster import REAL_NODE, TENANT, Cluster
 from .kube import api_client, wait_bound
@@ -84,21 +84,28 @@ def test_request_above_limit_is_denied_naming_the_key(tenant: CoreV1Api) -> None
     )
 
 
-@pytest.mark.parametrize("field", ["containers", "initContainers"])
-def test_vgpu_resource_on_a_pod_the_webhook_skips_is_denied_by_the_policy(tenant: CoreV1Api, field: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "resource"),
+    [("containers", RESOURCE_VGPU), ("initContainers", RESOURCE_VGPU), ("containers", RESOURCE_MILLI_TFLOPS)],
+)
+def test_vgpu_resource_on_a_pod_the_webhook_skips_is_denied_by_the_policy(
+    tenant: CoreV1Api, field: str, resource: str
+) -> None:
     # Unlabelled, so the webhook never sees it and only the policy stands between the resource and
     # the device plugin. The vGPU container is the pod's only one, or an init container beside a plain one.
-    with_vgpu = {"name": "wants-gpu", "image": IMAGE, "resources": {"limits": {RESOURCE_VGPU: "1"}}}
+    # A hand-set GPU share would spend the namespace's quota and the node's totals without a grant.
+    with_vgpu = {"name": "wants-gpu", "image": IMAGE, "resources": {"limits": {resource: "1"}}}
     spec = {"containers": [{"name": "main", "image": IMAGE}], "terminationGracePeriodSeconds": 0, field: [with_vgpu]}
-    name = f"bypass-{field.lower()}"
+    name = f"bypass-{field.lower()}-{resource.rpartition('/')[2]}"
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
     with pytest.raises(ApiException) as denied:
         tenant.create_namespaced_pod(NAMESPACE, pod)
     assert denied.value.status == 403
     assert json.loads(denied.value.body)["message"] == (
         f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'tensor-fusion-pod-contract' with binding "
-        "'tensor-fusion-pod-contract' denied request: tensor-fusion.ai/vgpu is set by the tensor-fusion webhook: "
-        "label the pod tensor-fusion.ai/enabled=true and use the tensor-fusion.ai/* annotations"
+        "'tensor-fusion-pod-contract' denied request: tensor-fusion.ai/vgpu, tensor-fusion.ai/milli-tflops and "
+        "tensor-fusion.ai/vram are set by the tensor-fusion webhook: label the pod tensor-fusion.ai/enabled=true "
+        "and use the tensor-fusion.ai/* annotations"
     )
 
 

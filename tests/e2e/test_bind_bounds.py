@@ -73,6 +73,16 @@ def gauge(cluster: Cluster, name: str) -> float:
     return float(found.group(1))
 
 
+def steady(cluster: Cluster, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The gauges, if they read the same three times over two seconds."""
+    first = {n: gauge(cluster, n) for n in names}
+    for _ in range(2):
+        time.sleep(1)
+        if {n: gauge(cluster, n) for n in names} != first:
+            return None
+    return first
+
+
 @pytest.mark.timeout(240)
 def test_bind_with_the_api_server_stopped_answers_within_the_bound_and_leaves_nothing(
     cluster: Cluster, core: CoreV1Api, fresh: str
@@ -82,7 +92,10 @@ def test_bind_with_the_api_server_stopped_answers_within_the_bound_and_leaves_no
     parked = gpu_pod("parked", SHARE)
     parked["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}
     uid = core.create_namespaced_pod(fresh, parked).metadata.uid
-    before = {g: gauge(cluster, g) for g in ("tf_extender_reservations", "tf_extender_handoff_gates_held")}
+    # Earlier scenarios' last pods may still be handing over (their gate released by the receipt): sample
+    # the gauges once they stay put, and afterwards require nothing above them.
+    gauges = ("tf_extender_reservations", "tf_extender_handoff_gates_held")
+    before = eventually("the extender's gauges steady", lambda: steady(cluster, gauges), timeout=60)
     extender_pid = cluster.ours["tf-extender"].pid
     body = {"PodName": "parked", "PodNamespace": fresh, "PodUID": uid, "Node": REAL_NODE}
     with stopped(api_server(cluster)):
@@ -96,7 +109,7 @@ def test_bind_with_the_api_server_stopped_answers_within_the_bound_and_leaves_no
     pod = eventually("the API server answering again", lambda: core.read_namespaced_pod("parked", fresh), 60)
     assert not pod.spec.node_name and allocation.KEY not in (pod.metadata.annotations or {})
     for name, value in before.items():
-        eventually(f"{name} back to {value}", lambda n=name, v=value: gauge(cluster, n) == v, 30)
+        eventually(f"{name} back to {value}", lambda n=name, v=value: gauge(cluster, n) <= v, 30)
     core.create_namespaced_pod(fresh, gpu_pod("after", SHARE))
     after = wait_bound(core, fresh, "after", timeout=90)
     assert allocation.decode(after.metadata.annotations[allocation.KEY]).node == after.spec.node_name == REAL_NODE

@@ -1,7 +1,7 @@
 """Where pods land and what they get: profiles, GPU model and pool, several GPUs, and a full pool.
 
 Besides the real kubelet node (4× A100, default pool) this module adds kubelet-less nodes:
-pool ``e2e-models`` with an H100 node and a T4 node, and pool ``e2e-small`` with one L4.
+pool ``e2e-models`` with an H100 node and a T4 node, and pool ``e2e-small`` with two L4s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu
 NAMESPACE = "e2e-placement"
 H100 = gpus("h100", 2, "NVIDIA H100 80GB HBM3")
 T4 = gpus("t4", 2, "Tesla T4")
-L4 = gpus("l4", 1, "NVIDIA L4")
+L4 = gpus("l4", 2, "NVIDIA L4")  # 48Gi in all: a 40Gi pod fits the node's totals, not a GPU
 
 
 @pytest.fixture(scope="module")

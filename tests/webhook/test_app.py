@@ -12,7 +12,7 @@ from scheduler_extender.webhook.app import MUTATE_PATH, create_app
 from scheduler_extender.webhook.cluster import ClusterUnavailable
 from scheduler_extender.webhook.settings import WebhookSettings
 from scheduler_extender.webhook.workload import WorkloadUpsert
-from vgpu.names import RESOURCE_VGPU, Annotation
+from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, RESOURCE_VRAM, Annotation
 
 from .builders import FakeCluster, apply_patch, body, decode_patch, review_of, seed_review
 
@@ -51,7 +51,11 @@ def test_seed_pod_is_patched_and_its_workload_written(client: TestClient, cluste
     response = reply.json()["response"]
     assert response["uid"] == doc["request"]["uid"] and response["allowed"] is True
     pod = apply_patch(doc["request"]["object"], decode_patch(response))
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {RESOURCE_VGPU: "1"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {
+        RESOURCE_VGPU: "1",
+        RESOURCE_MILLI_TFLOPS: "10000",
+        RESOURCE_VRAM: str(4 * 1024**3),
+    }
     spec = cluster.workloads[("default", "pytorch-example")]["spec"]
     assert spec["nodeAffinity"] == PROFILE["spec"]["nodeAffinity"] and spec["replicas"] == 1
 

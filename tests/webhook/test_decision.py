@@ -13,7 +13,9 @@ from vgpu.contract import resolved
 from vgpu.names import (
     LABEL_ENABLED,
     QOS_PRIORITY_VALUE,
+    RESOURCE_MILLI_TFLOPS,
     RESOURCE_VGPU,
+    RESOURCE_VRAM,
     SCHEDULER_NAME,
     Annotation,
     Qos,
@@ -57,7 +59,8 @@ def test_seed_pod_is_mutated_for_our_scheduler_and_device_plugin() -> None:
     cluster = FakeCluster(profiles={("default", "default-profile"): SEED_PROFILE})
     pod = patched_pod(seed_review(), cluster)
     resources = pod["spec"]["containers"][0]["resources"]
-    assert resources == {"requests": {RESOURCE_VGPU: "1"}, "limits": {RESOURCE_VGPU: "1"}}
+    ours = {RESOURCE_VGPU: "1", RESOURCE_MILLI_TFLOPS: "10000", RESOURCE_VRAM: str(4 * 1024**3)}
+    assert resources == {"requests": ours, "limits": ours}  # the shares: 10 TFLOPS and 4Gi, on the node
     assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
     assert pod["spec"]["priorityClassName"] == Qos.MEDIUM.priority_class
     assert pod["spec"]["priority"] == QOS_PRIORITY_VALUE[Qos.MEDIUM]
@@ -221,7 +224,8 @@ def test_only_inject_containers_get_the_vgpu_resource() -> None:
     response, _ = run(doc)
     pod = apply_patch(doc["request"]["object"], decode_patch(response))
     python, sidecar = pod["spec"]["containers"]
-    assert python["resources"] == {"limits": {"memory": "1Gi", RESOURCE_VGPU: "1"}, "requests": {RESOURCE_VGPU: "1"}}
+    ours = {RESOURCE_VGPU: "1", RESOURCE_MILLI_TFLOPS: "10000", RESOURCE_VRAM: str(4 * 1024**3)}
+    assert python["resources"] == {"limits": {"memory": "1Gi", **ours}, "requests": ours}
     assert sidecar["resources"] == {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}
     assert any("sidecar" in w for w in response["warnings"])
 

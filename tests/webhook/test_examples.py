@@ -10,7 +10,7 @@ import yaml
 from scheduler_extender.webhook import review
 from scheduler_extender.webhook.decision import decide
 from vgpu.contract import resolved
-from vgpu.names import RESOURCE_VGPU, SystemAnnotation
+from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, RESOURCE_VRAM, SystemAnnotation
 
 from .builders import REPO, FakeCluster, apply_patch, decode_patch, example, seed_review
 
@@ -36,8 +36,12 @@ def test_example_pod_is_admitted_with_example_profile_and_pool() -> None:
     decision = decide(req, cluster)
     response = review.respond(req.uid, decision.verdict)["response"]
     pod = apply_patch(obj, decode_patch(response))
-    assert pod["spec"]["containers"][0]["resources"]["requests"] == {RESOURCE_VGPU: "1"}
     got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert pod["spec"]["containers"][0]["resources"]["requests"] == {
+        RESOURCE_VGPU: "1",
+        RESOURCE_MILLI_TFLOPS: str(got.tflops_request),
+        RESOURCE_VRAM: str(got.vram_request),
+    }
     assert got.tflops_request == 10_000 and got.node_affinity == profile["spec"]["nodeAffinity"]
     assert decision.upsert is not None
     assert decision.upsert.spec["autoScalingConfig"] == profile["spec"]["autoScalingConfig"]

@@ -64,3 +64,7 @@ system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
 {{- define "tf.gpuCatalogDir" -}}
 /etc/tensor-fusion/gpu-catalog
 {{- end }}
+{{- /* Our pod resources as a CEL list (vgpu/names.py: RESOURCE_VGPU and NODE_RESOURCES). */ -}}
+{{- define "tf.resourceNames" -}}
+['tensor-fusion.ai/vgpu', 'tensor-fusion.ai/milli-tflops', 'tensor-fusion.ai/vram']
+{{- end }}
