@@ -35,6 +35,7 @@ CONTROLLERS = ",".join(
         "garbage-collector-controller",
         "namespace-controller",
         "clusterrole-aggregation-controller",  # fills the admin/edit/view roles tenants get
+        "resourcequota-controller",  # a ResourceQuota admits nothing until it has counted its namespace
     ]
 )
 
