@@ -42,6 +42,14 @@ def gpu_pod(
     }
 
 
+def parked_gpu_pod(name: str, annotations: Mapping[Annotation | str, str]) -> dict[str, Any]:
+    """A GPU pod no node matches: admitted (and counted by quota), never bound by kube-scheduler itself,
+    so a scenario can send its bind to an extender by hand."""
+    pod = gpu_pod(name, annotations)
+    pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}
+    return pod
+
+
 def allocation_of(pod: Any) -> allocation.PodAllocation:
     """The allocation the extender recorded on the pod at bind."""
     text = (pod.metadata.annotations or {}).get(allocation.KEY)

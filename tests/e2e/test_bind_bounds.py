@@ -31,7 +31,7 @@ from vgpu.names import Annotation
 from . import deploy
 from .cluster import REAL_NODE, Cluster
 from .kube import eventually, wait_bound
-from .pods import gpu_pod
+from .pods import gpu_pod, parked_gpu_pod
 from .procs import Proc
 from .test_burst import check_invariants, settle
 
@@ -89,9 +89,7 @@ def test_bind_with_the_api_server_stopped_answers_within_the_bound_and_leaves_no
 ) -> None:
     # A GPU pod no node can take (its nodeSelector matches none), so it is pending and the scheduler
     # never binds it itself: the bind below is the only one, as kube-scheduler would send it.
-    parked = gpu_pod("parked", SHARE)
-    parked["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}
-    uid = core.create_namespaced_pod(fresh, parked).metadata.uid
+    uid = core.create_namespaced_pod(fresh, parked_gpu_pod("parked", SHARE)).metadata.uid
     # Earlier scenarios' last pods may still be handing over (their gate released by the receipt): sample
     # the gauges once they stay put, and afterwards require nothing above them.
     gauges = ("tf_extender_reservations", "tf_extender_handoff_gates_held")

@@ -30,18 +30,11 @@ from vgpu.quantity import parse
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import gpus
 from .kube import api_client, events_for, eventually, wait_bound, wait_running
-from .pods import allocation_of, gpu_pod
+from .pods import allocation_of, gpu_pod, parked_gpu_pod
 
 
 def share(tflops: str, vram: str, **more: str) -> dict[str, str]:
     return {Annotation.TFLOPS_REQUEST: tflops, Annotation.VRAM_REQUEST: vram, **more}
-
-
-def parked(name: str, annotations: dict[str, str]) -> dict[str, Any]:
-    """A GPU pod no node matches: admitted and counted by quota, never scheduled."""
-    pod = gpu_pod(name, annotations)
-    pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}
-    return pod
 
 
 def requested(pod: Any, resource: str) -> int:
@@ -96,9 +89,9 @@ def test_a_namespace_quota_admits_up_to_its_tflops_and_refuses_the_next_until_on
         timeout=60,
     )
     for name in ("q-1", "q-2"):
-        core.create_namespaced_pod(ns, parked(name, share("10", "4Gi")))
+        core.create_namespaced_pod(ns, parked_gpu_pod(name, share("10", "4Gi")))
     with pytest.raises(ApiException) as denied:
-        core.create_namespaced_pod(ns, parked("q-3", share("10", "4Gi")))
+        core.create_namespaced_pod(ns, parked_gpu_pod("q-3", share("10", "4Gi")))
     assert denied.value.status == 403
     message = denied.value.body
     assert "exceeded quota: gpu-shares" in message and f"requests.{RESOURCE_MILLI_TFLOPS}" in message, message
@@ -106,7 +99,7 @@ def test_a_namespace_quota_admits_up_to_its_tflops_and_refuses_the_next_until_on
 
     def admitted() -> bool:
         try:
-            core.create_namespaced_pod(ns, parked("q-3", share("10", "4Gi")))
+            core.create_namespaced_pod(ns, parked_gpu_pod("q-3", share("10", "4Gi")))
         except ApiException as exc:
             if "exceeded quota" in exc.body:
                 return False

@@ -32,7 +32,7 @@ from . import deploy
 from .cluster import Cluster
 from .fake_nodes import gpus
 from .kube import eventually
-from .pods import gpu_pod
+from .pods import parked_gpu_pod
 from .procs import Proc, free_port, http_ok, wait_until
 
 POOL = "e2e-ha"
@@ -61,6 +61,30 @@ def call(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read().decode())
+
+
+def knowing(ports: tuple[int, ...], namespace: str, pod: str, nodes: list[str]) -> None:
+    """Wait until every extender on ``ports`` knows every one of ``nodes`` (its explain of ``pod`` names them)."""
+    for port in ports:
+        eventually(
+            f"extender :{port} knowing the {POOL} nodes",
+            lambda p=port: all(n in json.dumps(call(p, f"/explain/{namespace}/{pod}")) for n in nodes),
+            timeout=30,
+        )
+
+
+def bind_all(jobs: list[tuple[int, str, str]], namespace: str, uids: dict[str, str]) -> list[str]:
+    """Send every (extender port, pod, node) bind at once, as kube-scheduler's binding cycles do; the
+    non-empty Errors they answered."""
+
+    def bind(job: tuple[int, str, str]) -> str:
+        port, name, node = job
+        body = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
+        reply: dict[str, str] = call(port, f"{deploy.EXTENDER_PREFIX}/bind", body)
+        return reply["Error"]
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return [e for e in pool.map(bind, jobs) if e]
 
 
 def allocations_seen(core: CoreV1Api, namespace: str, since: str) -> dict[str, list[str]]:
@@ -100,28 +124,13 @@ def test_two_extenders_binding_the_same_pods_at_once_bind_each_once_with_one_all
         names = [f"ha-{i:02d}" for i in range(COUNT)]
         uids = {}
         for name in names:
-            pod = gpu_pod(name, SHARE)
-            pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}  # kube-scheduler never binds it
-            uids[name] = core.create_namespaced_pod(fresh, pod).metadata.uid
+            uids[name] = core.create_namespaced_pod(fresh, parked_gpu_pod(name, SHARE)).metadata.uid
         since = core.list_namespaced_pod(fresh).metadata.resource_version
         with second_extender(cluster) as other:
             ports = (cluster.extender_verbs_port, other)
-            for port in ports:  # both know every node of the pool before the burst
-                eventually(
-                    f"extender :{port} knowing the {POOL} nodes",
-                    lambda p=port: all(n in json.dumps(call(p, f"/explain/{fresh}/{names[0]}")) for n in nodes),
-                    timeout=30,
-                )
-
-            def bind(job: tuple[int, str]) -> str:
-                port, name = job
-                body = {"PodName": name, "PodNamespace": fresh, "PodUID": uids[name], "Node": nodes[names.index(name)]}
-                reply: dict[str, str] = call(port, f"{deploy.EXTENDER_PREFIX}/bind", body)
-                return reply["Error"]
-
-            jobs = [(port, name) for name in names for port in ports]
-            with ThreadPoolExecutor(len(jobs)) as pool:
-                errors = [e for e in pool.map(bind, jobs) if e]
+            knowing(ports, fresh, names[0], nodes)
+            jobs = [(port, name, node) for name, node in zip(names, nodes, strict=True) for port in ports]
+            errors = bind_all(jobs, fresh, uids)
         pods = {p.metadata.name: p for p in core.list_namespaced_pod(fresh).items}
         bound = [n for n in names if pods[n].spec.node_name]
         without = [n for n in bound if allocation.KEY not in (pods[n].metadata.annotations or {})]
@@ -165,27 +174,12 @@ def test_two_extenders_placing_different_pods_on_one_gpu_at_once_never_promise_i
         pairs = [(f"pair-{i:02d}-a", f"pair-{i:02d}-b") for i in range(PAIRS)]
         uids = {}
         for name in [n for pair in pairs for n in pair]:
-            pod = gpu_pod(name, BIG)
-            pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}  # kube-scheduler never binds it
-            uids[name] = core.create_namespaced_pod(fresh, pod).metadata.uid
+            uids[name] = core.create_namespaced_pod(fresh, parked_gpu_pod(name, BIG)).metadata.uid
         with second_extender(cluster) as other:
             ports = (cluster.extender_verbs_port, other)
-            for port in ports:
-                eventually(
-                    f"extender :{port} knowing the {POOL} pair nodes",
-                    lambda p=port: all(n in json.dumps(call(p, f"/explain/{fresh}/pair-00-a")) for n in nodes),
-                    timeout=30,
-                )
-
-            def bind(job: tuple[int, str, str]) -> str:
-                port, name, node = job
-                body = {"PodName": name, "PodNamespace": fresh, "PodUID": uids[name], "Node": node}
-                reply: dict[str, str] = call(port, f"{deploy.EXTENDER_PREFIX}/bind", body)
-                return reply["Error"]
-
+            knowing(ports, fresh, pairs[0][0], nodes)
             jobs = [(ports[k], pair[k], node) for pair, node in zip(pairs, nodes, strict=True) for k in (0, 1)]
-            with ThreadPoolExecutor(len(jobs)) as pool:
-                errors = [e for e in pool.map(bind, jobs) if e]
+            errors = bind_all(jobs, fresh, uids)
         pods = {p.metadata.name: p for p in core.list_namespaced_pod(fresh).items}
         per_node = {node: [n for n in pair if pods[n].spec.node_name] for pair, node in zip(pairs, nodes, strict=True)}
         promised = {node: [n for n in pair if allocation.KEY in (pods[n].metadata.annotations or {})]

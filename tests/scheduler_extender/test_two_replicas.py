@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from scheduler_extender.binder import CLOCK_SLACK, rfc3339
-from scheduler_extender.gateway import Kind
+from scheduler_extender.gateway import Kind, RawObject
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
@@ -31,13 +31,18 @@ def fake() -> FakeGateway:
     return FakeGateway(auto_receipt=True)  # the device plugin's receipts free each node's gate at once
 
 
-def history(fake: FakeGateway, name: str) -> list[str | None]:
-    """The allocation annotation of pod ``name`` in every watch event, in order."""
+def versions(fake: FakeGateway, name: str) -> list[RawObject]:
+    """Pod ``name`` as every watch event showed it, in order."""
     return [
-        event.object["metadata"].get("annotations", {}).get(ALLOCATION)
+        event.object
         for _, kind, event in fake.log
         if kind is Kind.POD and event.object["metadata"]["name"] == name and event.type != "DELETED"
     ]
+
+
+def history(fake: FakeGateway, name: str) -> list[str | None]:
+    """The allocation annotation of pod ``name`` in every watch event, in order."""
+    return [pod["metadata"].get("annotations", {}).get(ALLOCATION) for pod in versions(fake, name)]
 
 
 def assert_one_allocation_never_removed(fake: FakeGateway, name: str) -> None:
@@ -50,11 +55,7 @@ def assert_one_allocation_never_removed(fake: FakeGateway, name: str) -> None:
 
 def assert_kept_once_bound(fake: FakeGateway, name: str) -> None:
     """From the change that bound the pod on, its allocation is the one it was bound with, unchanged."""
-    events = [
-        event.object
-        for _, kind, event in fake.log
-        if kind is Kind.POD and event.object["metadata"]["name"] == name and event.type != "DELETED"
-    ]
+    events = versions(fake, name)
     bound = next(i for i, pod in enumerate(events) if pod["spec"].get("nodeName"))
     texts = {pod["metadata"].get("annotations", {}).get(ALLOCATION) for pod in events[bound:]}
     assert len(texts) == 1 and None not in texts, f"{name}: its allocation changed after it was bound"
