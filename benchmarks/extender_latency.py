@@ -166,10 +166,10 @@ class StaticCluster:
     def record_event(self, event: PodEvent) -> None:  # noqa: ARG002
         return None
 
-    def list_workloads(self) -> list[dict[str, object]]:
+    def list_resources(self, plural: str) -> list[dict[str, object]]:  # noqa: ARG002
         return []
 
-    def patch_workload_status(self, namespace: str, name: str, body: dict[str, object]) -> None:  # noqa: ARG002
+    def patch_resource_status(self, plural: str, namespace: str | None, name: str, body: dict[str, object]) -> None:  # noqa: ARG002
         return None
 
 

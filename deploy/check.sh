@@ -33,6 +33,9 @@ variants=(
   "--set webhook.tls.mode=provided --set webhook.tls.caBundle=Q0E= --set webhook.externalURL=https://127.0.0.1:9443/mutate"
   "--set serviceMonitor.enabled=true --set devicePlugin.backend=hami-core --set priorityClasses.create=false --set admissionPolicy.create=false"
   "--set gpuCatalog[0].key=A10G --set gpuCatalog[0].tflops=70 --set devicePlugin.backend=hami-core"
+  "--set metricsApi.tls.mode=cert-manager --set metricsApi.tls.certManager.issuerRef.name=ca --set metricsApi.tls.certManager.issuerRef.kind=ClusterIssuer"
+  "--set metricsApi.tls.mode=provided --set metricsApi.tls.caBundle=Q0E= --set metricsApi.replicas=1"
+  "--set metricsApi.enabled=false"
 )
 for kube in "${KUBE_VERSIONS[@]}"; do
   for v in "${variants[@]}"; do

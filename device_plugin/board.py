@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from device_plugin.health import GpuHealth, HealthBoard, HealthPolicy
 from device_plugin.probe import GpuDevice, GpuProbe
 from device_plugin.slices import Slice, slices
+from vgpu import mig
 from vgpu.catalog import Catalog
 from vgpu.contract.inventory import GpuInfo, Health
 
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def discover(devices: tuple[GpuDevice, ...], catalog: Catalog, default_tflops: int) -> tuple[GpuInfo, ...]:
-    """Inventory entries for probed GPUs; unknown models get ``default_tflops`` (milli) and a warning."""
-    found = []
+    """Inventory entries for probed GPUs; unknown models get ``default_tflops`` (milli) and a warning.
+    A GPU in MIG mode is followed by one entry per MIG instance, sized and named by vgpu.mig."""
+    found: list[GpuInfo] = []
     for d in devices:
         model = catalog.lookup(d.name)
         if model is None:
@@ -39,16 +41,27 @@ def discover(devices: tuple[GpuDevice, ...], catalog: Catalog, default_tflops: i
                 d.name,
                 default_tflops,
             )
-        found.append(
+        gpu = GpuInfo(
+            uuid=d.uuid,
+            index=d.index,
+            model=model.key if model is not None else d.name,
+            tflops=model.tflops_milli if model is not None else default_tflops,
+            vram=d.memory,
+            numa=d.numa,
+            mig=d.mig,
+        )
+        found.append(gpu)
+        found.extend(
             GpuInfo(
-                uuid=d.uuid,
+                uuid=u.uuid,
                 index=d.index,
-                model=model.key if model is not None else d.name,
-                tflops=model.tflops_milli if model is not None else default_tflops,
-                vram=d.memory,
+                model=mig.unit_product(gpu.model, mig.profile_name(u.slices, u.memory)),
+                tflops=mig.unit_tflops(gpu.tflops, u.slices, d.mig_slices),
+                vram=u.memory,
                 numa=d.numa,
-                mig=d.mig,
+                parent=d.uuid,
             )
+            for u in (d.units if d.mig else ())
         )
     return tuple(found)
 
@@ -80,8 +93,13 @@ class DeviceBoard:
         for uuid in sorted(flipped):
             state = board.states[uuid]
             log.warning("GPU %s is now %s %s", uuid, "healthy" if state.healthy else "unhealthy", state.reason)
-        self._gpus = tuple(
-            dataclasses.replace(g, health=Health.HEALTHY if board.healthy(g.uuid) else Health.UNHEALTHY)
+        self._gpus = tuple(  # a MIG unit is as healthy as its GPU too (an XID names the GPU)
+            dataclasses.replace(
+                g,
+                health=Health.HEALTHY
+                if board.healthy(g.uuid) and (g.parent is None or board.healthy(g.parent))
+                else Health.UNHEALTHY,
+            )
             for g in self._gpus
         )
         self.generation += 1
@@ -106,6 +124,48 @@ class DeviceBoard:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
         except TimeoutError:
             return
+
+
+def layout(gpus: tuple[GpuInfo, ...]) -> frozenset[tuple[object, ...]]:
+    """What a re-published inventory would change: each GPU's and MIG instance's identity and size."""
+    return frozenset((g.uuid, g.model, g.tflops, g.vram, g.mig, g.parent) for g in gpus)
+
+
+class LayoutWatch:
+    """Notices the node's GPUs changing under the plugin — above all a MIG reconfiguration, which
+    removes and creates instances (new UUIDs) — and stops the plugin so that its DaemonSet starts it
+    again with the new layout: registration, device IDs and the inventory are then all rebuilt from one
+    discovery, as after any restart (NVIDIA's plugin needs the same restart after a MIG change)."""
+
+    def __init__(
+        self, probe: GpuProbe, board: DeviceBoard, catalog: Catalog, default_tflops: int, interval_s: float
+    ) -> None:
+        self._probe, self._board = probe, board
+        self._catalog, self._default_tflops = catalog, default_tflops
+        self._interval = interval_s
+
+    async def changed(self) -> str | None:
+        """What differs between the GPUs now and the published ones; None when nothing does."""
+        now = discover(await asyncio.to_thread(self._probe.devices), self._catalog, self._default_tflops)
+        before, after = layout(self._board.gpus()), layout(now)
+        if before == after:
+            return None
+        gone = sorted(str(g[0]) for g in before - after)
+        new = sorted(str(g[0]) for g in after - before)
+        return f"gone or changed: {', '.join(gone) or 'none'}; new or changed: {', '.join(new) or 'none'}"
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                change = await self.changed()
+            except Exception as exc:  # listing failed: the health checks say what is wrong
+                log.warning("listing the GPUs again failed (%s); the layout is checked again later", exc)
+                continue
+            if change is not None:
+                log.error("the node's GPU layout changed (%s): stopping, to start again with the new layout", change)
+                stopping.set()
+                return
 
 
 class HealthMonitor:

@@ -1,9 +1,9 @@
 """Wires the plugin's parts together and runs them until asked to stop.
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
-keeper, the servicer and its socket lifecycle, the inventory publisher and metrics, so that the CLI
-and the component tests run the very same assembly (tests swap only the probe, the Kubernetes
-gateway and the PodResources source).
+keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
+so that the CLI and the component tests run the very same assembly (tests swap only the probe, the
+process resolver, the Kubernetes gateway and the PodResources source).
 """
 
 from __future__ import annotations
@@ -17,20 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from device_plugin.allocator import Allocator, AllocatorConfig
-from device_plugin.board import DeviceBoard, HealthMonitor, discover
+from device_plugin.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
 from device_plugin.envs import EnforcementPaths
 from device_plugin.gateway import KubeGateway
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.health import HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET, PodDevices, list_pod_devices
 from device_plugin.lifecycle import PluginServer, SocketConfig
-from device_plugin.metrics import GpuCollector, PluginMetrics
+from device_plugin.metrics import GpuCollector, PluginMetrics, UsageCollector
 from device_plugin.node_events import NodeEvents
 from device_plugin.pod_cache import PodCache, PodFeed
 from device_plugin.probe import GpuProbe
+from device_plugin.process_owner import ProcessResolver, ProcResolver
 from device_plugin.publisher import InventoryPublisher
+from device_plugin.sampler import UsageSampler
 from device_plugin.server import DevicePluginServicer
 from vgpu.catalog import Catalog, builtin
+from vgpu.contract import usage
 from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,10 @@ class PluginConfig:
     lookup_wait_s: float = 2.0
     reconcile_s: float = 10.0
     cache_sync_s: float = 30.0
-    metrics_port: int = 0  # 0: no /metrics server
+    layout_check_s: float = 30.0  # how often the GPUs are listed again to notice a MIG reconfiguration
+    metrics_port: int = 0  # 0: no /metrics and /usage server, and no usage sampling
+    metrics_address: str = "0.0.0.0"
+    usage_interval_s: float = 5.0
     catalog: Catalog = field(default_factory=builtin)
 
 
@@ -65,7 +71,9 @@ class Daemon:
         *,
         pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
         metrics: PluginMetrics | None = None,
+        resolver: ProcessResolver | None = None,
     ) -> None:
+        """``resolver`` maps GPU processes to pods (default: ``/proc``)."""
         self.config = config
         self.probe, self.gateway = probe, gateway
         self.metrics = metrics or PluginMetrics()
@@ -103,29 +111,52 @@ class Daemon:
             heartbeat_s=config.heartbeat_s,
         )
 
-    def pods_by_uid(self) -> dict[str, tuple[str, str]]:
-        return {p.uid: (p.namespace, p.name) for p in self.cache.pods()}
+        self.sampler = UsageSampler(
+            probe,
+            resolver or ProcResolver(),
+            self.board.gpus,
+            self.cache.pods,
+            self.metrics,
+            node=config.node,
+            interval_s=config.usage_interval_s,
+        )
+
+    def latest_usage(self) -> str | None:
+        """The usage document as ``/usage`` serves it; None before the first pass."""
+        latest = self.sampler.latest
+        return None if latest is None else usage.encode(latest)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Run every part until ``stopping`` is set; the server removes its socket on the way out."""
         self.feed.start(asyncio.get_running_loop())
+        http = None
         if self.config.metrics_port:
-            self.metrics.registry.register(GpuCollector(self.probe, self.board.gpus, self.pods_by_uid))
-            self.metrics.serve(self.config.metrics_port)
+            node, sampler = self.config.node, self.sampler
+            self.metrics.registry.register(GpuCollector(self.probe, self.board.gpus, node, lambda: sampler.allocated))
+            self.metrics.registry.register(UsageCollector(node, lambda: sampler.latest, lambda: sampler.supported))
+            http = self.metrics.serve(self.config.metrics_port, self.latest_usage, self.config.metrics_address)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cache.synced.wait(), self.config.cache_sync_s)
         if not self.cache.synced.is_set():
             log.warning("pod cache not synced after %.0fs; serving anyway", self.config.cache_sync_s)
+        watch = LayoutWatch(
+            self.probe, self.board, self.config.catalog, self.config.default_tflops, self.config.layout_check_s
+        )
         background: list[Coroutine[Any, Any, None]] = [
+            watch.run(stopping),
             self.monitor.run(),
             self.publisher.run(),
             self.keeper.run(self.allocator, self.config.reconcile_s),
+            *([self.sampler.run()] if http is not None else []),
         ]
         tasks = [asyncio.create_task(c) for c in background]
         try:
             await self.server.run(stopping)
         finally:
             self.feed.stop()
+            if http is not None:
+                await asyncio.to_thread(http.shutdown)
+                http.server_close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

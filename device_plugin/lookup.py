@@ -157,7 +157,7 @@ def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo]) -> PodAlloc
         if gpu.mig:
             raise AllocateError(
                 f"{where}: allocation names GPU {grant.uuid}, which is in MIG mode on node {node}: its UUID gives a "
-                "container no usable CUDA device, and MIG instances are not shared yet"
+                "container no usable CUDA device; pods are granted its MIG instances instead"
             )
         _ordered(where, grant.uuid, "TFLOPS", humanize_tflops, grant.tflops_request, grant.tflops_limit, gpu.tflops)
         _ordered(where, grant.uuid, "vram", humanize_bytes, grant.vram_request, grant.vram_limit, gpu.vram)

@@ -1,39 +1,42 @@
-"""The plugin's Prometheus metrics on its own small HTTP server (``/metrics``).
+"""The plugin's Prometheus metrics and ``/usage``, on its own small HTTP server (``/metrics``, ``/usage``).
 
-GPU figures are collected at scrape time from the probe (NVML calls run in the scrape thread, never
-on the gRPC loop); per-pod GPU memory maps NVML's process list to pods through each process's
-cgroup (which names the pod UID) and the pod cache. Allocate latency, how long Allocate waited for
-the pod's allocation to reach the cache (the hand-off gate's cost), and errors by reason are
+One port serves both: Prometheus scrapes ``/metrics``, and whatever needs *use* rather than reservation
+(the custom-metrics API, ``tfctl top``) reads the node's per-container usage document
+(:mod:`vgpu.contract.usage`) at ``/usage`` without a Prometheus in between. Names and labels come from
+:mod:`vgpu.metric_names` (the table in docs/metrics.md). GPU figures are collected at scrape time from
+the probe (NVML calls run in the server's thread, never on the gRPC loop); per-container figures are
+the usage sampler's last pass (:mod:`device_plugin.sampler`). Allocate latency, how long Allocate waited
+for the pod's allocation to reach the cache (the hand-off gate's cost), and errors by reason are
 recorded by the servicer.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from http.server import ThreadingHTTPServer
+from importlib.metadata import version
+from urllib.parse import urlparse
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from device_plugin.probe import GpuProbe
-from vgpu.contract.inventory import GpuInfo
+from vgpu import metric_names as m
+from vgpu.contract import usage
+from vgpu.contract.inventory import GpuInfo, Health
+from vgpu.names import DISTRIBUTION
 
 log = logging.getLogger(__name__)
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-def pod_uid_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """The pod UID in a process's cgroup path (cgroupfs ``pod<uid>`` or systemd ``pod<uid_with_underscores>``)."""
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return None
-    match = _POD_UID.search(text)
-    return match[1].replace("_", "-") if match else None
+def _family(metric: m.Metric) -> GaugeMetricFamily:
+    return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
 
 
 class PluginMetrics:
@@ -41,75 +44,162 @@ class PluginMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.allocate_seconds = Histogram(
-            "tf_device_plugin_allocate_seconds",
-            "Allocate RPC latency by outcome.",
-            ["outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.lookup_wait_seconds = Histogram(
-            "tf_device_plugin_allocate_lookup_wait_seconds",
-            "How long Allocate waited for the pod's allocation to reach the pod cache.",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.errors = Counter(
-            "tf_device_plugin_errors_total", "Errors by where they happened.", ["where"], registry=self.registry
-        )
-        self.registrations = Counter(
-            "tf_device_plugin_registrations_total", "Successful registrations with the kubelet.", registry=self.registry
-        )
+        ProcessCollector(registry=self.registry)
+        build = Gauge(m.BUILD_INFO.name, m.BUILD_INFO.help, m.BUILD_INFO.labels, registry=self.registry)
+        build.labels("device-plugin", version(DISTRIBUTION)).set(1)
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+        def histogram(metric: m.Metric, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(metric.name, metric.help, metric.labels, buckets=buckets, registry=self.registry)
+
+        def counter(metric: m.Metric) -> Counter:
+            return Counter(metric.name, metric.help, metric.labels, registry=self.registry)
+
+        self.allocate_seconds = histogram(m.ALLOCATE_SECONDS, _LATENCY_BUCKETS)
+        self.lookup_wait_seconds = histogram(m.ALLOCATE_LOOKUP_WAIT_SECONDS, _LATENCY_BUCKETS)
+        self.errors = counter(m.ERRORS)
+        self.registrations = counter(m.REGISTRATIONS)
+        self.usage_sample_seconds = histogram(m.USAGE_SAMPLE_SECONDS, _PASS_BUCKETS)
+        self.usage_skips = counter(m.USAGE_SKIPS)
+        self.usage_sampled_at = Gauge(m.USAGE_SAMPLED_AT.name, m.USAGE_SAMPLED_AT.help, registry=self.registry)
+
+    def serve(self, port: int, latest: Callable[[], str | None], address: str = "0.0.0.0") -> ThreadingHTTPServer:
+        """``/metrics`` and ``/usage`` (``latest()``: the encoded document, None before the first pass) on
+        ``port`` (0: any free one), from threads of their own; ``shutdown()`` the result to stop."""
+        registry = self.registry
+
+        class Handler(MetricsHandler):
+            def do_GET(self) -> None:
+                if urlparse(self.path).path != usage.PATH:
+                    super().do_GET()
+                    return
+                document = latest()
+                body = (document or "no usage sampled yet\n").encode()
+                self.send_response(200 if document is not None else 503)
+                self.send_header("Content-Type", "application/json" if document is not None else "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        Handler.registry = registry
+        server = ThreadingHTTPServer((address, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server
 
 
 class GpuCollector(Collector):
-    """Per-GPU and per-pod figures, sampled from the probe at scrape time."""
+    """Per-GPU figures: capacity and health from the board, allocation from the usage sampler's last pass
+    (``allocated``: milli-TFLOPS and bytes per GPU), live figures from the probe at scrape time."""
 
     def __init__(
         self,
         probe: GpuProbe,
         gpus: Callable[[], Iterable[GpuInfo]],
-        pods: Callable[[], Mapping[str, tuple[str, str]]],
-        pid_to_pod: Callable[[int], str | None] = pod_uid_of_pid,
+        node: str,
+        allocated: Callable[[], Mapping[str, tuple[int, int]]],
     ) -> None:
-        self._probe, self._gpus, self._pods, self._pid_to_pod = probe, gpus, pods, pid_to_pod
+        self._probe, self._gpus, self._node, self._allocated = probe, gpus, node, allocated
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["gpu", "index", "model"]
-        util = GaugeMetricFamily("tf_gpu_utilization_percent", "GPU utilisation (percent of time busy).", labels=labels)
-        used = GaugeMetricFamily("tf_gpu_memory_used_bytes", "GPU memory in use.", labels=labels)
-        total = GaugeMetricFamily("tf_gpu_memory_total_bytes", "GPU memory capacity.", labels=labels)
-        temp = GaugeMetricFamily("tf_gpu_temperature_celsius", "GPU temperature.", labels=labels)
-        power = GaugeMetricFamily("tf_gpu_power_watts", "GPU power draw.", labels=labels)
-        healthy = GaugeMetricFamily("tf_gpu_healthy", "1 when the GPU is advertised healthy.", labels=labels)
-        pod_mem = GaugeMetricFamily(
-            "tf_pod_gpu_memory_used_bytes", "GPU memory held by a pod's processes.", labels=["namespace", "pod", "gpu"]
-        )
-        pods = self._pods()
+        families = {
+            metric: _family(metric)
+            for metric in (
+                m.GPU_HEALTHY,
+                m.GPU_TFLOPS_CAPACITY,
+                m.GPU_TFLOPS_ALLOCATED,
+                m.GPU_VRAM_CAPACITY,
+                m.GPU_VRAM_ALLOCATED,
+                m.GPU_UTILIZATION,
+                m.GPU_VRAM_USED,
+                m.GPU_TEMPERATURE,
+                m.GPU_POWER,
+            )
+        }
+        allocated = self._allocated()
         for gpu in self._gpus():
-            values = [gpu.uuid, str(gpu.index), gpu.model]
-            total.add_metric(values, gpu.vram)
-            healthy.add_metric(values, 1 if gpu.health.value == "Healthy" else 0)
+            labels = [self._node, gpu.uuid, str(gpu.index), gpu.model]
+            tflops, vram = allocated.get(gpu.uuid, (0, 0))
+            figures: dict[m.Metric, float | None] = {
+                m.GPU_HEALTHY: 1 if gpu.health == Health.HEALTHY else 0,
+                m.GPU_TFLOPS_CAPACITY: gpu.tflops / 1000,
+                m.GPU_TFLOPS_ALLOCATED: tflops / 1000,
+                m.GPU_VRAM_CAPACITY: gpu.vram,
+                m.GPU_VRAM_ALLOCATED: vram,
+            }
             try:
                 sample = self._probe.sample(gpu.uuid)
             except Exception as exc:
                 log.warning("cannot sample GPU %s: %s", gpu.uuid, exc)
-                continue
-            for family, value in ((util, sample.utilization), (used, sample.memory_used)):
+            else:
+                figures |= {
+                    m.GPU_UTILIZATION: None if sample.utilization is None else sample.utilization / 100,
+                    m.GPU_VRAM_USED: sample.memory_used,
+                    m.GPU_TEMPERATURE: sample.temperature,
+                    m.GPU_POWER: sample.power_watts,
+                }
+            for metric, value in figures.items():
                 if value is not None:
-                    family.add_metric(values, value)
-            if sample.temperature is not None:
-                temp.add_metric(values, sample.temperature)
-            if sample.power_watts is not None:
-                power.add_metric(values, sample.power_watts)
-            by_pod: dict[tuple[str, str], int] = {}
-            for proc in sample.processes:
-                uid = self._pid_to_pod(proc.pid)
-                if uid is not None and uid in pods:
-                    by_pod[pods[uid]] = by_pod.get(pods[uid], 0) + proc.memory_used
-            for (namespace, name), memory in sorted(by_pod.items()):
-                pod_mem.add_metric([namespace, name, gpu.uuid], memory)
-        yield from (util, used, total, temp, power, healthy, pod_mem)
+                    families[metric].add_metric(labels, value)
+        yield from families.values()
+
+
+class UsageCollector(Collector):
+    """Per-container and unattributed use at the usage sampler's last pass (``latest``), and which GPUs
+    report per-process utilisation (``supported``)."""
+
+    def __init__(
+        self, node: str, latest: Callable[[], usage.NodeUsage | None], supported: Callable[[], Mapping[str, bool]]
+    ) -> None:
+        self._node, self._latest, self._supported = node, latest, supported
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            metric: _family(metric)
+            for metric in (
+                m.GPU_PROCESS_UTILIZATION_SUPPORTED,
+                m.GPU_UNATTRIBUTED_PROCESSES,
+                m.GPU_UNATTRIBUTED_TFLOPS_USED,
+                m.GPU_UNATTRIBUTED_VRAM_USED,
+                m.CONTAINER_TFLOPS_USED,
+                m.CONTAINER_TFLOPS_REQUEST,
+                m.CONTAINER_TFLOPS_LIMIT,
+                m.CONTAINER_TFLOPS_USED_RATIO,
+                m.CONTAINER_TFLOPS_USED_REQUEST_RATIO,
+                m.CONTAINER_VRAM_USED,
+                m.CONTAINER_VRAM_REQUEST,
+                m.CONTAINER_VRAM_LIMIT,
+                m.CONTAINER_VRAM_USED_RATIO,
+                m.CONTAINER_VRAM_USED_REQUEST_RATIO,
+            )
+        }
+        latest = self._latest()
+        lost = {u.gpu: u for u in latest.unattributed} if latest is not None else {}
+        for uuid, supported in sorted(self._supported().items()):  # every GPU sampled: 0 is a figure too
+            u = lost.get(uuid, usage.Unattributed(gpu=uuid, processes=0, tflops_used=0, vram_used=0))
+            families[m.GPU_PROCESS_UTILIZATION_SUPPORTED].add_metric([self._node, uuid], 1 if supported else 0)
+            families[m.GPU_UNATTRIBUTED_PROCESSES].add_metric([self._node, uuid], u.processes)
+            families[m.GPU_UNATTRIBUTED_TFLOPS_USED].add_metric([self._node, uuid], u.tflops_used / 1000)
+            families[m.GPU_UNATTRIBUTED_VRAM_USED].add_metric([self._node, uuid], u.vram_used)
+        for c in latest.containers if latest is not None else ():
+            figures: dict[m.Metric, float | None] = {
+                m.CONTAINER_TFLOPS_USED: c.tflops_used / 1000,
+                m.CONTAINER_TFLOPS_REQUEST: c.tflops_request / 1000,
+                m.CONTAINER_TFLOPS_LIMIT: c.tflops_limit / 1000,
+                m.CONTAINER_TFLOPS_USED_RATIO: _ratio(c.tflops_used, c.tflops_limit),
+                m.CONTAINER_TFLOPS_USED_REQUEST_RATIO: _ratio(c.tflops_used, c.tflops_request),
+                m.CONTAINER_VRAM_USED: c.vram_used,
+                m.CONTAINER_VRAM_REQUEST: c.vram_request,
+                m.CONTAINER_VRAM_LIMIT: c.vram_limit,
+                m.CONTAINER_VRAM_USED_RATIO: _ratio(c.vram_used, c.vram_limit),
+                m.CONTAINER_VRAM_USED_REQUEST_RATIO: _ratio(c.vram_used, c.vram_request),
+            }
+            labels = [self._node, c.namespace, c.pod, c.container, c.gpu]
+            for metric, value in figures.items():
+                if value is not None:
+                    families[metric].add_metric(labels, value)
+        yield from families.values()
+
+
+def _ratio(used: int, of: int) -> float | None:
+    """``used`` over ``of``; None (no series) when ``of`` is 0: a zero request has no ratio."""
+    return used / of if of else None

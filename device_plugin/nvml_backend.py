@@ -2,8 +2,9 @@
 
 Keeping NVML behind :class:`~device_plugin.probe.GpuProbe` means every other module is tested
 without a GPU, and a driver quirk is handled in one place: optional queries (NUMA node, MIG mode,
-power, temperature) degrade to ``None`` instead of failing discovery, and XID events come from a
-blocking ``nvmlEventSetWait`` that the caller runs in a thread.
+power, temperature) degrade to ``None`` instead of failing discovery, XID events come from a
+blocking ``nvmlEventSetWait`` that the caller runs in a thread, and a driver without per-process
+utilisation (``NOT_SUPPORTED``: older drivers and GPUs, MIG instances) still gives each process's memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from device_plugin.probe import GpuDevice, GpuSample, ProbeError, ProcessUsage, XidEvent
+from device_plugin.probe import GpuDevice, GpuSample, MigUnit, ProbeError, ProcessReport, ProcessSample, XidEvent
 
 log = logging.getLogger(__name__)
 _SYS_PCI = Path("/sys/bus/pci/devices")
@@ -31,6 +32,45 @@ def _optional(query: Any, *args: Any) -> Any:
         return query(*args)
     except pynvml.NVMLError:
         return None
+
+
+# GPU-instance profiles from the largest: the first one the GPU supports spans all its compute slices.
+_WHOLE_GPU_PROFILES = (
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+)
+
+
+def _mig_slices(handle: Any) -> int:
+    """The compute slices of a GPU in MIG mode in all (7 on an A100/H100, 4 on an A30)."""
+    for name in _WHOLE_GPU_PROFILES:
+        profile = getattr(pynvml, name, None)
+        info = None if profile is None else _optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, profile)
+        if info is not None and int(info.sliceCount) > 0:
+            return int(info.sliceCount)
+    return 7
+
+
+def _mig_units(handle: Any) -> tuple[MigUnit, ...]:
+    """The MIG instances of a GPU in MIG mode, as the driver lists them now."""
+    units = []
+    for i in range(int(_optional(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0)):
+        unit = _optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, i)
+        if unit is None:  # no instance at this index
+            continue
+        attributes = pynvml.nvmlDeviceGetAttributes(unit)
+        units.append(
+            MigUnit(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(unit)),
+                memory=int(pynvml.nvmlDeviceGetMemoryInfo(unit).total),
+                slices=int(attributes.gpuInstanceSliceCount),
+            )
+        )
+    return tuple(units)
 
 
 class NvmlProbe:
@@ -50,7 +90,8 @@ class NvmlProbe:
         found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            mig = _optional(pynvml.nvmlDeviceGetMigMode, handle)
+            mode = _optional(pynvml.nvmlDeviceGetMigMode, handle)
+            mig = mode is not None and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
             found.append(
                 GpuDevice(
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -58,7 +99,9 @@ class NvmlProbe:
                     name=_text(pynvml.nvmlDeviceGetName(handle)),
                     memory=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
                     numa=self._numa(handle),
-                    mig=mig is not None and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+                    mig=mig,
+                    mig_slices=_mig_slices(handle) if mig else 7,
+                    units=_mig_units(handle) if mig else (),
                 )
             )
         return tuple(found)
@@ -112,14 +155,44 @@ class NvmlProbe:
         util = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
         memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
         power = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
-        procs = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
         return GpuSample(
             uuid=uuid,
             utilization=None if util is None else int(util.gpu),
             memory_used=None if memory is None else int(memory.used),
             temperature=_optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
             power_watts=None if power is None else power / 1000.0,
-            processes=tuple(ProcessUsage(pid=int(p.pid), memory_used=int(p.usedGpuMemory or 0)) for p in procs),
+        )
+
+    def processes(self, uuid: str, since_us: int) -> ProcessReport:
+        """Memory from the running compute processes, SM share from the driver's utilisation samples
+        since ``since_us`` (several per process: averaged). A process with samples but no longer running
+        is listed too: its use was real, and mapping it then tells that it exited."""
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+        memory = {int(p.pid): int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        supported, samples = True, []
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                supported = False
+            elif exc.value not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):  # no sample since then
+                raise
+        shares: dict[int, list[int]] = {}
+        until = since_us
+        for sample in samples:
+            shares.setdefault(int(sample.pid), []).append(min(100, int(sample.smUtil)))
+            until = max(until, int(sample.timeStamp))
+        return ProcessReport(
+            processes=tuple(
+                ProcessSample(
+                    pid=pid,
+                    sm_percent=round(sum(s) / len(s)) if (s := shares.get(pid)) else 0,
+                    memory_used=memory.get(pid, 0),
+                )
+                for pid in sorted(memory.keys() | shares.keys())
+            ),
+            until_us=until,
+            sm_supported=supported,
         )
 
     def close(self) -> None:

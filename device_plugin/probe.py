@@ -18,8 +18,21 @@ class ProbeError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MigUnit:
+    """One MIG instance of a GPU in MIG mode: its UUID, memory (bytes) and compute slices."""
+
+    uuid: str
+    memory: int
+    slices: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuDevice:
-    """One physical GPU as the driver reports it. ``memory`` in bytes; ``name`` is NVML's product name."""
+    """One physical GPU as the driver reports it. ``memory`` in bytes; ``name`` is NVML's product name.
+
+    In MIG mode (``mig``), ``units`` are its instances and ``mig_slices`` its compute slices in all
+    (7 on an A100 or H100, 4 on an A30): a unit's share of the GPU is its slices over these.
+    """
 
     uuid: str
     index: int
@@ -27,6 +40,8 @@ class GpuDevice:
     memory: int
     numa: int | None = None
     mig: bool = False
+    mig_slices: int = 7
+    units: tuple[MigUnit, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +53,26 @@ class XidEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessUsage:
-    """One compute process on a GPU and the device memory (bytes) it holds."""
+class ProcessSample:
+    """One process's use of a GPU: its SM share (percent of the GPU's time, averaged over the driver's
+    samples since the timestamp asked for) and the device memory (bytes) it holds now."""
 
     pid: int
+    sm_percent: int
     memory_used: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessReport:
+    """Every process using one GPU, since a timestamp (microseconds, the driver's clock).
+
+    ``until_us`` is the newest sample's time: the ``since_us`` of the next call. Where the driver has no
+    per-process utilisation (an older driver or GPU, a MIG instance), ``sm_supported`` is False and every
+    ``sm_percent`` is 0: memory only."""
+
+    processes: tuple[ProcessSample, ...]
+    until_us: int
+    sm_supported: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +84,6 @@ class GpuSample:
     memory_used: int | None = None  # bytes
     temperature: int | None = None  # degrees Celsius
     power_watts: float | None = None
-    processes: tuple[ProcessUsage, ...] = ()
 
 
 class GpuProbe(Protocol):
@@ -73,7 +102,11 @@ class GpuProbe(Protocol):
         ...
 
     def sample(self, uuid: str) -> GpuSample:
-        """Utilisation, memory, temperature, power and processes of one GPU, for metrics."""
+        """Utilisation, memory, temperature and power of one GPU, for metrics."""
+        ...
+
+    def processes(self, uuid: str, since_us: int) -> ProcessReport:
+        """Each process on one GPU: its SM share since ``since_us`` and the memory it holds now."""
         ...
 
     def close(self) -> None:

@@ -19,12 +19,20 @@ def _or_na(value: object, unit: str = "") -> str:
     return "n/a" if value is None else f"{value}{unit}"
 
 
-def _sample(sample: GpuSample) -> str:
+def _processes(probe: GpuProbe, uuid: str) -> str:
+    try:
+        found = probe.processes(uuid, 0)
+    except Exception as exc:  # shown, not fatal: the rest of the report still tells what works
+        return f"n/a ({exc})"
+    return f"{len(found.processes)}" + ("" if found.sm_supported else " (memory only: no per-process utilisation)")
+
+
+def _sample(sample: GpuSample, processes: str) -> str:
     used = None if sample.memory_used is None else humanize_bytes(sample.memory_used)
     return (
         f"utilization {_or_na(sample.utilization, '%')}, memory used {_or_na(used)}, "
         f"temperature {_or_na(sample.temperature, ' °C')}, power {_or_na(sample.power_watts, ' W')}, "
-        f"compute processes {len(sample.processes)}"
+        f"compute processes {processes}"
     )
 
 
@@ -32,16 +40,21 @@ def report(probe: GpuProbe, catalog: Catalog, default_tflops: int) -> str:
     """One block per GPU: identity, what would be published, the health check, a live sample."""
     devices = probe.devices()
     gpus = discover(devices, catalog, default_tflops)
-    lines = [f"{len(gpus)} GPU(s) found"]
-    for device, gpu in zip(devices, gpus, strict=True):
-        model = gpu.model if catalog.lookup(device.name) is not None else f"{gpu.model!r} (not in the GPU catalog)"
+    names = {d.uuid: d.name for d in devices}
+    lines = [f"{len(devices)} GPU(s) found"]
+    for gpu in gpus:
+        name = names[gpu.parent or gpu.uuid]
+        model = gpu.model if catalog.lookup(name) is not None else f"{gpu.model!r} (not in the GPU catalog)"
         numa = "unknown" if gpu.numa is None else str(gpu.numa)
         problem = probe.check(gpu.uuid)
+        mig = "MIG on: not scheduled, its instances are" if gpu.mig else "MIG off"
         lines += [
-            f"GPU {gpu.index}  {gpu.uuid}  {device.name}",
+            f"GPU {gpu.index}  {gpu.uuid}  {name}"
+            if gpu.parent is None
+            else f"MIG instance of GPU {gpu.index}  {gpu.uuid}",
             f"  published as {model}: {humanize_tflops(gpu.tflops)} TFLOPS, {humanize_bytes(gpu.vram)} VRAM, "
-            f"NUMA node {numa}, MIG {'on' if gpu.mig else 'off'}",
+            f"NUMA node {numa}, {mig if gpu.parent is None else 'hard-isolated'}",
             f"  health check: {'ok' if problem is None else problem}",
-            f"  now: {_sample(probe.sample(gpu.uuid))}",
+            f"  now: {_sample(probe.sample(gpu.uuid), _processes(probe, gpu.uuid))}",
         ]
     return "\n".join(lines) + "\n"

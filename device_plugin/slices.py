@@ -47,10 +47,12 @@ def gpu_of(device_id: str) -> str:
 
 
 def slices(gpus: Iterable[GpuInfo], per_gpu: int) -> tuple[Slice, ...]:
-    """Every slice of every GPU, in GPU index then slice order; an unhealthy GPU's slices are unhealthy."""
+    """Every slice of every GPU, in GPU index then slice order; an unhealthy GPU's slices are unhealthy.
+    A GPU in MIG mode has none: its MIG instances have theirs."""
     return tuple(
         Slice(slice_id(g.uuid, n), g.uuid, g.health is Health.HEALTHY, g.numa)
         for g in sorted(gpus, key=lambda g: g.index)
+        if not g.mig
         for n in range(per_gpu)
     )
 

@@ -40,14 +40,22 @@ from scheduler_extender.informer import Informer
 from scheduler_extender.leader import LeaseElector, default_identity, own_namespace
 from scheduler_extender.metrics import Metrics
 from scheduler_extender.periodic import Periodic
+from scheduler_extender.pool_status import pool_statuses
+from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.settings import Settings
+from scheduler_extender.status import StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
-from scheduler_extender.workload_status import WorkloadStatusWriter
+from scheduler_extender.workload_status import workload_statuses
 from vgpu.catalog import Catalog
 from vgpu.catalog_file import load as load_catalog
+from vgpu.names import PLURAL_GPU_POOL, PLURAL_WORKLOAD
 
 log = logging.getLogger(__name__)
+
+# Seconds a pod the filter failed everywhere waits before the extender's own preemption looks at it: by
+# then kube-scheduler's PostFilter of the same cycle has asked the preempt verb if its dry run found victims.
+PREEMPTION_SETTLE = 1.0
 
 # What a verb answers when its body could not even be parsed.
 _NEUTRAL: dict[str, object] = {
@@ -71,8 +79,9 @@ class Extender:
     events: EventRecorder
     metrics: Metrics
     informers: tuple[Informer, ...]
-    workload_status: WorkloadStatusWriter
+    status_writer: StatusWriter
     sweeper: Periodic
+    preemptor: Preemptor
     elector: LeaseElector
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -86,13 +95,15 @@ class Extender:
         for informer in self.informers:
             informer.start()
         self.elector.start()
-        self.workload_status.start()
+        self.status_writer.start()
         self.sweeper.start()
+        self.preemptor.worker.start()
 
     def shutdown(self) -> None:
         self.stop.set()
+        self.preemptor.worker.stop()
         self.sweeper.stop()
-        self.workload_status.stop()
+        self.status_writer.stop()
         self.elector.stop()
         self.events.stop()
 
@@ -109,6 +120,16 @@ def build(
     events = EventRecorder(
         gateway, interval=settings.event_interval, on_error=metrics.errors.labels("event", "api").inc
     )
+    preemptor = Preemptor(
+        gateway,
+        cache,
+        catalog,
+        policies,
+        events,
+        settle=PREEMPTION_SETTLE,
+        hold=settings.preemption_hold,
+        on_result=lambda result: metrics.preemptions.labels(result).inc(),
+    )
     verbs = Verbs(
         cache,
         catalog,
@@ -117,6 +138,8 @@ def build(
         keep_top_nodes=settings.keep_top_nodes,
         reservation_ttl=settings.reservation_ttl,
         on_unschedulable=metrics.unschedulable.inc,
+        on_stuck=preemptor.consider if settings.preemption_hold > 0 else lambda *_: None,
+        on_preempting=preemptor.scheduler_preempts,
     )
     binder = Binder(
         gateway,
@@ -153,14 +176,17 @@ def build(
         clock=clock,
         on_error=metrics.errors.labels("leader-election", "api").inc,
     )
-    workload_status = WorkloadStatusWriter(
+    status_writer = StatusWriter(
         gateway,
-        cache.records,
+        (
+            StatusKind(PLURAL_WORKLOAD, True, lambda: workload_statuses(*cache.workload_pods())),
+            StatusKind(PLURAL_GPU_POOL, False, lambda: pool_statuses(cache.nodes(), cache.records())),
+        ),
         interval=settings.workload_status_interval,
         clock=clock,
         ready=lambda: all(i.synced.is_set() for i in informers),
         leading=elector.is_leader,
-        on_error=metrics.errors.labels("workload-status", "api").inc,
+        on_error=metrics.errors.labels("status", "api").inc,
     )
     sweeper = reservation_sweeper(cache)
     return Extender(
@@ -173,8 +199,9 @@ def build(
         events,
         metrics,
         informers,
-        workload_status,
+        status_writer,
         sweeper,
+        preemptor,
         elector,
         stop,
     )

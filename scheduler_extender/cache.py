@@ -19,6 +19,8 @@ A pod bound to a node without an allocation of its own (a Binding posted by hand
 asks for vGPU device IDs gets them from the kubelet all the same, so its IDs count against the
 node's free slots until it is gone or finished (it never gets a GPU grant: the device plugin refuses
 to start it).
+Live pods that name a TensorFusionWorkload are remembered too, allocated or not, so that the
+workload's status (``workload_status.py``) can say which of its pods still wait for GPUs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from scheduler_extender.core.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
@@ -36,11 +38,32 @@ from scheduler_extender.core.model import NodeState, Snapshot, workload_key
 from scheduler_extender.gateway import Kind, RawObject, WatchEvent
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.kubelet_devices import vgpu_device_ids
-from scheduler_extender.objects import PodRecord, PodRef, is_relevant, node_state, pod_record, pod_ref
+from scheduler_extender.objects import (
+    PodRecord,
+    PodRef,
+    WorkloadPod,
+    is_relevant,
+    node_state,
+    pod_record,
+    pod_ref,
+    workload_pod,
+)
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """GPUs promised to a preemptor on a node: taken as its reservation once free, or dropped at expiry."""
+
+    uid: str
+    node: str
+    grants: tuple[GpuGrant, ...]
+    qos: Qos
+    slots: int
+    expires_at: float
 
 
 class ClusterCache:
@@ -67,6 +90,11 @@ class ClusterCache:
         self._foreign: dict[str, tuple[str, int]] = {}  # uid -> (node, device IDs)
         self._foreign_ids: Counter[str] = Counter()  # node -> device IDs held by foreign pods
         self._workload_view: Mapping[str, frozenset[str]] | None = None
+        # Live pods naming a TensorFusionWorkload, allocated or not: its status names those still waiting.
+        self._members: dict[str, WorkloadPod] = {}  # uid -> member
+        # Room promised to a preemptor (preemptor.py) on a node whose victims are still leaving: taken as
+        # the pod's tentative reservation the moment it fits, before any other pod can take it.
+        self._nominated: dict[str, Nomination] = {}  # ledger key -> nomination
 
     # --- informer sink ----------------------------------------------------------------------------
     def listing(self, kind: Kind) -> None:
@@ -94,6 +122,7 @@ class ClusterCache:
             elif event.type == "DELETED":
                 ref = pod_ref(event.object)
                 self._note_foreign(ref.uid, None)
+                self._members.pop(ref.uid, None)
                 self._pod_gone(ref)
             else:
                 self._pod_changed(event.object)
@@ -155,6 +184,12 @@ class ClusterCache:
         with self.lock:
             return tuple(self._records.values())
 
+    def workload_pods(self) -> tuple[tuple[PodRecord, ...], tuple[WorkloadPod, ...]]:
+        """Read together: every pod that holds GPUs, and the live pods naming a workload that hold none."""
+        with self.lock:
+            waiting = tuple(m for uid, m in self._members.items() if uid not in self._records)
+            return tuple(self._records.values()), waiting
+
     def record(self, uid: str) -> PodRecord | None:
         with self.lock:
             return self._records.get(uid)
@@ -201,6 +236,22 @@ class ClusterCache:
             else:
                 self._tentative[key] = expires_at
             self._refresh({node} | ({entry.node} if entry is not None else set()))
+
+    def nominate(
+        self, ref: PodRef, node: str, grants: Sequence[GpuGrant], *, qos: Qos, slots: int, expires_at: float
+    ) -> None:
+        """Hold ``grants`` on ``node`` for the pod once they are free (its victims gone), until ``expires_at``:
+        a tentative reservation as soon as they fit, so the pod's next filter finds them and no other
+        pod's does. Replaces the pod's earlier nomination."""
+        with self.lock:
+            self._nominated[ref.key] = Nomination(ref.uid, node, tuple(grants), qos, slots, expires_at)
+            self._claim_nominations(node)
+
+    def nominated(self, key: str) -> str | None:
+        """The node still held for the pod by a nomination not yet taken as its reservation."""
+        with self.lock:
+            found = self._nominated.get(key)
+            return found.node if found is not None and found.expires_at > self.clock() else None
 
     def commit(self, key: str) -> bool:
         """Make a bind's reservation permanent. False, changing nothing, when the pod holds none any more:
@@ -265,6 +316,28 @@ class ClusterCache:
         if node is not None:
             self._put(node, self._ledger(node).release(key))
             self._refresh((node,))
+            self._claim_nominations(node)
+
+    def _claim_nominations(self, node: str) -> None:
+        """Turn the nominations on ``node`` that fit now into their pods' tentative reservations."""
+        now = self.clock()
+        base = self._base.get(node)
+        for key, held in list(self._nominated.items()):
+            if held.expires_at <= now:
+                del self._nominated[key]
+            elif held.node == node and base is not None and key not in self._entry_node:
+                try:
+                    ledger = self._ledger(node).reserve(
+                        key, base, held.grants, held.expires_at, qos=held.qos, slots=held.slots
+                    )
+                except LedgerRefusal:
+                    continue
+                del self._nominated[key]
+                self._put(node, ledger)
+                self._entry_node[key] = node
+                self._owner[key] = held.uid
+                self._tentative[key] = held.expires_at
+                self._refresh((node,))
 
     def _refresh(self, nodes: Iterable[str]) -> None:
         for name in nodes:
@@ -316,6 +389,7 @@ class ClusterCache:
             held[pod_ref(item).uid] = _foreign_hold(record, ids)
             if relevant and record is not None:
                 records[record.ref.uid] = record
+        self._members = {m.ref.uid: m for m in map(workload_pod, items) if m is not None}
         for uid in set(self._foreign) - held.keys():
             self._note_foreign(uid, None)
         for uid, hold in held.items():
@@ -358,12 +432,20 @@ class ClusterCache:
             self._record_changed(record)
             self.gate.observe(record)
         self._note_foreign(ref.uid, _foreign_hold(record, ids))
+        member = workload_pod(obj)
+        if member is None:
+            self._members.pop(ref.uid, None)
+        else:
+            self._members[ref.uid] = member
 
     def _pod_gone(self, ref: PodRef) -> None:
         old = self._records.pop(ref.uid, None)
         if old is not None:
             self._track_workload(old, -1)
         self._conflicts.pop(ref.uid, None)
+        held = self._nominated.get(ref.key)
+        if held is not None and held.uid == ref.uid:
+            del self._nominated[ref.key]
         if self._owner.get(ref.key) == ref.uid:
             self._release(ref.key)
         self.gate.forget(ref.uid)

@@ -1,4 +1,5 @@
-"""``tfctl``: the command line for people — check a request, browse the catalog, plan capacity, explain a pod.
+"""``tfctl``: the command line for people — check a request, browse the catalog, plan capacity, explain a pod,
+show GPU use (``top``).
 
 Each subcommand reads files and prints; the decisions come from ``vgpu`` (and, for later
 subcommands, from the same scheduling core the extender runs), so what the CLI says is what the
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 import yaml
 
-from scheduler_extender import explain_client, planning
+from scheduler_extender import explain_client, planning, top
 from vgpu.catalog_file import CatalogFileError
 from vgpu.catalog_file import load as load_catalog
 from vgpu.contract import resolved
@@ -34,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
     """tfctl's whole command line (each sub-command's ``run`` handler returns the exit code)."""
     parser = argparse.ArgumentParser(
         prog="tfctl",
-        description="the command line for people: check a request, browse the catalog, plan capacity, explain a pod",
+        description="the command line for people: check a request, browse the catalog, plan capacity, explain a pod, "
+        "show GPU use",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     parser.add_argument(
@@ -60,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
 
     planning.add_subcommand(sub)
     explain_client.add_subcommand(sub)
+    top.add_subcommand(sub)
     return parser
 
 

@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 
 REASON_FAILED: Final = "FailedGpuScheduling"
 REASON_GRANTED: Final = "GpuGranted"  # Normal, at bind: which GPUs and what share, as recorded on the pod
+# The extender's own preemption (preemptor.py): on each victim, kube-scheduler's reason for its victims;
+# on the preemptor, Normal when GPU room is held for it, Warning when a PodDisruptionBudget refused a victim.
+REASON_PREEMPTED: Final = "Preempted"
+REASON_PREEMPTING: Final = "GpuPreemption"
+REASON_PREEMPTION_BLOCKED: Final = "GpuPreemptionBlocked"
 # The most pods remembered for deduplication; the oldest are forgotten beyond it.
 _MEMORY: Final = 10_000
 _QUEUE: Final = 1_000

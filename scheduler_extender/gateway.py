@@ -142,12 +142,22 @@ class KubeGateway(Protocol):
         """Create a core/v1 Event on the pod."""
         ...
 
-    def list_workloads(self) -> Sequence[RawObject]:
-        """Every TensorFusionWorkload, in all namespaces."""
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Evict the pod through the Eviction API (``pods/eviction``), which honours PodDisruptionBudgets:
+        429 when one forbids it now; nothing when the pod is already gone (404)."""
         ...
 
-    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
-        """Merge-patch a TensorFusionWorkload's ``status`` subresource (404 if it does not exist)."""
+    def nominate_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Set the pod's ``status.nominatedNodeName`` (``pods/status``), as kube-scheduler's preemption does."""
+        ...
+
+    def list_resources(self, plural: str) -> Sequence[RawObject]:
+        """Every object of one of our CRDs (``vgpu.names.PLURAL_*``), in all namespaces."""
+        ...
+
+    def patch_resource_status(self, plural: str, namespace: str | None, name: str, body: RawObject) -> None:
+        """Merge-patch the ``status`` subresource of one of our objects (``namespace`` None: cluster-scoped);
+        404 if it does not exist."""
         ...
 
 
@@ -175,6 +185,21 @@ def annotation_removal(uid: str, key: str, value: str) -> list[RawObject]:
         {"op": "test", "path": path, "value": value},
         {"op": "remove", "path": path},
     ]
+
+
+def eviction_body(namespace: str, name: str, uid: str) -> RawObject:
+    """A policy/v1 Eviction of exactly this pod (a UID precondition: never a successor of the same name)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
+
+
+def nomination_patch(uid: str, node: str) -> RawObject:
+    """The merge patch of ``pods/status`` nominating ``node``, checked against the pod's UID."""
+    return {"metadata": {"uid": uid}, "status": {"nominatedNodeName": node}}
 
 
 def precondition_failed(exc: GatewayError) -> bool:

@@ -1,7 +1,8 @@
-"""Leader election over a coordination.k8s.io/v1 Lease: which extender replica writes workload status.
+"""Leader election over a coordination.k8s.io/v1 Lease: which extender replica writes status.
 
-With two extender replicas (the chart's default) both would write every TensorFusionWorkload's
-status, each from its own cache; only the replica holding the extender's own Lease does. Standard
+With two extender replicas (the chart's default) both would write every TensorFusionWorkload's and
+GPUPool's status (``status.py``), each from its own cache; only the replica holding the extender's
+own Lease does. Standard
 lease semantics, as client-go's leader election: the holder renews ``renewTime`` every
 ``renew_every`` seconds; another replica takes the Lease over only once it has seen the same
 record unchanged for ``duration`` seconds of its own monotonic clock (never comparing the holder's

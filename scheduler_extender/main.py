@@ -1,23 +1,21 @@
 """``tf-extender``: run the scheduler extender (flags override ``TF_EXTENDER_*`` environment variables).
 
 Every :class:`Settings` field is a flag, spelled with dashes (``--handoff-wait 5``); ``--help``
-prints each with its description and default. The process builds the Kubernetes gateway from
-``--kubeconfig`` (or in-cluster config), creates the apps and serves them with uvicorn on one event
-loop: the verbs on ``--verbs-address``/``--verbs-port`` (loopback, for the kube-scheduler in the same
-pod: whoever reaches bind can place pods), the read-only routes on ``--public-address``/``--public-port``.
+prints each with its description, its variable and its default (:mod:`vgpu.settings_cli`). The
+process builds the Kubernetes gateway from ``--kubeconfig`` (or in-cluster config), creates the apps
+and serves them with uvicorn on one event loop: the verbs on ``--verbs-address``/``--verbs-port``
+(loopback, for the kube-scheduler in the same pod: whoever reaches bind can place pods), the
+read-only routes on ``--public-address``/``--public-port``.
 
     tf-extender --kubeconfig ~/.kube/config --verbs-port 8080 --public-port 8081 --url-prefix /extender
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from collections.abc import Sequence
-from enum import Enum
-from importlib.metadata import version
-from typing import Any, Literal
+from typing import Literal
 
 import uvicorn
 import uvloop
@@ -26,34 +24,19 @@ from fastapi import FastAPI
 from scheduler_extender.app import create_app, public_app
 from scheduler_extender.kube.gateway import KubernetesGateway, api_client
 from scheduler_extender.settings import Settings
+from vgpu import settings_cli
 from vgpu.catalog_file import CatalogFileError
 from vgpu.logfmt import formatter
-from vgpu.names import DISTRIBUTION
-
-
-def parser() -> argparse.ArgumentParser:
-    """Flags generated from the Settings fields, so flags, env and docs cannot drift apart."""
-    p = argparse.ArgumentParser(
-        prog="tf-extender",
-        description="kube-scheduler HTTP extender for fractional GPUs (tensor-fusion.ai pod interface). "
-        "Each flag can also be set as TF_EXTENDER_<NAME> in the environment.",
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
-    for name, info in Settings.model_fields.items():
-        shown = info.default.value if isinstance(info.default, Enum) else info.default
-        p.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            default=None,
-            help=f"{info.description} (default: {'none' if shown is None else shown})",
-        )
-    return p
 
 
 def settings_from(argv: Sequence[str] | None = None) -> Settings:
-    """Settings from the environment, overridden by the flags given."""
-    given: dict[str, Any] = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
-    return Settings(**given)
+    """Settings from the ``TF_EXTENDER_*`` environment, overridden by the flags given."""
+    return settings_cli.settings_from(
+        Settings,
+        "tf-extender",
+        "kube-scheduler HTTP extender for fractional GPUs (tensor-fusion.ai pod interface).",
+        argv,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

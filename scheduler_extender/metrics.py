@@ -18,8 +18,9 @@ from prometheus_client.registry import Collector
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.handoff import HandoffGate
+from vgpu import metric_names
 
-NS: Final = "tf_extender"
+NS: Final = metric_names.EXTENDER
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _WAIT_BUCKETS: Final = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30)
 
@@ -51,6 +52,13 @@ class Metrics:
         )
         self.unschedulable = Counter(
             f"{NS}_unschedulable_total", "Filter calls where no offered node could take the pod", registry=self.registry
+        )
+        self.preemptions = Counter(
+            f"{NS}_preemptions_total",
+            "The extender's own preemption passes (GPU fragmentation), by outcome: evicted, nominated (pods "
+            "already leaving made room), none (no plan), blocked (a PodDisruptionBudget refused), skipped, error",
+            ["result"],
+            registry=self.registry,
         )
         self.registry.register(CapacityCollector(cache, gate))
 

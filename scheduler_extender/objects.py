@@ -171,13 +171,6 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
             receipt = allocation_contract.decode_handoff(raw_receipt).pod_uid == ref.uid
         except DomainError:
             receipt = False
-    workload: str | None = None
-    raw_request = ann.get(SystemAnnotation.RESOLVED_REQUEST)
-    if raw_request is not None:
-        try:
-            workload = resolved_contract.decode(raw_request).workload
-        except DomainError:
-            workload = None
     node_name = spec.get("nodeName")
     slots = 0
     if alloc is not None:
@@ -190,9 +183,37 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         allocation=alloc,
         allocation_error=alloc_error,
         receipt=receipt,
-        workload=workload,
+        workload=_workload_of(ann),
         slots=slots,
     )
+
+
+def _workload_of(ann: Mapping[str, str]) -> str | None:
+    """The workload a pod's resolved request names; None when it names none (or the request is corrupt)."""
+    raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if raw is None:
+        return None
+    try:
+        return _decode_request(raw).workload
+    except DomainError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadPod:
+    """A live pod that names a TensorFusionWorkload: one of the pods its status counts."""
+
+    ref: PodRef
+    workload: str
+
+
+def workload_pod(pod: Mapping[str, Any]) -> WorkloadPod | None:
+    """The pod as a member of its workload; None when it names none, has finished or is being deleted."""
+    workload = _workload_of(annotations_of(pod))
+    phase = _section(pod, "status").get("phase")
+    if workload is None or phase in TERMINAL_PHASES or _meta(pod).get("deletionTimestamp") is not None:
+        return None
+    return WorkloadPod(ref=pod_ref(pod), workload=workload)
 
 
 def allocated_node_label(node: str) -> str:
@@ -241,8 +262,8 @@ def node_state(node: Mapping[str, Any], default_pool: str) -> NodeState:
             model=g.model,
             tflops=g.tflops,
             vram=g.vram,
-            # A GPU in MIG mode is never shared: its parent UUID gives a container no usable CUDA
-            # device, and MIG instances are not scheduled yet (the node's reason says "healthy").
+            # A GPU in MIG mode is never placed on: its UUID gives a container no usable CUDA device.
+            # Its MIG instances are, as units of their own (vgpu.mig; the node's reason says "healthy").
             healthy=g.health is Health.HEALTHY and not g.mig,
             numa=g.numa,
             slots=inv.slices_per_gpu,

@@ -7,16 +7,12 @@ one place, and so that tests build an app from an explicit ``Settings(...)`` ins
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
-from vgpu.logfmt import LogFormat
+from vgpu.logfmt import LogFormat, LogLevel
 from vgpu.names import DEFAULT_POOL, EXTENDER_LEASE_NAME, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
-
-LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class Settings(BaseSettings):
@@ -70,6 +66,14 @@ class Settings(BaseSettings):
         description="Seconds a tentative reservation made at filter/prioritize time (for the node the pod "
         "is expected to be bound to) lives without a bind.",
     )
+    preemption_hold: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds the extender's own preemption (a pod that fits a node's GPU totals but no "
+        "single GPU there, above the lowest QoS) holds the GPUs it freed for the pod once its victims are "
+        "gone; the pod is not preempted for again meanwhile. 0 turns that preemption off (kube-scheduler's "
+        "own, for nodes whose totals are short, stays).",
+    )
     event_interval: float = Field(
         60.0,
         ge=0,
@@ -78,13 +82,14 @@ class Settings(BaseSettings):
     workload_status_interval: float = Field(
         5.0,
         gt=0,
-        description="Seconds between passes that write each TensorFusionWorkload's status (replicas and "
-        "allocated TFLOPS/VRAM of its pods that hold GPUs); only changed workloads are patched.",
+        description="Seconds between passes that write the status of each TensorFusionWorkload (its pods "
+        "holding GPUs, their TFLOPS/VRAM, Ready) and GPUPool (nodes, GPUs, capacity, allocation, Ready); "
+        "only objects whose status changed are patched.",
     )
     lease_name: str = Field(
         EXTENDER_LEASE_NAME,
         description="Name of the coordination.k8s.io Lease the extender replicas elect a leader with; only "
-        "the leader writes TensorFusionWorkload status.",
+        "the leader writes TensorFusionWorkload and GPUPool status.",
     )
     lease_namespace: str | None = Field(
         None,

@@ -92,7 +92,11 @@ class Verbs:
         keep_top_nodes: int,
         reservation_ttl: float,
         on_unschedulable: Callable[[], None] = lambda: None,
+        on_stuck: Callable[[ScheduledPod, Demand, Sequence[str]], None] = lambda *_: None,
+        on_preempting: Callable[[str], None] = lambda _: None,
     ) -> None:
+        """``on_stuck``: a GPU pod failed every offered node, with the nodes whose reason may pass (the
+        extender's own preemption); ``on_preempting``: the preempt verb named GPU victims for the pod."""
         self.cache = cache
         self.catalog = catalog
         self.policies = policies
@@ -100,6 +104,8 @@ class Verbs:
         self.keep_top_nodes = keep_top_nodes
         self.reservation_ttl = reservation_ttl
         self.on_unschedulable = on_unschedulable
+        self.on_stuck = on_stuck
+        self.on_preempting = on_preempting
         self.verdicts: NodeMemo[Reason | None] = NodeMemo()
         self.scores: NodeMemo[float | None] = NodeMemo()
 
@@ -129,6 +135,7 @@ class Verbs:
         elif not passed:
             self.on_unschedulable()
             self.events.warn(pod.ref, REASON_FAILED, summarize(demand, result))
+            self.on_stuck(pod, demand, tuple(result.failed))
         return filter_reply(nodes, passed, failed, result.unresolvable_messages())
 
     def prioritize(self, args: ExtenderArgs) -> dict[str, int]:
@@ -160,6 +167,8 @@ class Verbs:
             victims = self._victims_on(demand, node, uids)
             if victims:
                 chosen[node] = victims
+        if chosen:
+            self.on_preempting(pod.ref.key)
         return _meta_reply(chosen, pdbs)
 
     def explain(

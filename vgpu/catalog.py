@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpu import mig
 from vgpu.catalog_data import ROWS
 from vgpu.errors import DomainError, FieldError
 from vgpu.fields import shown
@@ -70,7 +71,16 @@ class Catalog:
         return self._by_name.get(tokens(product_name))
 
     def matches(self, requested: str, product_name: str) -> bool:
-        """Whether a user's ``gpu-model`` value selects a GPU with this product name."""
+        """Whether a user's ``gpu-model`` value selects a GPU with this product name. A MIG unit is
+        selected only by a value naming its profile, and such a value selects nothing else (vgpu.mig)."""
+        unit, asked = mig.split_product(product_name), mig.split_request(requested)
+        if unit is None and asked is None:
+            return self._matches_model(requested, product_name)
+        if unit is None or asked is None or unit[1] != asked[1]:
+            return False
+        return not asked[0] or self._matches_model(asked[0], unit[0])
+
+    def _matches_model(self, requested: str, product_name: str) -> bool:
         want = tokens(requested)
         if not want:
             return False

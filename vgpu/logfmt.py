@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal
 
 # Keys a log call may pass in ``extra=`` to be searchable: pod (namespace/name), node, gpus (UUIDs),
 # container, devices (the kubelet's device IDs).
@@ -21,6 +21,10 @@ FIELDS: Final = ("pod", "node", "gpus", "container", "devices")
 class LogFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
+
+
+# The levels every binary's --log-level accepts.
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -15,6 +15,25 @@ PREFIX: Final = f"{DOMAIN}/"
 # --- the label that opts a pod in ---------------------------------------------------------------
 LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
 
+# --- the namespace label that opts its NVIDIA GPU pods in (scheduler_extender/webhook/migration.py)
+# Its value says what an ``nvidia.com/gpu`` meant in that namespace; any other value translates nothing.
+LABEL_MIGRATE_NVIDIA: Final = f"{DOMAIN}/migrate-nvidia-gpu"
+
+
+class MigrationMode(StrEnum):
+    """The values of LABEL_MIGRATE_NVIDIA that translate (the chart gives each a webhook entry of its own)."""
+
+    WHOLE = "true"  # an nvidia.com/gpu is a whole GPU (NVIDIA's device plugin without sharing)
+    TIME_SLICED = "time-sliced"  # an nvidia.com/gpu is a time-sliced replica (sharing.timeSlicing)
+
+
+# --- the resources of NVIDIA's device plugin that a migrated pod's containers may ask for ----------
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+# A time-sliced replica under the plugin's ``renameByDefault: true``.
+NVIDIA_GPU_SHARED: Final = "nvidia.com/gpu.shared"
+# + a MIG profile (``nvidia.com/mig-1g.5gb``), under the plugin's ``mig.strategy: mixed``.
+NVIDIA_MIG_PREFIX: Final = "nvidia.com/mig-"
+
 
 class Annotation(StrEnum):
     """User-facing pod annotations (TensorFusion v1 interface)."""
@@ -33,6 +52,8 @@ class Annotation(StrEnum):
     IS_LOCAL_GPU = f"{DOMAIN}/is-local-gpu"
     GPU_COUNT = f"{DOMAIN}/gpu-count"
     GPU_MODEL = f"{DOMAIN}/gpu-model"
+    # Whole GPUs, held by this pod alone: no TFLOPS/VRAM share (the grant is the GPU's capacity).
+    DEDICATED_GPU = f"{DOMAIN}/dedicated-gpu"
     AUTO_REQUESTS = f"{DOMAIN}/auto-requests"
     AUTO_LIMITS = f"{DOMAIN}/auto-limits"
     AUTO_REPLICAS = f"{DOMAIN}/auto-replicas"
@@ -83,6 +104,25 @@ EXTENDER_PUBLIC_PORT: Final = 8081  # read-only: explain, healthz, readyz, metri
 DEFAULT_POOL: Final = "default-pool"
 # The coordination.k8s.io Lease whose holder, among the extender replicas, writes workload status.
 EXTENDER_LEASE_NAME: Final = "tensor-fusion-extender"
+
+# --- the custom metrics API tf-metrics serves through the API server's aggregation layer -----------
+# (scheduler_extender/metrics_api/; the chart's APIServices; tfctl top). v1beta2 is preferred, v1beta1
+# is what HPA's older clients and most guides query.
+CUSTOM_METRICS_GROUP: Final = "custom.metrics.k8s.io"
+CUSTOM_METRICS_VERSIONS: Final = ("v1beta2", "v1beta1")
+METRICS_API_PORT: Final = 6443  # tf-metrics' HTTPS port (its default; the chart's value)
+# The device plugin's metrics port, by the name its Service gives it: tf-metrics finds every plugin's
+# GET /usage (vgpu/contract/usage.py) through that Service's EndpointSlices.
+DEVICE_PLUGIN_METRICS_PORT_NAME: Final = "metrics"
+
+
+class GpuMetric(StrEnum):
+    """The metrics tf-metrics serves for pods (all three) and nodes (the two figures of use)."""
+
+    # Percent of the pod's TFLOPS limit in use now: the HPA target (100 = the pod uses all it may).
+    UTILIZATION = "gpu_utilization"
+    TFLOPS = "gpu_tflops"  # TFLOPS in use now
+    VRAM_BYTES = "gpu_vram_bytes"  # GPU memory held now, bytes
 
 
 class Qos(StrEnum):

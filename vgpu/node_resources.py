@@ -6,7 +6,8 @@ shares, and ``kubectl describe node`` shows none. Extended resources are whole n
 equal to limit, so TFLOPS go in thousandths — the request model's unit, so nothing is rounded here;
 ``parse_milli`` already rounds a sub-milli annotation up — and VRAM in bytes.
 
-A node advertises the sum over its schedulable GPUs (healthy, not in MIG mode): a pod that fits one
+A node advertises the sum over its schedulable GPUs (healthy; of a GPU in MIG mode, its instances
+instead of itself, vgpu.mig): a pod that fits one
 GPU in the extender's per-GPU ledger always fits the node's totals, so the totals are a prefilter that
 never refuses what the extender would place. They may accept what no single GPU can hold
 (fragmentation); the extender's filter still decides that.

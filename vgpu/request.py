@@ -28,6 +28,8 @@ _USER_KEYS = ", ".join(sorted(a.value for a in Annotation))  # what an unknown k
 _USER_KEY_SUFFIXES = sorted(a.value.removeprefix(PREFIX) for a in Annotation)
 _ANNOTATIONS = "the pod's annotations"
 _AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits", A.AUTO_REPLICAS: "autoSetReplicas"}
+# The annotations that size a share of a GPU, which a dedicated (whole) GPU has no use for.
+SHARE_KEYS = (A.TFLOPS_REQUEST, A.TFLOPS_LIMIT, A.VRAM_REQUEST, A.VRAM_LIMIT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +70,9 @@ class GpuRequest:
     vram_limit: int
     qos: Qos
     gpu_model: str | None = None
+    # Whole GPUs no other pod shares (the core's whole-GPU demand): the four share fields are then 0,
+    # and the grant at bind is each GPU's capacity, whatever its model.
+    dedicated_gpu: bool = False
     is_local_gpu: bool = False
     # standaloneWorkerMode over every layer: the annotation no-standalone-worker-mode: "true" sets it,
     # as in TensorFusion despite the name, and so does a lower layer's standaloneWorkerMode: true.
@@ -81,9 +86,12 @@ class GpuRequest:
     auto_scaling: AutoScaling = field(default_factory=dict)
 
     def describe(self) -> str:
-        """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``."""
+        """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or
+        ``2× whole GPU, A100``."""
         count = f"{self.gpu_count}× " if self.gpu_count > 1 else ""
         model = f", {self.gpu_model}" if self.gpu_model else ""
+        if self.dedicated_gpu:
+            return f"{count}whole GPU{model}"
         return (
             f"{count}{humanize_tflops(self.tflops_request)} TFLOPS / {humanize_bytes(self.vram_request)} per GPU "
             f"(limit {humanize_tflops(self.tflops_limit)} / {humanize_bytes(self.vram_limit)}){model}"
@@ -142,14 +150,24 @@ def resolve(
             ((getattr(s.resources, attr), n) for n, s in layers if getattr(s.resources, attr) is not None), (None, "")
         )
 
-    tflops = _pair("tflops", pick_res("tflops_request"), pick_res("tflops_limit"), humanize_tflops, errors)
-    vram = _pair("vram", pick_res("vram_request"), pick_res("vram_limit"), humanize_bytes, errors)
-    if tflops == (0, 0) and vram == (0, 0) and not errors:
+    dedicated = bool(_flag(ann, A.DEDICATED_GPU, errors))
+    if dedicated:  # a lower layer's share is a default for shared pods; the pod's own is a contradiction
+        errors += [
+            FieldError(k, fields.shown(ann[k]), f'not allowed with {A.DEDICATED_GPU}: "true" (whole GPUs); remove one')
+            for k in SHARE_KEYS
+            if k in ann
+        ]
+        tflops = vram = (0, 0)
+    else:
+        tflops = _pair("tflops", pick_res("tflops_request"), pick_res("tflops_limit"), humanize_tflops, errors)
+        vram = _pair("vram", pick_res("vram_request"), pick_res("vram_limit"), humanize_bytes, errors)
+    if tflops == (0, 0) and vram == (0, 0) and not dedicated and not errors:
         errors.append(
             FieldError(
                 A.TFLOPS_REQUEST,
                 None,
-                "the pod asks for no GPU compute and no VRAM; set tflops-request/vram-request (or a workload-profile)",
+                "the pod asks for no GPU compute and no VRAM; set tflops-request/vram-request (or a workload-profile), "
+                f'or {A.DEDICATED_GPU}: "true" for whole GPUs',
             )
         )
     is_local = pick("is_local_gpu") or False
@@ -180,6 +198,7 @@ def resolve(
         vram_limit=vram[1],
         qos=pick("qos") or Qos.MEDIUM,
         gpu_model=pick("gpu_model"),
+        dedicated_gpu=dedicated,
         is_local_gpu=is_local,
         no_standalone_worker_mode=bool(standalone),
         workload=workload_name,

@@ -33,7 +33,6 @@ def demand_from_request(
     *,
     pod_key: str,
     device_ids: int | None = None,
-    whole_gpu: bool = False,
     cpu: int = 0,
     memory: int = 0,
 ) -> Demand:
@@ -42,8 +41,8 @@ def demand_from_request(
     ``device_ids`` is what the pod's spec asks of ``tensor-fusion.ai/vgpu`` by the kubelet's rule
     (None: nothing yet), turned into slots per GPU by :func:`gpu_slots`.
 
-    ``whole_gpu`` asks for entire GPUs (idle ones, never shared); the request model has no
-    annotation for it, so callers that know (a trace row with a full-GPU share) say so. ``cpu`` and
+    A dedicated request (``tensor-fusion.ai/dedicated-gpu``) asks for entire GPUs: idle ones, never
+    shared, granted whole (trace rows with a full-GPU share build such Demands directly). ``cpu`` and
     ``memory`` are only checked against nodes that publish ``cpu_free``/``memory_free`` (the replay).
     The workload is keyed by the pod's namespace (from ``pod_key``), as the cache keys the nodes it holds.
     """
@@ -62,7 +61,7 @@ def demand_from_request(
         is_local_gpu=req.is_local_gpu,
         policy=req.placement_policy,
         node_affinity=req.node_affinity,
-        whole_gpu=whole_gpu,
+        whole_gpu=req.dedicated_gpu,
         slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
         cpu=cpu,
         memory=memory,

@@ -25,6 +25,7 @@ from functools import lru_cache
 from scheduler_extender.core.affinity import node_affinity_matches
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.reasons import Reason, ReasonCode
+from vgpu import mig
 from vgpu.catalog import Catalog
 from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
@@ -51,7 +52,10 @@ class ModelMatcher:
     def __call__(self, product: str) -> bool:
         hit = self.memo.get(product)
         if hit is None:
-            hit = self.requested is None or self._catalog.matches(self.requested, product)
+            if self.requested is None:  # any GPU, but a MIG unit only for a pod naming its profile
+                hit = mig.split_product(product) is None
+            else:
+                hit = self._catalog.matches(self.requested, product)
             self.memo[product] = hit
         return hit
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from scheduler_extender.core.fit import ModelMatcher, check_node, eligible_node, gpu_fits
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.policy import Policy
+from vgpu import mig
 from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
 
@@ -29,31 +30,28 @@ class Placement:
 
 
 def grants_for(demand: Demand, gpus: tuple[GpuState, ...]) -> tuple[GpuGrant, ...]:
-    """The grants for a demand on these GPUs. A whole-GPU demand reserves each GPU's full capacity."""
-    if demand.whole_gpu:
-        return tuple(
-            GpuGrant(
-                uuid=g.uuid,
-                index=g.index,
-                tflops_request=g.tflops,
-                tflops_limit=max(g.tflops, demand.tflops_limit),
-                vram_request=g.vram,
-                vram_limit=max(g.vram, demand.vram_limit),
-                gpu_tflops=g.tflops,
-            )
-            for g in gpus
-        )
-    return tuple(
-        GpuGrant(
-            uuid=g.uuid,
-            index=g.index,
-            tflops_request=demand.tflops,
-            tflops_limit=demand.tflops_limit,
-            vram_request=demand.vram,
-            vram_limit=demand.vram_limit,
-            gpu_tflops=g.tflops,
-        )
-        for g in gpus
+    """The grants for a demand on these GPUs. A whole-GPU demand reserves each GPU's full capacity, and
+    so does any demand on a MIG unit: a unit goes to one pod whole (vgpu.mig), its limits are its size."""
+    return tuple(_grant(demand, g) for g in gpus)
+
+
+def _grant(demand: Demand, g: GpuState) -> GpuGrant:
+    if mig.split_product(g.model) is not None:
+        t_request = t_limit = g.tflops
+        v_request = v_limit = g.vram
+    elif demand.whole_gpu:
+        t_request, t_limit = g.tflops, max(g.tflops, demand.tflops_limit)
+        v_request, v_limit = g.vram, max(g.vram, demand.vram_limit)
+    else:
+        t_request, t_limit, v_request, v_limit = demand.tflops, demand.tflops_limit, demand.vram, demand.vram_limit
+    return GpuGrant(
+        uuid=g.uuid,
+        index=g.index,
+        tflops_request=t_request,
+        tflops_limit=t_limit,
+        vram_request=v_request,
+        vram_limit=v_limit,
+        gpu_tflops=g.tflops,
     )
 
 

@@ -7,6 +7,11 @@ extender's preempt verb therefore re-decides per candidate node: only pods of st
 it the fewest victims (then the lowest QoS sum, then the least capacity freed). No subset that
 works means the node is vetoed (omitted from the reply).
 
+kube-scheduler's dry run never asks at all when the node's totals suffice but no single GPU has room
+(fragmentation): with GPU shares counted only as node totals, every victim is reprieved. :func:`plan`
+answers that case for the extender's own preemptor (``preemptor.py``): on which of those nodes to
+evict whom, by the same rules.
+
 The exact search is bounded (:data:`SEARCH_BUDGET` subset checks); past it a greedy add-then-prune
 still returns a minimal (no victim can be spared) if not always minimum set.
 """
@@ -19,6 +24,8 @@ from itertools import combinations
 
 from scheduler_extender.core.fit import ModelMatcher, check_node
 from scheduler_extender.core.model import Demand, NodeState
+from scheduler_extender.core.placement import place
+from scheduler_extender.core.policy import Policy
 from scheduler_extender.core.reasons import ReasonCode
 from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
@@ -107,6 +114,11 @@ def _greedy(demand: Demand, node: NodeState, pool: list[Victim], match: ModelMat
 
 
 def _fits_without(demand: Demand, node: NodeState, victims: Iterable[Victim], match: ModelMatcher) -> bool:
+    return check_node(demand, without(node, victims), match) is None
+
+
+def without(node: NodeState, victims: Iterable[Victim]) -> NodeState:
+    """``node`` as it is once ``victims`` (whose grants it counts) are gone."""
     freed: dict[str, tuple[int, int, int, bool, int]] = {}
     ids = 0
     for victim in victims:
@@ -133,5 +145,48 @@ def _fits_without(demand: Demand, node: NodeState, victims: Iterable[Victim], ma
                 slots_used=max(gpu.slots_used - f[4], 0),
             )
         gpus.append(gpu)
-    after = replace(node, gpus=tuple(gpus), slots_used=max(node.slots_used - ids, 0))
-    return check_node(demand, after, match) is None
+    return replace(node, gpus=tuple(gpus), slots_used=max(node.slots_used - ids, 0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """A node the pod fits by kube-scheduler's totals but not on any set of its GPUs, with the GPU pods on
+    it: ``leaving`` are already being deleted (their room is coming), ``victims`` could be evicted."""
+
+    node: NodeState
+    victims: Sequence[Victim]
+    leaving: Sequence[Victim] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Evict ``victims`` (pod keys, in order) on ``node``; the pod then takes ``grants`` there."""
+
+    node: str
+    victims: tuple[str, ...]
+    grants: tuple[GpuGrant, ...]
+
+
+def plan(demand: Demand, candidates: Iterable[Candidate], policy: Policy, catalog: Catalog) -> Plan | None:
+    """Where to preempt for ``demand``, on the candidate whose victims cost least, or None.
+
+    The same rules as the preempt verb per node (:func:`select_victims`: strictly lower QoS, the lowest
+    level that suffices, the fewest); across nodes, as kube-scheduler ranks candidates: the lowest highest
+    victim QoS, then the fewest victims, then the lowest QoS sum, then the least capacity taken away, then
+    the node name. A node where the pods already leaving make room needs no victim and wins.
+    """
+    best: tuple[tuple[int, int, int, int, str], Plan] | None = None
+    for candidate in candidates:
+        node = without(candidate.node, candidate.leaving)
+        chosen = select_victims(demand, node, candidate.victims, catalog)
+        if chosen is None:
+            continue
+        gone = [v for v in candidate.victims if v.pod_key in chosen]
+        placement = place(demand, without(node, gone), policy, catalog)
+        if placement is None:
+            continue
+        ranks = [v.qos.rank for v in gone]
+        key = (max(ranks, default=-1), len(gone), sum(ranks), sum(map(_freed, gone)), node.name)
+        if best is None or key < best[0]:
+            best = (key, Plan(node.name, chosen, placement.grants))
+    return None if best is None else best[1]

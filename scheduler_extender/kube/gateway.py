@@ -41,8 +41,10 @@ from scheduler_extender.gateway import (
     annotation_removal,
     binding_body,
     event_body,
+    eviction_body,
+    nomination_patch,
 )
-from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD
+from vgpu.names import CRD_GROUP, CRD_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -299,32 +301,67 @@ class KubernetesGateway:
             ),
         )
 
-    def list_workloads(self) -> Sequence[RawObject]:
-        body = _call(
-            f"list {PLURAL_WORKLOAD}",
-            lambda: _json(
-                self.custom.list_cluster_custom_object(
-                    CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, _preload_content=False, _request_timeout=LIST_TIMEOUT
-                )
-            ),
-            LIST_TIMEOUT,
-        )
-        return [i for i in body.get("items") or [] if isinstance(i, dict)]
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        body = eviction_body(namespace, name, uid)
+        try:
+            _call(
+                f"evict pod {namespace}/{name}",
+                lambda: _drained(
+                    self.core.create_namespaced_pod_eviction(
+                        name,
+                        namespace,
+                        body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                        _preload_content=False,
+                        _request_timeout=CALL_TIMEOUT,
+                    )
+                ),
+            )
+        except GatewayError as exc:
+            if exc.status != 404:
+                raise
 
-    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
+    def nominate_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         _call(
-            f"patch {PLURAL_WORKLOAD}/status {namespace}/{name}",
+            f"nominate {node} for pod {namespace}/{name}",
             lambda: _drained(
-                self.custom.patch_namespaced_custom_object_status(
-                    CRD_GROUP,
-                    CRD_VERSION,
-                    namespace,
-                    PLURAL_WORKLOAD,
+                self.core.patch_namespaced_pod_status(
                     name,
-                    body,
+                    namespace,
+                    nomination_patch(uid, node),
                     _content_type=MERGE_PATCH,
                     _preload_content=False,
                     _request_timeout=CALL_TIMEOUT,
                 )
             ),
         )
+
+    def list_resources(self, plural: str) -> Sequence[RawObject]:
+        body = _call(
+            f"list {plural}",
+            lambda: _json(
+                self.custom.list_cluster_custom_object(
+                    CRD_GROUP, CRD_VERSION, plural, _preload_content=False, _request_timeout=LIST_TIMEOUT
+                )
+            ),
+            LIST_TIMEOUT,
+        )
+        return [i for i in body.get("items") or [] if isinstance(i, dict)]
+
+    def patch_resource_status(self, plural: str, namespace: str | None, name: str, body: RawObject) -> None:
+        options: dict[str, Any] = {
+            "_content_type": MERGE_PATCH,
+            "_preload_content": False,
+            "_request_timeout": CALL_TIMEOUT,
+        }
+
+        def patch() -> Any:
+            if namespace is None:
+                return self.custom.patch_cluster_custom_object_status(
+                    CRD_GROUP, CRD_VERSION, plural, name, body, **options
+                )
+            return self.custom.patch_namespaced_custom_object_status(
+                CRD_GROUP, CRD_VERSION, namespace, plural, name, body, **options
+            )
+
+        where = name if namespace is None else f"{namespace}/{name}"
+        _call(f"patch {plural}/status {where}", lambda: _drained(patch()))

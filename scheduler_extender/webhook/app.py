@@ -1,6 +1,9 @@
 """The webhook's HTTP shell: FastAPI app factory, lifespan-owned cluster client, one POST route.
 
 Thin on purpose: parse, ``decision.decide``, do the workload write the decision asked for, encode.
+One route per webhook entry: ``/mutate`` for pods labelled for us, and one per value of the namespace
+label that migrates NVIDIA GPU pods (the API server does not tell a webhook the namespace's labels,
+so the entry that called says which value selected the namespace).
 Every path answers HTTP 200 with a well-formed AdmissionReview, because anything else becomes the
 webhook's failurePolicy (Fail) and the user sees a transport error instead of our reason.
 Blocking Kubernetes calls run in the thread pool, never on the event loop.
@@ -10,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypedDict
 
@@ -22,10 +25,14 @@ from scheduler_extender.kube.admission import KubeAdmission
 from scheduler_extender.webhook import review
 from scheduler_extender.webhook.cluster import AdmissionCluster, ClusterUnavailable
 from scheduler_extender.webhook.decision import decide
+from scheduler_extender.webhook.migration import Migration
 from scheduler_extender.webhook.settings import WebhookSettings
+from vgpu import metric_names
+from vgpu.names import MigrationMode
 
 log = logging.getLogger(__name__)
 MUTATE_PATH: Final = "/mutate"
+MIGRATE_PATHS: Final = {MigrationMode.WHOLE: "/migrate/whole", MigrationMode.TIME_SLICED: "/migrate/time-sliced"}
 
 
 class State(TypedDict):
@@ -35,7 +42,11 @@ class State(TypedDict):
 
 
 def handle(
-    body: bytes, cluster: AdmissionCluster, admissions: Counter, tolerations: Sequence[Mapping[str, Any]] = ()
+    body: bytes,
+    cluster: AdmissionCluster,
+    admissions: Counter,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+    migration: Migration | None = None,
 ) -> dict[str, Any]:
     """One admission call, end to end; always returns an AdmissionReview response document."""
     try:
@@ -44,7 +55,7 @@ def handle(
         admissions.labels("malformed").inc()
         return review.respond(exc.uid, review.deny(f"malformed AdmissionReview: {exc}"))
     try:
-        decision = decide(req, cluster, tolerations)
+        decision = decide(req, cluster, tolerations, migration)
         verdict = decision.verdict
         if decision.upsert is not None and verdict.allowed and not req.dry_run:
             try:
@@ -78,7 +89,7 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
             connected = cluster
         registry = CollectorRegistry()
         admissions = Counter(
-            "tensor_fusion_webhook_admissions",
+            f"{metric_names.WEBHOOK}_admissions",
             "Pod admissions by result (patched, allowed untouched, denied, malformed)",
             ["result"],
             registry=registry,
@@ -87,13 +98,20 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
 
     app = FastAPI(title="tensor-fusion webhook", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    @app.post(MUTATE_PATH)
-    async def mutate(request: Request) -> Response:
-        body = await request.body()
-        doc = await run_in_threadpool(
-            handle, body, request.state.cluster, request.state.admissions, settings.gpu_tolerations
-        )
-        return Response(json.dumps(doc, ensure_ascii=False), media_type="application/json")
+    def route(migration: Migration | None) -> Callable[[Request], Awaitable[Response]]:
+        async def mutate(request: Request) -> Response:
+            body = await request.body()
+            state = request.state
+            doc = await run_in_threadpool(
+                handle, body, state.cluster, state.admissions, settings.gpu_tolerations, migration
+            )
+            return Response(json.dumps(doc, ensure_ascii=False), media_type="application/json")
+
+        return mutate
+
+    app.post(MUTATE_PATH)(route(None))
+    for mode, path in MIGRATE_PATHS.items():
+        app.post(path)(route(Migration(mode, settings.replica_share)))
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -4,7 +4,8 @@ Pure apart from the reads it is handed: AdmissionReview request + cluster object
 an optional workload write out. Precedence (annotation > workload > WorkloadProfile > pool
 defaults > built-ins) lives in ``vgpu.request.resolve``; here we fetch what the annotations name,
 turn every problem into one message the user can act on, and never let a tenant's copy of a
-system annotation through.
+system annotation through. A pod sent by a migration entry is first translated from NVIDIA's GPU
+resources (``migration.py``) and then decided like any other.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler_extender.webhook.cluster import AdmissionReads, ClusterUnavailable
-from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, pod_patch
+from scheduler_extender.webhook.migration import Ask, Migration, asks, translate
+from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, Op, pod_patch
 from scheduler_extender.webhook.review import Denial, ReviewRequest, Verdict, allow, deny
 from scheduler_extender.webhook.unkept import unkept
 from scheduler_extender.webhook.workload import WorkloadUpsert, spec_of
@@ -26,6 +28,7 @@ from vgpu.names import (
     KIND_WORKLOAD,
     KIND_WORKLOAD_PROFILE,
     LABEL_ENABLED,
+    LABEL_MIGRATE_NVIDIA,
     Annotation,
 )
 from vgpu.profile import ProfileSpec, parse_spec
@@ -47,26 +50,41 @@ class _Pools:
     defaults: tuple[str, ...]
 
 
-def decide(review: ReviewRequest, cluster: AdmissionReads, tolerations: Sequence[Mapping[str, Any]] = ()) -> Decision:
+def decide(
+    review: ReviewRequest,
+    cluster: AdmissionReads,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+    migration: Migration | None = None,
+) -> Decision:
     """Decide on a pod CREATE; anything else we were sent is allowed untouched. ``tolerations`` are
-    the GPU nodes' taints' tolerations, added to every GPU pod that lacks them."""
+    the GPU nodes' taints' tolerations, added to every GPU pod that lacks them; ``migration`` is how
+    the pod's namespace reads NVIDIA's GPU resources when the call came through a migration entry."""
     if (review.group, review.kind, review.operation) != ("", "Pod", "CREATE"):
         return Decision(allow())
     problem = _malformed(review.object)
     if problem:
         return Decision(deny(f"malformed pod: {problem}"))
-    view = PodView.from_pod(review.object)
-    view = replace(view, namespace=review.namespace or view.namespace)
+    pod: Mapping[str, Any] = review.object
+    translated_ops: tuple[Op, ...] = ()
+    warnings: tuple[str, ...] = ()
     try:
+        translation = None if migration is None else translate(pod, migration)
+        if translation is not None:
+            pod, translated_ops, warnings = translation.pod, translation.ops, translation.warnings
+        view = PodView.from_pod(pod)
         if not is_enabled(view.labels):
             return Decision(allow())
+        nvidia = asks(pod)
     except DomainError as exc:
         return Decision(_deny_errors(exc.errors))
-    node = review.object["spec"].get("nodeName")
+    view = replace(view, namespace=review.namespace or view.namespace)
+    if nvidia:
+        return Decision(_deny_errors([_nvidia_beside_label(nvidia)]))
+    node = pod["spec"].get("nodeName")
     if node:
-        return Decision(_deny_errors([_preset_node(str(node))]))
+        return Decision(_deny_errors([_preset_node(str(node))], warnings))
     forged = [key for key in SYSTEM_KEYS if key in view.annotations]
-    warnings = tuple(f"removed {key}: only tensor-fusion components may set it" for key in forged)
+    warnings += tuple(f"removed {key}: only tensor-fusion components may set it" for key in forged)
     view = replace(view, annotations={k: v for k, v in view.annotations.items() if k not in SYSTEM_KEYS})
     try:
         req = _resolve(view, cluster)
@@ -79,11 +97,12 @@ def decide(review: ReviewRequest, cluster: AdmissionReads, tolerations: Sequence
                 denial=Denial.SERVICE_UNAVAILABLE,
             )
         )
-    ops, patch_warnings = pod_patch(review.object, req, view.annotations, tolerations)
+    ops, patch_warnings = pod_patch(pod, req, view.annotations, tolerations)
     upsert = None
     if req.generate_workload:
         upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))
-    return Decision(allow(patch=ops, warnings=warnings + tuple(patch_warnings) + unkept(req)), upsert)
+    verdict = allow(patch=[*translated_ops, *ops], warnings=warnings + tuple(patch_warnings) + unkept(req))
+    return Decision(verdict, upsert)
 
 
 def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:
@@ -198,6 +217,17 @@ def _preset_node(node: str) -> FieldError:
         "a tensor-fusion pod is placed by the tensor-fusion scheduler, which grants its GPU share at bind; "
         "remove spec.nodeName and pin the pod with spec.nodeSelector, node affinity or "
         f"{Annotation.GPUPOOL} instead (static pods cannot use tensor-fusion GPUs)",
+    )
+
+
+def _nvidia_beside_label(found: Sequence[Ask]) -> FieldError:
+    """A pod of ours that also asks NVIDIA's plugin for GPUs would need a node with both, and get two."""
+    return FieldError(
+        ", ".join(map(str, found)),
+        None,
+        f'a pod labelled {LABEL_ENABLED}: "true" takes its GPUs from tensor-fusion, as its tensor-fusion.ai/ '
+        f"annotations size them; remove NVIDIA's resource, or, in a namespace labelled {LABEL_MIGRATE_NVIDIA}, "
+        "remove the label and the resource is translated",
     )
 
 

@@ -43,9 +43,15 @@ class CertReloader:
     """
 
     def __init__(
-        self, context: ssl.SSLContext, cert: Path, key: Path, build: Callable[[Path, Path], ssl.SSLContext]
+        self,
+        context: ssl.SSLContext,
+        cert: Path,
+        key: Path,
+        build: Callable[[Path, Path], ssl.SSLContext],
+        server: str = "webhook",
     ) -> None:
-        self.cert, self.key, self.build = cert, key, build
+        """``server`` names it in the log (the webhook, tf-metrics)."""
+        self.cert, self.key, self.build, self.server = cert, key, build, server
         self.current = context
         self.loaded = fingerprint(cert, key)
         self.reloads = 0
@@ -67,10 +73,14 @@ class CertReloader:
         except (ssl.SSLError, OSError) as exc:
             self.failures += 1
             log.warning(
-                "webhook TLS: cannot load the changed %s / %s; serving the previous pair: %s", self.cert, self.key, exc
+                "%s TLS: cannot load the changed %s / %s; serving the previous pair: %s",
+                self.server,
+                self.cert,
+                self.key,
+                exc,
             )
             return False
         self.current, self.loaded = fresh, current
         self.reloads += 1
-        log.info("webhook TLS: serving the renewed certificate from %s", self.cert)
+        log.info("%s TLS: serving the renewed certificate from %s", self.server, self.cert)
         return True

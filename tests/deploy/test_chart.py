@@ -10,20 +10,26 @@ from typing import Any
 import pytest
 import yaml
 
-from device_plugin.main import parser as plugin_parser
+from device_plugin.main import settings_from as plugin_settings
 from scheduler_extender.main import settings_from as extender_settings
 from scheduler_extender.settings import Settings
-from scheduler_extender.webhook.app import MUTATE_PATH
+from scheduler_extender.webhook.app import MIGRATE_PATHS, MUTATE_PATH
+from scheduler_extender.webhook.migration import ReplicaShare
 from scheduler_extender.webhook.settings import WebhookSettings
 from vgpu import catalog_file
 from vgpu.names import (
     EXTENDER_PUBLIC_PORT,
     EXTENDER_VERBS_PORT,
     LABEL_ENABLED,
+    LABEL_MIGRATE_NVIDIA,
     NODE_RESOURCES,
+    NVIDIA_GPU,
+    NVIDIA_GPU_SHARED,
+    NVIDIA_MIG_PREFIX,
     QOS_PRIORITY_VALUE,
     RESOURCE_VGPU,
     SCHEDULER_NAME,
+    MigrationMode,
     Qos,
     SystemAnnotation,
 )
@@ -75,9 +81,10 @@ def test_standalone_config_equals_the_charts_apart_from_the_placeholders() -> No
     assert alone["clientConnection"] == {"kubeconfig": "__KUBECONFIG__"}
     assert alone["extenders"][0]["urlPrefix"] == "http://127.0.0.1:__EXTENDER_VERBS_PORT__/extender"
     assert chart["extenders"][0]["urlPrefix"] == f"http://127.0.0.1:{EXTENDER_VERBS_PORT}/extender"
+    assert alone.pop("leaderElection") == {"leaderElect": False}  # one kube-scheduler, nothing to elect
+    assert chart.pop("leaderElection")["leaderElect"] is True  # replicas elect one (test_leader_election.py)
     for doc in (chart, alone):
         doc.pop("clientConnection", None)
-        doc.pop("leaderElection")
         doc["extenders"][0].pop("urlPrefix")
     assert chart == alone
 
@@ -100,7 +107,8 @@ def test_only_the_read_only_listener_leaves_the_scheduler_pod() -> None:
 
 
 def test_webhook_fails_closed_for_opted_in_pods_only() -> None:
-    (hook,) = one("MutatingWebhookConfiguration")["webhooks"]
+    hook = one("MutatingWebhookConfiguration")["webhooks"][0]
+    assert hook["name"] == "pods.tensor-fusion.ai"
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "NoneOnDryRun"
     assert hook["admissionReviewVersions"] == ["v1"] and hook["clientConfig"]["service"]["path"] == MUTATE_PATH
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
@@ -110,6 +118,49 @@ def test_webhook_fails_closed_for_opted_in_pods_only() -> None:
     ]
     assert "tensor-fusion-system" in hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert hook["timeoutSeconds"] <= 10
+
+
+def test_migration_entries_see_only_unlabelled_nvidia_gpu_pods_of_labelled_namespaces() -> None:
+    """One entry per value of the namespace label, after the pods entry: the label they add must not send the
+    pod there too (reinvocationPolicy Never). A pod of an unlabelled namespace never reaches them."""
+    pods, *migration = one("MutatingWebhookConfiguration")["webhooks"]
+    assert [h["name"] for h in migration] == ["whole.migrate.tensor-fusion.ai", "time-sliced.migrate.tensor-fusion.ai"]
+    for hook, mode in zip(migration, MigrationMode, strict=True):
+        assert hook["clientConfig"]["service"]["path"] == MIGRATE_PATHS[mode]
+        same = ("failurePolicy", "sideEffects", "rules", "reinvocationPolicy", "timeoutSeconds")
+        assert {k: hook[k] for k in same} == {k: pods[k] for k in same}
+        assert hook["objectSelector"] == {"matchExpressions": [{"key": LABEL_ENABLED, "operator": "DoesNotExist"}]}
+        excluded, selected = hook["namespaceSelector"]["matchExpressions"]
+        assert excluded == pods["namespaceSelector"]["matchExpressions"][0]
+        assert selected == {"key": LABEL_MIGRATE_NVIDIA, "operator": "In", "values": [mode.value]}
+        (condition,) = hook["matchConditions"]
+        expression = condition["expression"]
+        for name in (NVIDIA_GPU, NVIDIA_GPU_SHARED):
+            assert f"r == '{name}'" in expression
+        assert f"r.startsWith('{NVIDIA_MIG_PREFIX}')" in expression and "initContainers" in expression
+
+
+def test_the_webhook_reads_the_charts_replica_share(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    share = {"webhook": {"migration": {"replicaShare": {"tflops": 25, "vram": "10Gi"}}}}
+    for values, expected in (({}, ReplicaShare()), (share, ReplicaShare(tflops=25_000, vram=10 * 1024**3))):
+        spec = pod_spec(render(values, tmp_path), "Deployment", "tensor-fusion-webhook")
+        env = {e["name"]: e["value"] for e in container(spec, "webhook")["env"] if "value" in e}
+        for name in ("TF_WEBHOOK_MIGRATION_REPLICA_TFLOPS", "TF_WEBHOOK_MIGRATION_REPLICA_VRAM"):
+            monkeypatch.setenv(name, env[name])
+        assert WebhookSettings().replica_share == expected  # unset by default: replicas are refused, not guessed
+
+
+def test_migration_entries_follow_an_external_url_and_can_be_left_out(tmp_path: Path) -> None:
+    external = {"webhook": {"externalURL": "https://10.0.0.5:9443/mutate"}}
+    (config,) = [d for d in render(external, tmp_path) if d["kind"] == "MutatingWebhookConfiguration"]
+    urls = [h["clientConfig"]["url"] for h in config["webhooks"]]
+    assert urls == [f"https://10.0.0.5:9443{path}" for path in (MUTATE_PATH, *MIGRATE_PATHS.values())]
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        render({"webhook": {"externalURL": "https://10.0.0.5:9443/hook"}}, tmp_path)
+    assert "webhook.externalURL must end in /mutate" in failed.value.stderr
+    off = {"webhook": {"migration": {"enabled": False}}}
+    (config,) = [d for d in render(off, tmp_path) if d["kind"] == "MutatingWebhookConfiguration"]
+    assert [h["name"] for h in config["webhooks"]] == ["pods.tensor-fusion.ai"]
 
 
 def test_priority_classes_match_qos() -> None:
@@ -166,8 +217,13 @@ def test_every_workload_runs_as_an_existing_service_account_with_bound_roles() -
         for o in objects()
         if o["kind"] in ("Deployment", "DaemonSet")
     }
-    bound = {s["name"] for o in objects() if o["kind"].endswith("Binding") and "subjects" in o for s in o["subjects"]}
+    subjects = [s for o in objects() if o["kind"].endswith("Binding") and "subjects" in o for s in o["subjects"]]
+    bound = {s["name"] for s in subjects if s["namespace"] == "tensor-fusion-system"}
     assert used == accounts == bound
+    # The one subject elsewhere: the HPA controller, which reads the custom metrics API.
+    assert {(s["namespace"], s["name"]) for s in subjects} - {("tensor-fusion-system", a) for a in accounts} == {
+        ("kube-system", "horizontal-pod-autoscaler")
+    }
 
 
 def test_webhook_and_extender_run_non_root() -> None:
@@ -188,15 +244,20 @@ def triples(group: str, resource: str, *verbs: str) -> set[tuple[str, str, str]]
 
 def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
     tf = "tensor-fusion.ai"
-    # scheduler_extender/kube/gateway.py (informers, binder, /explain, events), plus the
-    # workload-status writer: it reads TensorFusionWorkloads and patches their status.
+    # scheduler_extender/kube/gateway.py (informers, binder, /explain, events, the preemptor's evictions
+    # and nominations), plus the status writer: it lists TensorFusionWorkloads and GPUPools and patches
+    # their status.
     assert role_rules("-extender") == (
         triples("", "pods", "get", "list", "watch", "patch")
         | triples("", "pods/binding", "create")
+        | triples("", "pods/eviction", "create")
+        | triples("", "pods/status", "patch")
         | triples("", "nodes", "list", "watch")
         | triples("", "events", "create")
         | triples(tf, "tensorfusionworkloads", "get", "list", "watch")
         | triples(tf, "tensorfusionworkloads/status", "patch")
+        | triples(tf, "gpupools", "list")
+        | triples(tf, "gpupools/status", "patch")
     )
     # scheduler_extender/kube/admission.py
     assert role_rules("-webhook") == (
@@ -275,9 +336,7 @@ def test_gpu_catalog_is_one_file_given_to_the_extender_and_every_device_plugin(t
         (mount,) = [m for m in container(spec, name)["volumeMounts"] if m["name"] == volume["name"]]
         assert mount["readOnly"] is True
         args = container(spec, name)["args"]  # read by the binary's own flag parser
-        given = (
-            extender_settings(args).gpu_catalog if name == "extender" else plugin_parser().parse_args(args).gpu_catalog
-        )
+        given = extender_settings(args).gpu_catalog if name == "extender" else plugin_settings(args).gpu_catalog
         assert given == f"{mount['mountPath']}/catalog.yaml", name
 
 
@@ -301,7 +360,8 @@ def test_two_schedulers_roll_one_at_a_time_with_leader_election_and_a_budget_eac
     }
     namespace = scheduler["metadata"]["namespace"]
     election = chart_scheduler_config()["leaderElection"]
-    assert election == {"leaderElect": True, "resourceName": SCHEDULER_NAME, "resourceNamespace": namespace}
+    named = {"leaderElect": True, "resourceName": SCHEDULER_NAME, "resourceNamespace": namespace}
+    assert election.items() >= named.items()  # and its durations (test_leader_election.py)
     for name in ("scheduler", "webhook"):
         pods = one("Deployment", name)["spec"]["template"]["metadata"]["labels"]
         budget = one("PodDisruptionBudget", name)

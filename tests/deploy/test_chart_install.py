@@ -15,7 +15,7 @@ import jsonschema_rs
 import pytest
 import yaml
 
-from device_plugin.main import parser as plugin_parser
+from device_plugin.main import settings_from as plugin_settings
 from scheduler_extender.cli import parser as tfctl_parser
 from tests.deploy.test_chart import CHART, by_kind_and_name, container, helm_template, objects, one, pod_spec, render
 from vgpu.names import (
@@ -80,6 +80,10 @@ def test_the_schema_enums_are_the_codes_own_sets() -> None:
         ({"webhook": {"tls": {"mod": "helm"}}}, "at '/webhook/tls': additional properties 'mod' not allowed"),
         ({"devicePlugins": {"backend": "mps"}}, "at '': additional properties 'devicePlugins' not allowed"),
         ({"scheduler": {"replicas": 0}}, "at '/scheduler/replicas': minimum: got 0, want 1"),
+        (
+            {"webhook": {"migration": {"replicaShare": {"vram": "lots"}}}},
+            "at '/webhook/migration/replicaShare/vram': 'lots' does not match pattern",
+        ),
     ],
 )
 def test_helm_refuses_a_misspelt_or_invalid_value_with_the_schemas_message(
@@ -125,12 +129,13 @@ def test_a_cluster_older_than_1_30_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_disruption_budget_only_for_a_component_with_a_second_replica(tmp_path: Path) -> None:
-    docs = by_kind_and_name(render({"webhook": {"replicas": 1}}, tmp_path))
+    docs = by_kind_and_name(render({"webhook": {"replicas": 1}, "metricsApi": {"replicas": 1}}, tmp_path))
     budgets = {name for kind, name in docs if kind == "PodDisruptionBudget"}
     assert budgets == {"tensor-fusion-scheduler"}  # one webhook: minAvailable 1 would block every drain
     assert {o["metadata"]["name"] for o in objects() if o["kind"] == "PodDisruptionBudget"} == {
         "tensor-fusion-scheduler",
         "tensor-fusion-webhook",
+        "tensor-fusion-metrics-api",
     }
 
 
@@ -139,7 +144,7 @@ def test_the_device_plugin_is_probed_on_the_port_it_serves_metrics_on() -> None:
     probe = plugin["livenessProbe"]["httpGet"]
     assert probe == {"path": "/metrics", "port": "metrics"}
     (port,) = [p for p in plugin["ports"] if p["name"] == probe["port"]]
-    assert port["containerPort"] == plugin_parser().parse_args(plugin["args"]).metrics_port
+    assert port["containerPort"] == plugin_settings(plugin["args"]).metrics_port
 
 
 def rendered_notes(tmp_path: Path) -> str:

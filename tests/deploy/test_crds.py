@@ -1,5 +1,6 @@
 """The CRDs in deploy/crds agree with what vgpu/profile.py accepts, so the API server and the
-webhook can never disagree on a field; the examples are valid under both."""
+webhook can never disagree on a field; the examples are valid under both, and so is the status the
+extender writes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from scheduler_extender.objects import PodRef, WorkloadPod, node_state
+from scheduler_extender.pool_status import pool_statuses
+from scheduler_extender.status import status_patch
+from scheduler_extender.workload_status import workload_statuses
 from vgpu import fields
 from vgpu.errors import DomainError
 from vgpu.names import (
@@ -22,6 +27,7 @@ from vgpu.names import (
     KIND_GPU_POOL,
     KIND_WORKLOAD,
     KIND_WORKLOAD_PROFILE,
+    LABEL_NODE_POOL,
     PLURAL_GPU_POOL,
     PLURAL_WORKLOAD,
     PLURAL_WORKLOAD_PROFILE,
@@ -37,6 +43,7 @@ CRDS = {
     KIND_GPU_POOL: ("gpupools.yaml", PLURAL_GPU_POOL, "Cluster"),
 }
 PREDICTION_FIELDS = {"enable", "model", "historyDataPeriod", "predictionPeriod"}
+READY_COLUMN = '.status.conditions[?(@.type=="Ready")].status'
 
 
 def crd(kind: str) -> dict[str, Any]:
@@ -175,6 +182,39 @@ def test_workload_status_holds_replicas_and_allocated_resources() -> None:
     version = crd(KIND_WORKLOAD)["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert {"replicas", "allocatedTflops", "allocatedVram"} <= set(status)
+    assert {"replicas", "allocatedTflops", "allocatedVram", "conditions"} <= set(status)
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Replicas"] == ".status.replicas" and columns["TFLOPS"] == ".status.allocatedTflops"
+    assert columns["Ready"] == READY_COLUMN
+
+
+def test_pool_status_holds_nodes_gpus_capacity_and_allocation() -> None:
+    version = crd(KIND_GPU_POOL)["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"] == READY_COLUMN and columns["Nodes"] == ".status.nodes"
+    assert (columns["TFLOPS"], columns["Allocated"]) == (".status.capacityTflops", ".status.allocatedTflops")
+
+
+def written_status(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with the status the extender's writer patches onto it (one node, one pod holding GPUs)."""
+    node = {"metadata": {"name": "n1", "labels": {LABEL_NODE_POOL: "default-pool"}}}
+    statuses = {
+        KIND_WORKLOAD: workload_statuses([], [WorkloadPod(PodRef(namespace="ns", name="p", uid="u"), "w")]),
+        KIND_GPU_POOL: pool_statuses([node_state(node, "default-pool")], []),
+    }[kind]
+    meta = obj["metadata"]
+    patch = status_patch(obj, statuses((meta.get("namespace"), meta["name"]), obj), "2027-01-15T08:00:00Z")
+    assert patch is not None
+    return {**obj, **patch}
+
+
+@pytest.mark.parametrize("kind", [KIND_WORKLOAD, KIND_GPU_POOL])
+def test_the_status_the_extender_writes_is_valid_and_conditions_are_metav1_shaped(kind: str) -> None:
+    meta = {"name": "w", "generation": 2} | ({"namespace": "ns"} if kind == KIND_WORKLOAD else {})
+    obj = written_status(kind, {"apiVersion": f"{CRD_GROUP}/{CRD_VERSION}", "kind": kind, "metadata": meta, "spec": {}})
+    validator(kind).validate(obj)
+    (condition,) = obj["status"]["conditions"]
+    assert condition["status"] == "False" and condition["observedGeneration"] == 2
+    bad = {**obj, "status": {**obj["status"], "conditions": [{**condition, "reason": "not camel case"}]}}
+    assert not validator(kind).is_valid(bad)

@@ -30,9 +30,10 @@ def gpu_file(
     fail: Mapping[str, str] | None = None,
     events: Sequence[tuple[str, int]] = (),
     numa: Mapping[str, int | None] | None = None,
+    usage: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Two A100s on NUMA 0 and 1 (``numa`` overrides; None: unknown); ``fail`` makes a GPU's check fail;
-    ``events`` are XIDs."""
+    ``events`` are XIDs; ``usage`` the scripted processes (device_plugin/fake_probe.py format)."""
     fail = fail or {}
     numa = {GPU0: 0, GPU1: 1, **(numa or {})}
     doc = {
@@ -48,11 +49,11 @@ def gpu_file(
                 "memoryUsedMiB": 1024,
                 "temperature": 40,
                 "powerWatts": 90.5,
-                "processes": [{"pid": 1000 + i, "memoryUsedMiB": 512}],
             }
             for i, uuid in enumerate((GPU0, GPU1))
         ],
         "events": [{"uuid": u, "xid": x} for u, x in events],
+        "usage": list(usage),
     }
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path

@@ -45,7 +45,10 @@ async def plugin(
     if kubelet is None:
         kubelet = TestKubelet(tmp)
         await kubelet.start()
-    daemon = Daemon(config(tmp, **overrides), FakeProbe(gpus), kube, pod_devices=pod_devices or kubelet.pod_devices)
+    probe = FakeProbe(gpus)  # its scripted processes' owners too, as under --fake-gpus
+    daemon = Daemon(
+        config(tmp, **overrides), probe, kube, pod_devices=pod_devices or kubelet.pod_devices, resolver=probe
+    )
     stopping = asyncio.Event()
     task = asyncio.create_task(daemon.run(stopping))
     try:

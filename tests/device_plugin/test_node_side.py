@@ -15,12 +15,12 @@ from device_plugin.fake_probe import FakeProbe, FakeProbeError
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.health import HealthPolicy
 from device_plugin.kubelet_api import PodDevices
-from device_plugin.main import config_from, main, parser
+from device_plugin.main import config_from, main, settings_from
 from device_plugin.metrics import GpuCollector, PluginMetrics
 from device_plugin.pod_cache import PodCache
 from device_plugin.probe import GpuDevice
 from device_plugin.publisher import InventoryPublisher, label_value
-from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, allocation, gpu_file, make_pod, uid_of
+from tests.device_plugin.fakes import GIB, GPU0, GPU1, FakeKube, allocation, gpu_file, make_pod, uid_of
 from tests.device_plugin.harness import plugin, run
 from vgpu.catalog import builtin
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
@@ -170,20 +170,33 @@ def test_unknown_model_is_usable_with_the_default_tflops(caplog: pytest.LogCaptu
     assert "not in the GPU catalog" in caplog.text
 
 
-def test_metrics_report_gpus_and_map_processes_to_pods(tmp_path: Path) -> None:
+def test_metrics_report_each_gpus_capacity_allocation_and_live_figures_with_the_node(tmp_path: Path) -> None:
     probe = FakeProbe(gpu_file(tmp_path / "gpus.yaml"))
     board = _board(tmp_path)
     metrics = PluginMetrics()
-    pids = {1000: "pod-uid-1"}
-    metrics.registry.register(
-        GpuCollector(probe, board.gpus, lambda: {"pod-uid-1": ("ml", "trainer")}, pid_to_pod=pids.get)
-    )
+    allocated = {GPU0: (10_500, 4 * GIB)}  # what the usage sampler's last pass found granted
+    metrics.registry.register(GpuCollector(probe, board.gpus, "node-a", lambda: allocated))
     metrics.allocate_seconds.labels("ok").observe(0.002)
+    labels = [
+        {"node": "node-a", "gpu": uuid, "index": str(i), "model": "A100-SXM4-80GB"}
+        for i, uuid in enumerate((GPU0, GPU1))
+    ]
+
+    def both(name: str) -> list[float | None]:
+        return [metrics.registry.get_sample_value(name, gpu) for gpu in labels]
+
+    assert both("tf_gpu_utilization_ratio") == [0.30, 0.31]
+    assert both("tf_gpu_power_watts") == [90.5, 90.5]
+    assert both("tf_gpu_tflops_capacity") == [312.0, 312.0]
+    assert both("tf_gpu_tflops_allocated") == [10.5, 0.0]
+    assert both("tf_gpu_vram_capacity_bytes") == [80 * GIB, 80 * GIB]
+    assert both("tf_gpu_vram_allocated_bytes") == [4 * GIB, 0]
+    assert both("tf_gpu_vram_used_bytes") == [GIB, GIB]
+    assert both("tf_gpu_healthy") == [1, 1]
+    assert metrics.registry.get_sample_value("tf_device_plugin_allocate_seconds_count", {"outcome": "ok"}) == 1
     text = generate_latest(metrics.registry).decode()
-    assert f'tf_gpu_utilization_percent{{gpu="{GPU0}",index="0",model="A100-SXM4-80GB"}} 30.0' in text
-    assert f'tf_gpu_power_watts{{gpu="{GPU1}",index="1",model="A100-SXM4-80GB"}} 90.5' in text
-    assert f'tf_pod_gpu_memory_used_bytes{{gpu="{GPU0}",namespace="ml",pod="trainer"}} 5.36870912e+08' in text
-    assert 'tf_device_plugin_allocate_seconds_count{outcome="ok"} 1.0' in text
+    assert 'tf_build_info{component="device-plugin",version="' in text
+    assert "process_cpu_seconds_total" in text
 
 
 def test_fake_probe_delivers_new_events_once_and_reports_check_failures(tmp_path: Path) -> None:
@@ -201,19 +214,24 @@ def test_fake_probe_delivers_new_events_once_and_reports_check_failures(tmp_path
 
 def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_PLUGIN_BACKEND", "mps")
-    args = parser().parse_args(
+    settings = settings_from(
         ["--node-name", "n1", "--ignored-xids", "13,79", "--default-tflops", "2.5", "--podresources-socket", "/x.sock"]
     )
-    config = config_from(args)
+    config = config_from(settings)
     assert config.node == "n1" and config.backend is EnforcementBackend.MPS
     assert config.health.ignored_xids == {13, 79} and config.default_tflops == 2500
     assert config.podresources_socket == Path("/x.sock")
 
 
-def test_the_podresources_socket_cannot_be_switched_off() -> None:
+def test_the_podresources_socket_cannot_be_switched_off(capsys: pytest.CaptureFixture[str]) -> None:
     # Without the kubelet's record no grant is proven, so no GPU container could ever start.
-    with pytest.raises(SystemExit, match="--podresources-socket must name the kubelet's PodResources socket"):
-        config_from(parser().parse_args(["--node-name", "n1", "--podresources-socket", ""]))
+    with pytest.raises(SystemExit) as stopped:
+        settings_from(["--node-name", "n1", "--podresources-socket", ""])
+    assert stopped.value.code == 2
+    refusal = (
+        "--podresources-socket (env TF_PLUGIN_PODRESOURCES_SOCKET) '': must name the kubelet's PodResources socket"
+    )
+    assert refusal in capsys.readouterr().err
 
 
 def test_pod_cache_never_takes_an_older_version_of_a_pod_nor_revives_a_deleted_one() -> None:
@@ -246,7 +264,7 @@ def test_a_gpu_catalog_file_changes_the_tflops_the_plugin_publishes(
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text("- {key: A100-SXM4-80GB, tflops: '250.5', memoryMiB: 81920}\n- {key: Z1, tflops: 1}\n")
     monkeypatch.setenv("TF_PLUGIN_GPU_CATALOG", str(catalog))
-    config = config_from(parser().parse_args(["--node-name", "node-a"]))
+    config = config_from(settings_from(["--node-name", "node-a"]))
     kube = FakeKube()
 
     async def scenario() -> None:
@@ -280,16 +298,17 @@ def test_a_bad_gpu_catalog_file_stops_the_plugin_naming_the_file(
     catalog = tmp_path / "catalog.yaml"
     if text is not None:
         catalog.write_text(text)
-    args = parser().parse_args(["--node-name", "node-a", "--gpu-catalog", str(catalog)])
+    settings = settings_from(["--node-name", "node-a", "--gpu-catalog", str(catalog)])
     with pytest.raises(SystemExit) as stopped:
-        config_from(args)
+        config_from(settings)
     assert f"tf-device-plugin: --gpu-catalog {tmp_path}/{expected}" in str(stopped.value)
 
 
 def test_probe_shows_the_tflops_a_gpu_catalog_file_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     catalog = tmp_path / "catalog.json"
     catalog.write_text('[{"key": "A100-SXM4-80GB", "tflops": "250.5"}]')
-    gpus = gpu_file(tmp_path / "gpus.yaml", fail={GPU1: "fell off the bus"})
+    trainer = {"pod": "trainer", "container": "main", "gpu": 1, "smPercent": 20, "vramMiB": 512}
+    gpus = gpu_file(tmp_path / "gpus.yaml", fail={GPU1: "fell off the bus"}, usage=[trainer])
     assert main(["--probe", "--fake-gpus", str(gpus), "--gpu-catalog", str(catalog)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "2 GPU(s) found"

@@ -19,7 +19,7 @@ from device_plugin.board import DeviceBoard, HealthMonitor, discover
 from device_plugin.health import HealthPolicy
 from device_plugin.main import main
 from device_plugin.nvml_backend import NvmlProbe
-from device_plugin.probe import GpuDevice, GpuSample, ProbeError, ProcessUsage, XidEvent
+from device_plugin.probe import GpuDevice, GpuSample, MigUnit, ProbeError, ProcessReport, ProcessSample, XidEvent
 from tests.device_plugin.harness import run
 from vgpu.catalog import builtin
 
@@ -47,7 +47,19 @@ class Gpu:
     temperature: int | None = None
     milliwatts: int | None = None
     processes: list[Any] | None = None
+    samples: list[Any] | None = None  # per-process utilisation samples; None: an older driver (NOT_SUPPORTED)
     lost: bool = False
+    units: list[Mig | None] | None = None  # MIG instances by index (None: no instance there); None: no MIG
+    profiles: dict[int, int] = field(default_factory=dict)  # GPU-instance profile -> its slice count
+
+
+@dataclass
+class Mig:
+    """One fake MIG instance."""
+
+    uuid: str
+    total: int
+    slices: int
 
 
 class FakeNvml:
@@ -55,9 +67,14 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
     NVMLError_Timeout = pynvml.NVMLError_Timeout
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    NVML_GPU_INSTANCE_PROFILE_7_SLICE = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+    NVML_GPU_INSTANCE_PROFILE_4_SLICE = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE
 
     def __init__(self, gpus: list[Gpu], *, init_error: int | None = None) -> None:
         self.gpus = gpus
@@ -68,6 +85,7 @@ class FakeNvml:
         self.pending: list[tuple[Any, int]] = []  # (device handle, XID) delivered by the next wait
         self.wait_error: int | None = None
         self.waits: list[int] = []  # timeouts (ms) the backend waited with
+        self.since: list[int] = []  # timestamps the backend asked utilisation samples since
 
     def _gpu(self, handle: Any) -> Gpu:
         assert self.initialised, "NVML called before nvmlInit"
@@ -108,14 +126,31 @@ class FakeNvml:
         return found
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._gpu(handle).uuid
+        return handle.uuid if isinstance(handle, Mig) else self._gpu(handle).uuid
 
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
         return self._gpu(handle).name
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        if isinstance(handle, Mig):
+            return SimpleNamespace(total=handle.total, used=0, free=handle.total)
         gpu = self._gpu(handle)
         return SimpleNamespace(total=gpu.total, used=gpu.used if gpu.used is not None else 0, free=0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        return len(self._query(handle, lambda g: g.units))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Mig:
+        unit = (self._gpu(handle).units or [])[index]
+        if unit is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return unit
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int) -> Any:
+        return SimpleNamespace(sliceCount=self._query(handle, lambda g: g.profiles.get(profile)))
+
+    def nvmlDeviceGetAttributes(self, handle: Mig) -> Any:
+        return SimpleNamespace(gpuInstanceSliceCount=handle.slices)
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         return self._query(handle, lambda g: g.mig)  # type: ignore[no-any-return]
@@ -163,6 +198,19 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         return self._query(handle, lambda g: g.processes)  # type: ignore[no-any-return]
 
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, time_stamp: int) -> list[Any]:
+        """The samples newer than ``time_stamp``; NOT_FOUND when there is none (the driver's answer)."""
+        self.since.append(time_stamp)
+        newer = [s for s in self._query(handle, lambda g: g.samples) if s.timeStamp > time_stamp]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return newer
+
+
+def util(pid: int, at: int, sm: int) -> Any:
+    """One per-process utilisation sample as pynvml returns it (c_nvmlProcessUtilizationSample_t)."""
+    return SimpleNamespace(pid=pid, timeStamp=at, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+
 
 @pytest.fixture
 def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -208,6 +256,32 @@ def test_devices_with_numa_from_nvml_then_sysfs_and_mig_from_the_current_mode(
     assert not nvml.initialised
 
 
+def test_a_gpu_in_mig_mode_lists_its_instances_sized_by_their_slices(
+    monkeypatch: pytest.MonkeyPatch, sysfs: Path
+) -> None:
+    one, two = Mig("MIG-aaaaaaaa-0000-0000-0000-000000000000", 9984 * MIB, 1), Mig("MIG-bb", 20096 * MIB, 2)
+    seven = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+    gpus = [
+        Gpu(UUIDS[0], mig=[1, 1], units=[one, None, two], profiles={seven: 7}),
+        Gpu(UUIDS[1], mig=[1, 1], units=[], profiles={pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: 4}),  # an A30
+        Gpu(UUIDS[2], mig=[0, 0], units=[one]),  # MIG off: whatever the driver lists is not looked at
+    ]
+    fake(monkeypatch, gpus)
+    devices = NvmlProbe().devices()
+    assert devices[0].units == (
+        MigUnit(uuid=one.uuid, memory=9984 * MIB, slices=1),
+        MigUnit(uuid="MIG-bb", memory=20096 * MIB, slices=2),
+    )
+    assert (devices[0].mig_slices, devices[1].mig_slices, devices[1].units) == (7, 4, ())
+    assert devices[2].units == ()
+    published = discover(devices, builtin(), 0)
+    units = [(g.uuid, g.model, g.tflops, g.parent) for g in published if g.parent]
+    assert units == [
+        (one.uuid, "H100 SXM5 MIG 1g.10gb", 989_000 // 7, UUIDS[0]),
+        ("MIG-bb", "H100 SXM5 MIG 2g.20gb", 989_000 * 2 // 7, UUIDS[0]),
+    ]
+
+
 def test_wait_xid_times_out_empty_and_reports_events_by_gpu(
     monkeypatch: pytest.MonkeyPatch, sysfs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -241,20 +315,59 @@ def test_health_check_reports_a_lost_or_missing_gpu(monkeypatch: pytest.MonkeyPa
 def test_sample_reports_what_the_driver_supports_and_none_for_the_rest(
     monkeypatch: pytest.MonkeyPatch, sysfs: Path
 ) -> None:
-    procs = [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB), SimpleNamespace(pid=4343, usedGpuMemory=None)]
-    full = Gpu(UUIDS[0], utilization=35, used=2048 * MIB, temperature=41, milliwatts=88_500, processes=procs)
-    bare = Gpu(UUIDS[1])  # utilisation, temperature, power and processes: NOT_SUPPORTED
+    full = Gpu(UUIDS[0], utilization=35, used=2048 * MIB, temperature=41, milliwatts=88_500)
+    bare = Gpu(UUIDS[1])  # utilisation, temperature and power: NOT_SUPPORTED
     fake(monkeypatch, [full, bare])
     probe = NvmlProbe()
     assert probe.sample(UUIDS[0]) == GpuSample(
-        uuid=UUIDS[0],
-        utilization=35,
-        memory_used=2048 * MIB,
-        temperature=41,
-        power_watts=88.5,
-        processes=(ProcessUsage(4242, 1024 * MIB), ProcessUsage(4343, 0)),  # no figure (MIG, WDDM): 0
+        uuid=UUIDS[0], utilization=35, memory_used=2048 * MIB, temperature=41, power_watts=88.5
     )
     assert probe.sample(UUIDS[1]) == GpuSample(uuid=UUIDS[1], memory_used=0)
+
+
+def test_processes_average_each_pids_samples_since_the_timestamp_and_keep_the_newest_for_next_time(
+    monkeypatch: pytest.MonkeyPatch, sysfs: Path
+) -> None:
+    running = [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB), SimpleNamespace(pid=4343, usedGpuMemory=None)]
+    samples = [util(4242, 100, 30), util(4242, 200, 50), util(4545, 150, 10), util(4242, 50, 99)]
+    gpu = Gpu(UUIDS[0], processes=running, samples=samples)
+    nvml = fake(monkeypatch, [gpu])
+    probe = NvmlProbe()
+    assert probe.processes(UUIDS[0], 60) == ProcessReport(
+        processes=(
+            ProcessSample(4242, 40, 1024 * MIB),  # (30 + 50) / 2; the sample at 50 is older than asked
+            ProcessSample(4343, 0, 0),  # running, idle since then; no memory figure (MIG, WDDM): 0
+            ProcessSample(4545, 10, 0),  # exited since its sample: its use was real, mapping tells it is gone
+        ),
+        until_us=200,
+    )
+    gpu.samples.append(util(4343, 300, 250))  # a driver's nonsense above 100 %
+    assert probe.processes(UUIDS[0], 200) == ProcessReport(
+        processes=(ProcessSample(4242, 0, 1024 * MIB), ProcessSample(4343, 100, 0)), until_us=300
+    )
+    # Nothing new since the last sample: NOT_FOUND from the driver, every process idle, the timestamp kept.
+    assert probe.processes(UUIDS[0], 300) == ProcessReport(
+        processes=(ProcessSample(4242, 0, 1024 * MIB), ProcessSample(4343, 0, 0)), until_us=300
+    )
+    assert nvml.since == [60, 200, 300]
+
+
+def test_processes_without_per_process_utilisation_are_memory_only_and_a_failing_gpu_raises(
+    monkeypatch: pytest.MonkeyPatch, sysfs: Path
+) -> None:
+    running = [SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB)]
+    old = Gpu(UUIDS[0], processes=running)  # an older driver: per-process utilisation NOT_SUPPORTED
+    lost = Gpu(UUIDS[1], processes=running, samples=[], lost=True)
+    listless = Gpu(UUIDS[2])  # not even the process list
+    fake(monkeypatch, [old, lost, listless])
+    probe = NvmlProbe()
+    assert probe.processes(UUIDS[0], 7) == ProcessReport(
+        processes=(ProcessSample(4242, 0, 1024 * MIB),), until_us=7, sm_supported=False
+    )
+    with pytest.raises(pynvml.NVMLError, match="GPU is lost"):
+        probe.processes(UUIDS[1], 0)
+    with pytest.raises(pynvml.NVMLError, match="Not Supported"):
+        probe.processes(UUIDS[2], 0)
 
 
 def test_without_a_driver_the_probe_says_what_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,14 +404,15 @@ def test_probe_prints_what_nvml_finds(
     monkeypatch: pytest.MonkeyPatch, sysfs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpus = [
-        Gpu(UUIDS[0], numa=0, utilization=7, used=MIB, temperature=30, milliwatts=70_000, processes=[]),
-        Gpu(UUIDS[1], name="Mystery GPU"),
+        Gpu(UUIDS[0], numa=0, utilization=7, used=MIB, temperature=30, milliwatts=70_000, processes=[], samples=[]),
+        Gpu(UUIDS[1], name="Mystery GPU", processes=[]),  # an older driver: no per-process utilisation
+        Gpu(UUIDS[2]),  # nor a process list
     ]
     nvml = fake(monkeypatch, gpus)
     assert main(["--probe", "--default-tflops", "5"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines() == [
-        "2 GPU(s) found",
+        "3 GPU(s) found",
         f"GPU 0  {UUIDS[0]}  NVIDIA H100 80GB HBM3",
         "  published as H100 SXM5: 989 TFLOPS, 79.6Gi VRAM, NUMA node 0, MIG off",
         "  health check: ok",
@@ -306,7 +420,12 @@ def test_probe_prints_what_nvml_finds(
         f"GPU 1  {UUIDS[1]}  Mystery GPU",
         "  published as 'Mystery GPU' (not in the GPU catalog): 5 TFLOPS, 79.6Gi VRAM, NUMA node unknown, MIG off",
         "  health check: ok",
-        "  now: utilization n/a, memory used 0B, temperature n/a, power n/a, compute processes 0",
+        "  now: utilization n/a, memory used 0B, temperature n/a, power n/a, compute processes 0 "
+        "(memory only: no per-process utilisation)",
+        f"GPU 2  {UUIDS[2]}  NVIDIA H100 80GB HBM3",
+        "  published as H100 SXM5: 989 TFLOPS, 79.6Gi VRAM, NUMA node unknown, MIG off",
+        "  health check: ok",
+        "  now: utilization n/a, memory used 0B, temperature n/a, power n/a, compute processes n/a (Not Supported)",
     ]
     assert not nvml.initialised, "the probe shut NVML down"
 

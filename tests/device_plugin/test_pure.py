@@ -230,6 +230,20 @@ def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> N
         validate(pod, "node-a", mig)
 
 
+def test_a_mig_instance_is_granted_by_its_own_uuid_and_the_parent_has_no_slices() -> None:
+    unit = "MIG-9f2d0c1e-0000-0000-0000-000000000000"
+    gpus = {
+        GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=A100_TFLOPS, vram=A100_VRAM, mig=True),
+        unit: GpuInfo(uuid=unit, index=0, model="A100 MIG 1g.10gb", tflops=44_571, vram=9728 * 1024**2, parent=GPU0),
+    }
+    whole = grant(unit, tflops=44_571, vram=9728 * 1024**2, gpu_tflops=44_571)
+    pod = from_json(make_pod("p", uid="U", alloc=allocation("U", gpus=[whole])))
+    alloc = validate(pod, "node-a", gpus)
+    env = build(alloc, TARGET, EnforcementBackend.HAMI_CORE, EnforcementPaths()).envs
+    assert env[Env.NVIDIA_VISIBLE_DEVICES] == unit
+    assert {s.uuid for s in slices(gpus.values(), 4)} == {unit}
+
+
 # --- proof: the kubelet's record settles answers, and only proven grants start ---
 
 ANSWER = Answer("uid-p", "ns-a", "p", "main", ("d1",))

@@ -42,6 +42,7 @@ from .procs import Proc, ensure_binaries, free_port, tail, tcp_listening, wait_u
 
 VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"
+PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (the plugin's default: 5)
 TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
 
 
@@ -94,6 +95,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
         self.node.start()
         self.set_gpu_faults({})
+        self.plugin_metrics_port = free_port()  # kept across restarts of the plugin
         self.start_device_plugin()
         self.wait_node_ready(REAL_NODE)
 
@@ -152,13 +154,19 @@ class Cluster(AbstractContextManager["Cluster"]):
 
     def set_gpu_faults(self, faults: Mapping[str, str]) -> None:
         """From now on the plugin's health check of each GPU in ``faults`` fails with its text; the others pass."""
+        self.write_fake_nvml(fake_nvml_yaml(self.gpus, faults))
+
+    def write_fake_nvml(self, text: str) -> None:
+        """Replace the plugin's fake GPU file (device_plugin/fake_probe.py format) with ``text``."""
         staged = self.fake_nvml.with_suffix(".staged")
-        staged.write_text(fake_nvml_yaml(self.gpus, faults))
+        staged.write_text(text)
         staged.replace(self.fake_nvml)  # atomic: the plugin never reads half a file
 
     def start_device_plugin(self) -> None:
         """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
-        again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips."""
+        again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips. Its
+        /metrics and /usage are on loopback at ``plugin_metrics_port``, sampled every
+        :data:`PLUGIN_USAGE_INTERVAL` seconds."""
         assert self.node is not None
         self._ours(
             "tf-device-plugin",
@@ -172,7 +180,9 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--backend={EnforcementBackend.HAMI_CORE.value}",
                 "--health-check-interval=1",
                 "--health-recovery=2",
-                "--metrics-port=0",
+                f"--metrics-port={self.plugin_metrics_port}",
+                "--metrics-address=127.0.0.1",
+                f"--usage-interval={PLUGIN_USAGE_INTERVAL}",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",
             ],
         )

@@ -20,7 +20,7 @@ from kubernetes.client import CoreV1Api
 
 from .cluster import Cluster
 from .fake_nodes import gpus
-from .kube import eventually
+from .kube import emptied
 from .procs import built, tail
 
 REQUIRED_ENV = "TF_E2E_REQUIRED"
@@ -72,8 +72,7 @@ def fresh(cluster: Cluster, core: CoreV1Api, request: pytest.FixtureRequest) -> 
     """A namespace of its own, emptied afterwards so the node's GPUs are free for the next scenario."""
     name = cluster.namespace(f"e2e-{request.node.name.replace('_', '-')[5:40].strip('-')}")
     yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    eventually(f"pods of {name} gone", lambda: not core.list_namespaced_pod(name).items, timeout=120)
+    emptied(core, name)
 
 
 @pytest.hookimpl(hookwrapper=True)

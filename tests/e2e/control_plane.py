@@ -10,8 +10,12 @@ Ready and the fixture clears the kubelet's initial not-ready taint itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -41,6 +45,20 @@ CONTROLLERS = ",".join(
 
 
 @dataclass
+class Scheduler:
+    """A kube-scheduler process and its secure port; :meth:`start` (again, after it stopped) waits for the port."""
+
+    proc: Proc
+    port: int
+
+    def start(self) -> Scheduler:
+        assert not self.proc.alive(), f"{self.proc.name} is running already"
+        self.proc.start()
+        wait_until(f"{self.proc.name} port", partial(tcp_listening, self.port), 60, [self.proc])
+        return self
+
+
+@dataclass
 class ControlPlane:
     bin: Path
     root: Path
@@ -48,6 +66,7 @@ class ControlPlane:
     api_port: int = 0
     pki: Pki | None = None
     identities: dict[str, Identity] = field(default_factory=dict)
+    scheduler: Scheduler | None = None  # the cluster's own (start_scheduler)
 
     @property
     def server(self) -> str:
@@ -157,22 +176,30 @@ class ControlPlane:
         wait_until("kube-controller-manager port", lambda: tcp_listening(port), 60, self.procs)
 
     def start_scheduler(self, kubeconfig: Path, extender_verbs_port: int) -> None:
-        """kube-scheduler with THE configuration from deploy/, as the given identity."""
-        config = deploy.scheduler_config(kubeconfig, extender_verbs_port)
-        path = self.root / "scheduler-config.yaml"
+        """kube-scheduler with THE configuration from deploy/, as the given identity: the cluster's own."""
+        self.scheduler = self.add_scheduler("kube-scheduler", deploy.scheduler_config(kubeconfig, extender_verbs_port))
+
+    def add_scheduler(self, name: str, config: dict[str, Any]) -> Scheduler:
+        """One more kube-scheduler, running ``config`` (a KubeSchedulerConfiguration), with its own config
+        file, log and secure port; started, and listening."""
+        path = self.root / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
-        self._proc(
-            "kube-scheduler",
-            [
-                str(self.bin / "kube-scheduler"),
-                f"--config={path}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                "--v=2",
-            ],
-        )
-        wait_until("kube-scheduler port", lambda: tcp_listening(port), 60, self.procs)
+        argv = [str(self.bin / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+                f"--secure-port={port}", "--v=2"]  # fmt: skip
+        proc = Proc(name, argv, self.root / "logs" / f"{name}.log", cwd=self.root)
+        self.procs.append(proc)  # stopped with the control plane, and its log shown when a test fails
+        return Scheduler(proc, port).start()
+
+    @contextmanager
+    def scheduler_stopped(self) -> Iterator[None]:
+        """The cluster's own kube-scheduler stopped for the block, then started again, up before it returns."""
+        assert self.scheduler is not None, "the cluster's kube-scheduler was never started"
+        self.scheduler.proc.stop()
+        try:
+            yield
+        finally:
+            self.scheduler.start()
 
     def stop(self) -> None:
         """Scheduler and controllers first, then the API server, then etcd."""

@@ -99,6 +99,15 @@ def scheduler_config(kubeconfig: Path, verbs_port: int) -> dict[str, Any]:
     return config
 
 
+def chart_leader_election() -> dict[str, Any]:
+    """The leaderElection block of the chart's KubeSchedulerConfiguration, as rendered into deploy/manifests
+    (leaderElect true, the durations of the chart's values, its Lease's name and namespace)."""
+    (config_map,) = [d for d in _shipped() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith(
+        "-scheduler-config")]  # fmt: skip
+    election: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])["leaderElection"]
+    return election
+
+
 _EXAMPLE_ORDER = {"GPUPool": 0, "WorkloadProfile": 1}
 
 

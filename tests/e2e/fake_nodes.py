@@ -11,8 +11,9 @@ lets no one else write it). Pods bound to such a node are scheduled but never ru
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 from kubernetes.client import ApiClient, CoreV1Api
@@ -50,15 +51,18 @@ def gpus(prefix: str, count: int, name: str = "NVIDIA A100-SXM4-80GB") -> tuple[
     return tuple(FakeGpu(f"GPU-{prefix}-{i:012d}", i, name) for i in range(count))
 
 
-def fake_nvml_yaml(fake: tuple[FakeGpu, ...], faults: Mapping[str, str]) -> str:
+def fake_nvml_yaml(
+    fake: tuple[FakeGpu, ...], faults: Mapping[str, str], usage: Sequence[Mapping[str, Any]] = ()
+) -> str:
     """The device plugin's fake-NVML file (device_plugin/fake_probe.py format); ``faults`` maps a
-    GPU's UUID to the text its health check fails with."""
+    GPU's UUID to the text its health check fails with; ``usage`` scripts pods' processes."""
     doc = {
         "gpus": [
             {"uuid": g.uuid, "index": g.index, "name": g.name, "memoryMiB": g.model.memory_mib, "numa": 0}
             | ({"fail": faults[g.uuid]} if g.uuid in faults else {})
             for g in fake
-        ]
+        ],
+        "usage": list(usage),
     }
     return yaml.safe_dump(doc, sort_keys=False)
 

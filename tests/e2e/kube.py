@@ -7,6 +7,7 @@ messages that say what was being waited for and what was seen instead.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -71,6 +72,16 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float = 60, ev
         time.sleep(every)
 
 
+def kubectl_get(api: ApiClient, path: str) -> list[dict[str, Any]]:
+    """The rows ``kubectl get`` prints for the collection at ``path`` (``/apis/<group>/<version>/…``), by
+    column name: the API server's Table, whose cells it computes from a CRD's additionalPrinterColumns
+    (``-o wide`` columns included)."""
+    accept = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    table = json.loads(DynamicClient(api).request("GET", path, header_params=accept, serialize=False).data)
+    names = [column["name"] for column in table["columnDefinitions"]]
+    return [dict(zip(names, row["cells"], strict=True)) for row in table["rows"]]
+
+
 def pod(core: CoreV1Api, namespace: str, name: str) -> Any:
     return core.read_namespaced_pod(name, namespace)
 
@@ -83,6 +94,17 @@ def wait_running(core: CoreV1Api, namespace: str, name: str, timeout: float = 90
         return p if p.status.phase == "Running" else None
 
     return eventually(f"pod {namespace}/{name} Running", probe, timeout)
+
+
+def wait_running_pods(core: CoreV1Api, namespace: str, selector: str, count: int, timeout: float = 120) -> list[Any]:
+    """The pods of ``namespace`` that the label ``selector`` matches, once ``count`` of them are Running."""
+
+    def probe() -> list[Any] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+        live = [p for p in pods if p.status.phase == "Running"]
+        return live if len(live) == count else None
+
+    return eventually(f"{count} pods {selector} of {namespace} Running", probe, timeout)
 
 
 def wait_bound(core: CoreV1Api, namespace: str, name: str, timeout: float = 60) -> Any:
@@ -147,3 +169,10 @@ def bind_by_hand(core: CoreV1Api, namespace: str, name: str, node: str) -> None:
     # The API answers a Status, which the client cannot read back as a Binding: take the raw answer.
     response = core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
     assert response.status == 201, response.data
+
+
+def emptied(core: CoreV1Api, namespace: str) -> None:
+    """Delete every pod of ``namespace`` at once and wait until they are gone: a scenario leaves the
+    kubelet node's GPUs as it found them (later scenarios count on its arithmetic)."""
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    eventually(f"pods of {namespace} gone", lambda: not core.list_namespaced_pod(namespace).items, timeout=120)

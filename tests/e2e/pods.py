@@ -8,9 +8,12 @@ here keeps each scenario to what it asserts.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from kubernetes.client import CoreV1Api
 
 from vgpu.contract import allocation
 from vgpu.names import LABEL_ENABLED, Annotation, Env
@@ -48,6 +51,17 @@ def parked_gpu_pod(name: str, annotations: Mapping[Annotation | str, str]) -> di
     pod = gpu_pod(name, annotations)
     pod["spec"]["nodeSelector"] = {"e2e.tensor-fusion.ai/nowhere": "true"}
     return pod
+
+
+def hand_over(plugin: CoreV1Api, pod: Any) -> None:
+    """Write the receipt the device plugin writes once the kubelet admitted ``pod`` (a kubelet-less node
+    has none), with the plugin's identity (``plugin``): the pod's containers got their devices, which frees
+    the node's hand-off gate for the next bind (scheduler_extender/HANDOFF.md, "Release")."""
+    at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    devices = tuple((c.name, (f"vgpu-{i}",)) for i, c in enumerate(pod.spec.containers))
+    receipt = allocation.Handoff(pod_uid=pod.metadata.uid, node=pod.spec.node_name, devices=devices, at=at)
+    body = {"metadata": {"annotations": {allocation.HANDOFF_KEY: allocation.encode_handoff(receipt)}}}
+    plugin.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body)
 
 
 def allocation_of(pod: Any) -> allocation.PodAllocation:

@@ -13,6 +13,9 @@ devices) and is marked Unhealthy in the inventory the extender places from, unti
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from kubernetes.client import CoreV1Api
 
 from vgpu.contract import allocation, inventory
@@ -20,12 +23,18 @@ from vgpu.names import DEFAULT_POOL, LABEL_NODE_GPU_COUNT, LABEL_NODE_POOL, RESO
 
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import SLICES_PER_GPU
-from .kube import eventually, wait_running
+from .kube import emptied, eventually, wait_running
 from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
 
 NAMESPACE = "e2e-kubelet-restart"
 SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
 SM_PERCENT = 4  # SHARE's 10 TFLOPS (its limit too) of an A100's 312, rounded up
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _node_left_as_found(cluster: Cluster) -> Iterator[None]:
+    yield
+    emptied(cluster.core, NAMESPACE)
 
 
 def test_node_advertises_vgpu_slices_and_publishes_its_gpu_inventory(cluster: Cluster, core: CoreV1Api) -> None:

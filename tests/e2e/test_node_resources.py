@@ -21,16 +21,15 @@ import pytest
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from vgpu.contract import allocation, inventory
-from vgpu.contract.allocation import Handoff
-from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VRAM, Annotation, SystemAnnotation
+from vgpu.contract import inventory
+from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VRAM, Annotation
 from vgpu.node_resources import node_capacity
 from vgpu.quantity import parse
 
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import gpus
 from .kube import api_client, events_for, eventually, wait_bound, wait_running
-from .pods import allocation_of, gpu_pod, parked_gpu_pod
+from .pods import allocation_of, gpu_pod, hand_over, parked_gpu_pod
 
 
 def share(tflops: str, vram: str, **more: str) -> dict[str, str]:
@@ -121,8 +120,6 @@ def preempt_calls(cluster: Cluster) -> float:
 
 
 POOL = "e2e-preempt"
-HANDOFF = SystemAnnotation.HANDOFF.value
-NOW = "2026-01-01T00:00:00Z"
 
 
 @pytest.mark.timeout(300)
@@ -148,10 +145,7 @@ def test_a_critical_pod_preempts_the_fewest_low_qos_pods_of_a_full_gpu_and_nothi
             """Bound; then the receipt the device plugin writes once the kubelet admitted the pod (no kubelet
             here), which frees the node's hand-off gate for the next bind."""
             pod = wait_bound(core, ns, name, timeout=timeout)
-            receipt = Handoff(pod_uid=pod.metadata.uid, node=node, devices=(("main", ("vgpu-0",)),), at=NOW)
-            plugin.patch_namespaced_pod(
-                name, ns, {"metadata": {"annotations": {HANDOFF: allocation.encode_handoff(receipt)}}}
-            )
+            hand_over(plugin, pod)
             return pod
 
         for name, qos in (("low-a", "low"), ("low-b", "low"), ("high", "high")):

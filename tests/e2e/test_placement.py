@@ -6,6 +6,8 @@ pool ``e2e-models`` with an H100 node and a T4 node, and pool ``e2e-small`` with
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from kubernetes.client import CoreV1Api
 
@@ -20,7 +22,7 @@ from vgpu.quantity import parse_bytes, parse_milli
 
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import FakeGpu, gpus
-from .kube import apply, events_for, eventually, wait_bound, wait_running
+from .kube import apply, emptied, events_for, eventually, wait_bound, wait_running
 from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
 
 NAMESPACE = "e2e-placement"
@@ -30,11 +32,12 @@ L4 = gpus("l4", 2, "NVIDIA L4")  # 48Gi in all: a 40Gi pod fits the node's total
 
 
 @pytest.fixture(scope="module")
-def ns(cluster: Cluster) -> str:
+def ns(cluster: Cluster) -> Iterator[str]:
     cluster.add_fake_node("e2e-h100", H100, pool="e2e-models")
     cluster.add_fake_node("e2e-t4", T4, pool="e2e-models")
     cluster.add_fake_node("e2e-small-0", L4, pool="e2e-small")
-    return cluster.namespace(NAMESPACE)
+    yield cluster.namespace(NAMESPACE)
+    emptied(cluster.core, NAMESPACE)
 
 
 def test_annotation_beats_workload_profile_which_fills_the_rest(cluster: Cluster, core: CoreV1Api, ns: str) -> None:

@@ -4,8 +4,10 @@ A user applies the examples and checks, per pod: it was mutated by our webhook (
 the vGPU resource, the resolved request), the real kube-scheduler bound it through our extender
 (allocation recorded), the real kubelet started it, and its container was created with its own
 GPU UUID and the granted limits in the env. Then ``kubectl get tensorfusionworkloads``: the
-workload the webhook generated shows what its bound pods reserve, written by the extender (as its
-shipped ServiceAccount, so through the shipped RBAC), and follows the Deployment as it scales down.
+workload the webhook generated shows what its bound pods reserve and that it is Ready, written by the
+extender (as its shipped ServiceAccount, so through the shipped RBAC), and follows the Deployment as it
+scales down; ``kubectl get gpupools`` shows the default pool's node, GPUs and what the pods hold, and
+a pool no node is in as not Ready.
 """
 
 from __future__ import annotations
@@ -19,17 +21,21 @@ from vgpu.contract import resolved
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
+    DEFAULT_POOL,
     LABEL_ENABLED,
+    LABEL_NODE_POOL,
+    PLURAL_GPU_POOL,
     PLURAL_WORKLOAD,
     RESOURCE_VGPU,
     SCHEDULER_NAME,
     Annotation,
     SystemAnnotation,
 )
+from vgpu.quantity import parse_milli
 
 from . import deploy
 from .cluster import REAL_NODE, Cluster
-from .kube import apply, eventually
+from .kube import apply, eventually, kubectl_get, wait_running_pods
 from .pods import allocation_of, assert_env_matches_allocation, created_env
 
 
@@ -42,12 +48,7 @@ def test_seed_deployment_runs_two_replicas_each_with_its_own_gpu_share(cluster: 
     expected = sum(int(d["spec"].get("replicas", 1)) for d in deployments)
     assert expected == 2
 
-    def running() -> list[object] | None:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_ENABLED}=true").items
-        live = [p for p in pods if p.status.phase == "Running"]
-        return live if len(live) == expected else None
-
-    pods = eventually(f"{expected} example pods Running", running, timeout=120)
+    pods = wait_running_pods(core, namespace, f"{LABEL_ENABLED}=true", expected)
 
     uuids = set()
     for pod in pods:
@@ -88,6 +89,23 @@ def wait_workload_status(
         raise AssertionError(f"{e}; status seen last: {seen[0]}") from None
 
 
+def ready_of(status: dict[str, Any]) -> tuple[str, str, str]:
+    """The Ready condition's (status, reason, message)."""
+    (condition,) = status["conditions"]
+    assert condition["type"] == "Ready"
+    return condition["status"], condition["reason"], condition["message"]
+
+
+def pool_status(cluster: Cluster, name: str) -> dict[str, Any]:
+    pool = CustomObjectsApi(cluster.admin).get_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, name)
+    status: dict[str, Any] = pool.get("status", {})
+    return status
+
+
+def row(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(r for r in rows if r["Name"] == name)
+
+
 def test_generated_workload_status_sums_the_bound_pods_and_follows_a_scale_down(cluster: Cluster) -> None:
     docs = deploy.examples()
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -99,10 +117,41 @@ def test_generated_workload_status_sums_the_bound_pods_and_follows_a_scale_down(
 
     # Each replica holds one GPU with the example's tflops-request 10 and vram-request 4Gi.
     status = wait_workload_status(cluster, namespace, workload, (2, "20", "8Gi"), timeout=90)
-    assert set(status) == {"replicas", "allocatedTflops", "allocatedVram", "lastUpdateTime"}
+    assert set(status) == {"replicas", "allocatedTflops", "allocatedVram", "lastUpdateTime", "conditions"}
+    # The example is in local-GPU mode, where the CRD says spec.replicas (1) is ignored: its live pods count.
+    assert ready_of(status) == ("True", "PodsHoldGPUs", "2 of 2 pods hold GPUs")
+    workloads = f"/apis/{CRD_GROUP}/{CRD_VERSION}/namespaces/{namespace}/{PLURAL_WORKLOAD}"
+    shown = row(kubectl_get(cluster.admin, workloads), workload)
+    assert (shown["Ready"], shown["Replicas"], shown["TFLOPS"], shown["VRAM"]) == ("True", 2, "20", "8Gi")
+
+    # The real node is in the default pool; its 4 A100s hold (at least) the two pods' shares.
+    def counting_the_pods() -> dict[str, Any] | None:
+        status = pool_status(cluster, DEFAULT_POOL)
+        return status if parse_milli(str(status.get("allocatedTflops", "0"))) >= 20_000 else None
+
+    pool = eventually("the default pool's status counting the two pods", counting_the_pods, timeout=30)
+    assert pool["nodes"] >= 1 and pool["gpus"] >= 4 and parse_milli(str(pool["capacityTflops"])) >= 4 * 312_000
+    assert ready_of(pool)[:2] == ("True", "HealthyGPUs")
     apps = AppsV1Api(cluster.admin)
     for replicas, tflops, vram in ((1, "10", "4Gi"), (0, "0", "0")):
         scaled = dt.datetime.now(dt.UTC).replace(microsecond=0)
         apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": replicas}})
         status = wait_workload_status(cluster, namespace, workload, (replicas, tflops, vram), timeout=60)
         assert dt.datetime.strptime(status["lastUpdateTime"], "%Y-%m-%dT%H:%M:%S%z") >= scaled, status
+        held = (
+            ("PodsHoldGPUs", f"{replicas} of {replicas} pods hold GPUs")
+            if replicas
+            else ("NoPods", "no pod names this workload")
+        )
+        assert ready_of(status) == ("True", *held)
+
+
+def test_a_gpupool_no_node_is_in_is_not_ready(cluster: Cluster) -> None:
+    cluster.ensure_pool("e2e-empty")
+    status = eventually("the empty pool's status", lambda: pool_status(cluster, "e2e-empty") or None, timeout=30)
+    assert (status["nodes"], status["gpus"], status["capacityTflops"], status["allocatedTflops"]) == (0, 0, "0", "0")
+    joins = f"a node joins it with the label {LABEL_NODE_POOL}=e2e-empty"
+    assert ready_of(status) == ("False", "NoNodes", f"no GPU node is in the pool: {joins}")
+    shown = kubectl_get(cluster.admin, f"/apis/{CRD_GROUP}/{CRD_VERSION}/{PLURAL_GPU_POOL}")
+    assert (row(shown, "e2e-empty")["Ready"], row(shown, "e2e-empty")["Nodes"]) == ("False", 0)
+    assert row(shown, DEFAULT_POOL)["Ready"] == "True"

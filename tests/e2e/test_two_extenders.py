@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import pytest
-from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from vgpu.contract import allocation
@@ -30,29 +26,14 @@ from vgpu.names import Annotation
 
 from . import deploy
 from .cluster import Cluster
+from .extenders import allocated_there, allocations_seen, removed_after_written, second_extender
 from .fake_nodes import gpus
 from .kube import eventually
 from .pods import parked_gpu_pod
-from .procs import Proc, free_port, http_ok, wait_until
 
 POOL = "e2e-ha"
 COUNT = 12
 SHARE = {Annotation.TFLOPS_REQUEST: "30", Annotation.VRAM_REQUEST: "4Gi", Annotation.GPUPOOL: POOL}
-
-
-@contextmanager
-def second_extender(cluster: Cluster) -> Iterator[int]:
-    """Another extender, started as the cluster's is but on ports of its own; yields its verbs port."""
-    first = cluster.ours["tf-extender"]
-    verbs, public = free_port(), free_port()
-    argv = [a for a in first.argv if not a.startswith(("--verbs-port=", "--public-port="))]
-    argv += [f"--verbs-port={verbs}", f"--public-port={public}"]
-    proc = Proc("tf-extender-2", argv, first.log.with_name("tf-extender-2.log")).start()
-    try:
-        wait_until("the second extender ready", partial(http_ok, f"http://127.0.0.1:{public}/readyz"), 60, [proc])
-        yield verbs
-    finally:
-        proc.stop()
 
 
 def call(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -85,32 +66,6 @@ def bind_all(jobs: list[tuple[int, str, str]], namespace: str, uids: dict[str, s
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return [e for e in pool.map(bind, jobs) if e]
-
-
-def allocations_seen(core: CoreV1Api, namespace: str, since: str) -> dict[str, list[str]]:
-    """Per pod, its allocation annotation ("" when absent) in every change since resourceVersion ``since``."""
-    seen: dict[str, list[str]] = {}
-    stream = watch.Watch().stream(
-        core.list_namespaced_pod, namespace, resource_version=since, timeout_seconds=3, _request_timeout=10
-    )
-    for event in stream:
-        pod = event["object"]
-        if event["type"] in ("ADDED", "MODIFIED"):
-            text = (pod.metadata.annotations or {}).get(allocation.KEY, "")
-            seen.setdefault(pod.metadata.name, []).append(text)
-    return seen
-
-
-def allocated_there(pod: Any, uid: str) -> bool:
-    """Whether the pod's allocation is for this pod and the node it is bound to."""
-    alloc = allocation.decode(pod.metadata.annotations[allocation.KEY])
-    return alloc.node == pod.spec.node_name and alloc.pod_uid == uid
-
-
-def removed_after_written(values: list[str]) -> bool:
-    """Whether an allocation, once on the pod, was later absent from it."""
-    written = [i for i, text in enumerate(values) if text]
-    return bool(written) and "" in values[written[0] :]
 
 
 @pytest.mark.timeout(300)

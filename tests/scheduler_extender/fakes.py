@@ -32,14 +32,22 @@ from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
 from vgpu.contract.allocation import Handoff
 from vgpu.contract.inventory import GpuInfo, Health, NodeInventory
-from vgpu.names import LABEL_ENABLED, EnforcementBackend, Qos, SystemAnnotation
+from vgpu.names import (
+    LABEL_ENABLED,
+    PLURAL_GPU_POOL,
+    PLURAL_WORKLOAD,
+    EnforcementBackend,
+    Qos,
+    SystemAnnotation,
+)
 from vgpu.request import GpuRequest
 
 GI = 1024**3
 
 
 class FakeGateway:
-    """Thread-safe fake API server: Nodes and Pods (watchable), TensorFusionWorkloads (list, status), Leases."""
+    """Thread-safe fake API server: Nodes and Pods (watchable), TensorFusionWorkloads and GPUPools (list,
+    status), Leases."""
 
     def __init__(self, *, auto_receipt: bool = False) -> None:
         self._cond = threading.Condition()
@@ -58,11 +66,14 @@ class FakeGateway:
         self.auto_receipt = auto_receipt
         self.closed = False
         self.workloads: dict[tuple[str, str], RawObject] = {}  # TensorFusionWorkloads by (namespace, name)
-        self.status_patches: list[tuple[str, str, RawObject]] = []
+        self.pools: dict[str, RawObject] = {}  # GPUPools by name
+        self.status_patches: list[tuple[str, str, RawObject]] = []  # (plural, name, merge patch)
         self.leases: dict[tuple[str, str], RawObject] = {}  # coordination.k8s.io Leases by (namespace, name)
         self.refused_removals = 0  # conditional annotation removals whose test failed
         self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
         self.before_list: Callable[[], None] | None = None  # runs once before the next pod list (interleaving)
+        self.protected: set[str] = set()  # "namespace/name" of pods a PodDisruptionBudget keeps (eviction: 429)
+        self.graceful_evictions = False  # evicted pods only start terminating (deletionTimestamp)
 
     # --- test controls ----------------------------------------------------------------------------
     def put(self, kind: Kind, obj: RawObject) -> RawObject:
@@ -246,21 +257,56 @@ class FakeGateway:
         with self._cond:
             self.events.append(event)
 
-    def list_workloads(self) -> list[RawObject]:
-        self._maybe_fail("list-workloads")
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        self.calls.append(f"evict {namespace}/{name}")
+        self._maybe_fail("evict")
+        key = f"{namespace}/{name}"
         with self._cond:
-            return copy.deepcopy(list(self.workloads.values()))
+            pod = self.objects[Kind.POD].get(key)
+            if pod is None:
+                return
+            if pod["metadata"]["uid"] != uid:
+                raise GatewayError("Precondition failed: UID in precondition does not match", 409)
+            if key in self.protected:
+                raise GatewayError("Cannot evict pod as it would violate the pod's disruption budget.", 429)
+            if self.graceful_evictions:  # as with a kubelet: the pod terminates first, the test deletes it
+                pod = copy.deepcopy(pod)
+                pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                self._store(Kind.POD, pod, "MODIFIED")
+                return
+        self.delete(Kind.POD, key)
 
-    def patch_workload_status(self, namespace: str, name: str, body: RawObject) -> None:
-        self._maybe_fail("workload-status")
+    def nominate_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self.calls.append(f"nominate {namespace}/{name} {node}")
+        self._maybe_fail("nominate")
         with self._cond:
-            workload = self.workloads.get((namespace, name))
-            if workload is None:
-                raise GatewayError(f"tensorfusionworkloads {name!r} not found", 404)
-            workload.setdefault("status", {}).update(copy.deepcopy(body["status"]))
-            self.status_patches.append((namespace, name, copy.deepcopy(body)))
+            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
+            if pod is None:
+                raise GatewayError("pods not found", 404)
+            if pod["metadata"]["uid"] != uid:
+                raise GatewayError("UID mismatch", 409)
+            pod = copy.deepcopy(pod)
+            pod.setdefault("status", {})["nominatedNodeName"] = node
+            self._store(Kind.POD, pod, "MODIFIED")
+
+    def list_resources(self, plural: str) -> list[RawObject]:
+        self._maybe_fail(f"list-{plural}")
+        with self._cond:
+            return copy.deepcopy(list(self._resources(plural).values()))
+
+    def patch_resource_status(self, plural: str, namespace: str | None, name: str, body: RawObject) -> None:
+        self._maybe_fail(f"{plural}/status")
+        with self._cond:
+            obj = self._resources(plural).get(name if namespace is None else (namespace, name))
+            if obj is None:
+                raise GatewayError(f"{plural} {name!r} not found", 404)
+            obj.setdefault("status", {}).update(copy.deepcopy(body["status"]))  # a merge patch replaces lists
+            self.status_patches.append((plural, name, copy.deepcopy(body)))
 
     # --- internals ----------------------------------------------------------------------------
+    def _resources(self, plural: str) -> dict[Any, RawObject]:
+        return {PLURAL_WORKLOAD: self.workloads, PLURAL_GPU_POOL: self.pools}[plural]
+
     def _maybe_stall(self, op: str, timeout: float | None) -> None:
         with self._cond:
             self.timeouts.append((op, timeout))

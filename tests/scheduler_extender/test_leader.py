@@ -1,12 +1,11 @@
-"""Leader election over the extender's Lease, and the workload status writer following it."""
+"""Leader election over the extender's Lease, and the status writer following it."""
 
 from __future__ import annotations
 
 from scheduler_extender.gateway import annotation_removal
 from scheduler_extender.leader import LeaseElector, LeaseTerms
-from scheduler_extender.workload_status import WorkloadStatusWriter
 from tests.scheduler_extender.fakes import FakeGateway
-from tests.scheduler_extender.test_workload_status import record
+from tests.scheduler_extender.test_workload_status import record, writer
 
 
 class Clock:
@@ -64,10 +63,10 @@ def test_the_status_writer_writes_nothing_while_not_leader() -> None:
     fake = FakeGateway()
     fake.workloads[("team-a", "train")] = {"metadata": {"namespace": "team-a", "name": "train"}}
     leading = False
-    writer = WorkloadStatusWriter(fake, lambda: [record("p1")], interval=60, clock=lambda: 0.0, leading=lambda: leading)
-    assert writer.sync() == 0 and fake.status_patches == []
+    status_writer = writer(fake, [record("p1")], leading=lambda: leading)
+    assert status_writer.sync() == 0 and fake.status_patches == []
     leading = True
-    assert writer.sync() == 1 and fake.workloads[("team-a", "train")]["status"]["replicas"] == 1
+    assert status_writer.sync() == 1 and fake.workloads[("team-a", "train")]["status"]["replicas"] == 1
 
 
 def test_the_rollback_patch_tests_the_uid_and_the_exact_value_before_removing() -> None:

@@ -61,7 +61,8 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/vram-requests: unknown tensor-fusion.ai/ annotation; did you mean tensor-fusion.ai/vram-request?"),
     ("unknown key, nothing close", {**OK, f"{P}colour": "blue"}, ("python",),
      "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
-     "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/generate-workload, "
+     "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/dedicated-gpu, "
+     "tensor-fusion.ai/generate-workload, "
      "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/no-standalone-worker-mode, tensor-fusion.ai/placement-policy, "
      "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
@@ -71,6 +72,11 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("exponent too small", {f"{P}tflops-limit": "1e-31"}, ("python",),
      "tensor-fusion.ai/tflops-limit '1e-31': exponent must be within ±30"),
     ("huge value is shortened", {**OK, f"{P}qos": "x" * 5000}, ("python",), "'" + "x" * 120 + "…': must be one of"),
+    ("dedicated-gpu text", {**OK, f"{P}dedicated-gpu": "yes"}, ("python",),
+     "tensor-fusion.ai/dedicated-gpu 'yes': must be \"true\" or \"false\""),
+    ("dedicated-gpu with a share", {f"{P}dedicated-gpu": "true", f"{P}tflops-request": "10"}, ("python",),
+     "tensor-fusion.ai/tflops-request '10': not allowed with tensor-fusion.ai/dedicated-gpu: \"true\" (whole GPUs); "
+     "remove one"),
 ]  # fmt: skip
 
 

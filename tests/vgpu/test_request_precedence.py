@@ -58,6 +58,16 @@ def test_pool_defaults_apply_when_nothing_else_is_set() -> None:
     assert (got.tflops_request, got.vram_request, got.qos) == (1_000, GI, Qos.LOW)
 
 
+def test_a_dedicated_pod_takes_whole_gpus_and_no_layers_share() -> None:
+    """The grant at bind is each GPU's capacity; a profile's or pool's share is a default for shared pods."""
+    got = resolve(pod({"tensor-fusion.ai/dedicated-gpu": "true"}), profile=PROFILE, pools=POOLS)
+    assert got.dedicated_gpu is True
+    assert (got.tflops_request, got.tflops_limit, got.vram_request, got.vram_limit) == (0, 0, 0, 0)
+    assert (got.gpu_count, got.gpu_model, got.qos) == (2, "A100", Qos.HIGH)  # every other field layers as usual
+    assert got.describe() == "2× whole GPU, A100"
+    assert resolve(pod({"tensor-fusion.ai/dedicated-gpu": "false"}), pools=POOLS).dedicated_gpu is False
+
+
 def test_workload_spec_sits_between_annotations_and_profile() -> None:
     workload = ProfileSpec(resources=Resources(tflops_request=7_000), qos=Qos.CRITICAL)
     annotations = {

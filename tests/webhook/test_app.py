@@ -7,12 +7,22 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
-from scheduler_extender.webhook.app import MUTATE_PATH, create_app
+from scheduler_extender.webhook.app import MIGRATE_PATHS, MUTATE_PATH, create_app
 from scheduler_extender.webhook.cluster import ClusterUnavailable
 from scheduler_extender.webhook.settings import WebhookSettings
 from scheduler_extender.webhook.workload import WorkloadUpsert
-from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, RESOURCE_VRAM, Annotation
+from vgpu.contract import resolved
+from vgpu.names import (
+    NVIDIA_GPU,
+    RESOURCE_MILLI_TFLOPS,
+    RESOURCE_VGPU,
+    RESOURCE_VRAM,
+    Annotation,
+    MigrationMode,
+    SystemAnnotation,
+)
 
 from .builders import FakeCluster, apply_patch, body, decode_patch, review_of, seed_review
 
@@ -122,6 +132,33 @@ def test_metrics_count_results(client: TestClient) -> None:
     client.post(MUTATE_PATH, content=body(seed_review()))
     client.post(MUTATE_PATH, content=b"x")
     text = client.get("/metrics").text
-    assert 'tensor_fusion_webhook_admissions_total{result="patched"} 1.0' in text
-    assert 'tensor_fusion_webhook_admissions_total{result="malformed"} 1.0' in text
+    assert 'tf_webhook_admissions_total{result="patched"} 1.0' in text
+    assert 'tf_webhook_admissions_total{result="malformed"} 1.0' in text
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_each_migration_entry_translates_nvidia_gpus_as_its_namespace_label_says() -> None:
+    doc = review_of({}, labels={"app": "train"})
+    doc["request"]["object"]["spec"]["containers"][0]["resources"] = {"limits": {NVIDIA_GPU: "1"}}
+    settings = WebhookSettings(migration_replica_tflops="78", migration_replica_vram="10Gi")
+    with TestClient(create_app(settings, FakeCluster())) as client:
+        replies = {path: client.post(path, content=body(doc)).json()["response"] for path in MIGRATE_PATHS.values()}
+        untouched = client.post(MUTATE_PATH, content=body(doc)).json()["response"]
+    assert untouched == {"uid": untouched["uid"], "allowed": True}  # the pods entry never translates
+    requests = {}
+    for mode, path in MIGRATE_PATHS.items():
+        assert replies[path]["warnings"][0].startswith(f'namespace label tensor-fusion.ai/migrate-nvidia-gpu: "{mode}"')
+        pod = apply_patch(doc["request"]["object"], decode_patch(replies[path]))
+        assert NVIDIA_GPU not in pod["spec"]["containers"][0]["resources"]["limits"]
+        requests[mode] = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    whole, sliced = requests[MigrationMode.WHOLE], requests[MigrationMode.TIME_SLICED]
+    assert (whole.dedicated_gpu, whole.gpu_count) == (True, 1)
+    assert (sliced.dedicated_gpu, sliced.tflops_request, sliced.vram_request) == (False, 78_000, 10 * 1024**3)
+
+
+def test_a_replica_share_that_is_no_quantity_stops_the_webhook_naming_it() -> None:
+    with pytest.raises(
+        ValidationError,
+        match=r"migration_replica_vram\n  Value error, not a Kubernetes quantity such as 10, 2.5, 500m, 4Gi",
+    ):
+        WebhookSettings(migration_replica_vram="lots")

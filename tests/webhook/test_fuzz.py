@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.webhook.app import MUTATE_PATH, create_app
+from scheduler_extender.webhook.app import MIGRATE_PATHS, MUTATE_PATH, create_app
 from scheduler_extender.webhook.settings import WebhookSettings
 from tests.hostile_json import HOSTILE_TEXT, escaped, poisoned, raw, string_slots
-from vgpu.names import LABEL_ENABLED, Annotation, SystemAnnotation
+from vgpu.names import LABEL_ENABLED, NVIDIA_GPU, NVIDIA_GPU_SHARED, NVIDIA_MIG_PREFIX, Annotation, SystemAnnotation
 
 from .builders import FakeCluster, review_of
 
@@ -38,8 +38,8 @@ def client() -> Iterator[TestClient]:
         yield client
 
 
-def check(client: TestClient, raw: bytes) -> dict[str, Any]:
-    reply = client.post(MUTATE_PATH, content=raw)
+def check(client: TestClient, raw: bytes, path: str = MUTATE_PATH) -> dict[str, Any]:
+    reply = client.post(path, content=raw)
     assert reply.status_code == 200
     doc = reply.json()
     assert (doc["apiVersion"], doc["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
@@ -105,6 +105,32 @@ def test_a_lone_surrogate_anywhere_is_a_clean_denial(
     assert response["allowed"] is False
     problem = "lone UTF-16 surrogate" if as_escape else "not valid UTF-8"
     assert problem in response["status"]["message"] and response["status"]["code"] == 400
+
+
+RESOURCE_KEYS = st.sampled_from([NVIDIA_GPU, NVIDIA_GPU_SHARED, f"{NVIDIA_MIG_PREFIX}1g.5gb", NVIDIA_MIG_PREFIX, "cpu"])
+SIDES = st.dictionaries(RESOURCE_KEYS | st.text(max_size=12), VALUES | JSON, max_size=4) | JSON
+RESOURCES = st.dictionaries(st.sampled_from(["limits", "requests", "claims"]), SIDES, max_size=3) | JSON
+
+
+@FUZZ
+@given(
+    path=st.sampled_from([MUTATE_PATH, *MIGRATE_PATHS.values()]),
+    labels=st.sampled_from([{}, {LABEL_ENABLED: "true"}, {LABEL_ENABLED: "false"}]),
+    containers=st.lists(RESOURCES, min_size=1, max_size=3),
+    init=st.lists(RESOURCES, max_size=2),
+)
+def test_arbitrary_container_resources_on_every_path(
+    client: TestClient, path: str, labels: dict[str, str], containers: list[Any], init: list[Any]
+) -> None:
+    """NVIDIA's resources in any shape, in app and init containers: translated, refused with the reason,
+    or left alone; never the shell's last resort."""
+    doc = review_of({}, labels=labels, containers=tuple(f"c{i}" for i in range(len(containers))))
+    spec = doc["request"]["object"]["spec"]
+    for container, resources in zip(spec["containers"], containers, strict=True):
+        container["resources"] = resources
+    spec["initContainers"] = [{"name": f"i{i}", "image": "x", "resources": r} for i, r in enumerate(init)]
+    response = check(client, json.dumps(doc).encode(), path)
+    assert response["uid"] == doc["request"]["uid"]
 
 
 def test_deeply_nested_json(client: TestClient) -> None:

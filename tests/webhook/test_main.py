@@ -6,21 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_extender.webhook.main import parse_args
+from scheduler_extender.webhook.main import settings_from
 
 
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_WEBHOOK_PORT", "8443")
     monkeypatch.setenv("TF_WEBHOOK_TLS_CERT_FILE", "/env/tls.crt")
-    got = parse_args(["--tls-cert-file", "/flag/tls.crt", "--kubeconfig", "/k/config"])
+    got = settings_from(["--tls-cert-file", "/flag/tls.crt", "--kubeconfig", "/k/config"])
     assert (got.port, got.tls_cert_file, got.kubeconfig) == (8443, Path("/flag/tls.crt"), Path("/k/config"))
 
 
 def test_bad_port_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        parse_args(["--port", "70000"])
+        settings_from(["--port", "70000"])
     assert exit_.value.code == 2
-    assert "port\n  Input should be less than or equal to 65535" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "tf-webhook: error: --port (env TF_WEBHOOK_PORT) '70000': Input should be less than or equal to 65535\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,6 @@ def test_bad_gpu_tolerations_are_refused_naming_the_entry(
     value: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
-        parse_args(["--gpu-tolerations", value])
+        settings_from(["--gpu-tolerations", value])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err

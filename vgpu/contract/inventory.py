@@ -25,7 +25,11 @@ class Health(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuInfo:
-    """One physical GPU. TFLOPS in milli, VRAM in bytes."""
+    """One physical GPU, or one MIG instance of a GPU in MIG mode (``parent``: that GPU's UUID; its
+    ``model`` is the unit's product name, vgpu.mig). TFLOPS in milli, VRAM in bytes.
+
+    A GPU in MIG mode (``mig``) is published but never scheduled: its units are.
+    """
 
     uuid: str
     index: int
@@ -35,6 +39,7 @@ class GpuInfo:
     health: Health = Health.HEALTHY
     numa: int | None = None
     mig: bool = False
+    parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +71,8 @@ def encode(inv: NodeInventory) -> str:
                     "health": g.health.value,
                     "numa": g.numa,
                     "mig": g.mig,
+                    # Only on MIG units: inventories without them read as before this field existed.
+                    **({"parent": g.parent} if g.parent is not None else {}),
                 }
                 for g in inv.gpus
             ],
@@ -97,6 +104,7 @@ def _gpu(r: Reader) -> GpuInfo:
         health=Health(r.choice("health", tuple(Health))),
         numa=r.opt_integer("numa"),
         mig=r.flag("mig"),
+        parent=r.added_text("parent"),
     )
     r.done()
     return gpu

@@ -39,6 +39,8 @@ def encode(req: GpuRequest) -> str:
         "placementPolicy": req.placement_policy and req.placement_policy.value,
         "nodeAffinity": req.node_affinity,
         "autoScalingConfig": req.auto_scaling,
+        # Only on dedicated pods: every other pod's annotation reads as before this field existed.
+        **({"dedicatedGpu": True} if req.dedicated_gpu else {}),
     }
     return dump(doc)
 
@@ -58,6 +60,7 @@ def decode(text: str) -> GpuRequest:
         is_local_gpu=r.flag("isLocalGPU"),
         no_standalone_worker_mode=r.flag("noStandaloneWorkerMode"),
         gpu_model=r.opt_text("gpuModel"),
+        dedicated_gpu=r.added_flag("dedicatedGpu"),
         workload=r.opt_text("workload"),
         generate_workload=r.opt_flag("generateWorkload"),
         workload_profile=r.opt_text("workloadProfile"),

@@ -45,6 +45,26 @@ class Reader:
         value: str | None = self._get(key, str, "a string", True)
         return value
 
+    def added_text(self, key: str) -> str | None:
+        """A string field added to a version after it shipped: absent in what older writers wrote (None)."""
+        if key not in self.raw:
+            self.seen.add(key)
+            return None
+        return self.text(key)
+
+    def added_flag(self, key: str) -> bool:
+        """A flag added to a version after it shipped: absent in what older writers wrote (False)."""
+        if key not in self.raw:
+            self.seen.add(key)
+            return False
+        return self.flag(key)
+
+    def positive_number(self, key: str) -> float:
+        value: int | float = self._get(key, (int, float), "a number above 0", False)
+        if value <= 0:
+            raise DomainError.one(f"{self.path}.{key}", shown(value), "must be a number above 0")
+        return float(value)
+
     def integer(self, key: str, low: int = 0, high: int | None = None) -> int:
         value: int = self._get(key, int, "a whole number", False)
         return self._within(key, value, low, high)

@@ -35,12 +35,18 @@ def test_a_resolved_pod_request_becomes_the_demand_the_core_decides_on() -> None
         )
     )
     req = replace(req, node_affinity=affinity)  # profiles carry nodeAffinity; annotations cannot
-    d = demand_from_request(req, pod_key="ns/p", whole_gpu=True, cpu=500, memory=parse_bytes("1Gi"))
+    d = demand_from_request(req, pod_key="ns/p", cpu=500, memory=parse_bytes("1Gi"))
     assert (d.pod_key, d.gpu_count, d.tflops, d.tflops_limit) == ("ns/p", 2, 10_000, 20_000)
     assert (d.vram, d.vram_limit) == (parse_bytes("4Gi"), parse_bytes("8Gi"))
     assert (d.qos, d.pool, d.gpu_model, d.workload) == (Qos.HIGH, "gold", "A100", "ns/train")
     assert (d.is_local_gpu, d.policy, d.node_affinity) == (True, PlacementPolicy.SPREAD, affinity)
-    assert (d.whole_gpu, d.cpu, d.memory) == (True, 500, parse_bytes("1Gi"))
+    assert (d.whole_gpu, d.cpu, d.memory) == (False, 500, parse_bytes("1Gi"))
+
+
+def test_a_dedicated_request_is_a_whole_gpu_demand() -> None:
+    req = resolve(PodView(name="p", annotations={A.DEDICATED_GPU: "true", A.GPU_COUNT: "2"}, containers=("main",)))
+    d = demand_from_request(req, pod_key="ns/p")
+    assert (d.whole_gpu, d.gpu_count, d.tflops, d.vram, d.tflops_limit, d.vram_limit) == (True, 2, 0, 0, 0, 0)
 
 
 def test_defaults_are_fractional_with_no_cpu_or_memory() -> None:

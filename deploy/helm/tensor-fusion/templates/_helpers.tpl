@@ -56,6 +56,11 @@ system:serviceaccount:{{ .root.Release.Namespace }}:{{ .sa }}
 {{ .Release.Name }}-webhook
 {{- end }}
 
+{{/* The device plugins' headless metrics Service: Prometheus scrapes /metrics and tf-metrics finds /usage through it. */}}
+{{- define "tf.pluginMetricsService" -}}
+{{ .Release.Name }}-device-plugin-metrics
+{{- end }}
+
 {{/* The GPU catalog (values gpuCatalog): its ConfigMap, and the directory the binaries mount it at. */}}
 {{- define "tf.gpuCatalogName" -}}
 {{ .Release.Name }}-gpu-catalog

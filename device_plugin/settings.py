@@ -1,0 +1,137 @@
+"""The device plugin's settings: one typed object, read from flags and ``TF_PLUGIN_*`` environment variables.
+
+It exists so that every knob of the node daemon is named, typed, defaulted and documented in one place,
+the way the extender's and the webhook's are: :mod:`vgpu.settings_cli` makes each field a flag, and
+``main.config_from`` turns them into the daemon's :class:`~device_plugin.daemon.PluginConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from device_plugin.envs import EnforcementPaths
+from device_plugin.health import DEFAULT_IGNORED_XIDS
+from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
+from device_plugin.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR
+from vgpu.errors import DomainError
+from vgpu.logfmt import LogFormat, LogLevel
+from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
+from vgpu.quantity import parse_milli
+
+_PATHS = EnforcementPaths()
+
+
+class PluginSettings(BaseSettings):
+    """Settings of ``tf-device-plugin``."""
+
+    model_config = SettingsConfigDict(env_prefix="TF_PLUGIN_", env_ignore_empty=True, extra="ignore", frozen=True)
+
+    node_name: str | None = Field(
+        None,
+        validate_default=True,
+        description="This node's name; unset: $NODE_NAME (the chart sets it from the pod's spec.nodeName).",
+    )
+    plugin_dir: str = Field(str(DEFAULT_PLUGIN_DIR), description="The kubelet's device-plugin socket directory.")
+    endpoint: str = Field(DEFAULT_ENDPOINT, description="Our socket's file name in the plugin directory.")
+    podresources_socket: str = Field(
+        DEFAULT_PODRESOURCES_SOCKET,
+        description="The kubelet's PodResources socket: its record of which pod got which devices proves every "
+        "grant before a container starts (required).",
+    )
+    slices_per_gpu: int = Field(DEFAULT_SLICES_PER_GPU, ge=1, description="Device IDs advertised per healthy GPU.")
+    backend: EnforcementBackend = Field(EnforcementBackend.NONE, description="How per-container limits are enforced.")
+    hami_library: str = Field(_PATHS.hami_library, description="Host path of HAMi-core's libvgpu.so.")
+    hami_preload: str = Field(
+        _PATHS.hami_preload, description="Host file mounted as the container's /etc/ld.so.preload."
+    )
+    mps_pipe_host: str = Field(_PATHS.mps_pipe_host, description="Host MPS pipe directory.")
+    mps_pipe_container: str = Field(_PATHS.mps_pipe_container, description="MPS pipe directory inside containers.")
+    fake_gpus: str | None = Field(None, description="YAML/JSON file describing fake GPUs; replaces NVML.")
+    gpus: str = Field(
+        "",
+        description="The GPUs this plugin manages, by index or UUID, separated by commas; empty: all. On a node "
+        "shared with NVIDIA's device plugin, give that one the others, so no GPU is advertised twice.",
+    )
+    default_tflops: str = Field(
+        "0", description="TFLOPS advertised for GPU models missing from the catalog (a Kubernetes quantity)."
+    )
+    gpu_catalog: str | None = Field(
+        None,
+        description="YAML/JSON list of GPU models {key, tflops, memoryMiB, nvmlNames, aliases} added to the "
+        "built-in catalog, replacing the model with the same key.",
+    )
+    ignored_xids: str = Field(
+        ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
+        description="XIDs that do not mark a GPU unhealthy, separated by commas.",
+    )
+    health_check_interval: float = Field(5.0, gt=0, description="Seconds between periodic GPU health checks.")
+    health_recovery: float = Field(
+        60.0, ge=0, description="Seconds without faults before an unhealthy GPU is healthy again."
+    )
+    pool: str | None = Field(
+        None, description="GPU pool of this node; unset: its existing pool label, else the default pool."
+    )
+    heartbeat: float = Field(
+        30.0, gt=0, description="Seconds between inventory heartbeats (patches happen on change too)."
+    )
+    lookup_wait: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds Allocate waits for a late allocation of a pod already on the node (API down: for "
+        "the pod cache).",
+    )
+    reconcile_interval: float = Field(10.0, gt=0, description="Seconds between hand-off receipt reconciliations.")
+    metrics_port: int = Field(
+        9400, ge=0, le=65535, description="Port of /metrics and /usage; 0 disables both, and usage sampling."
+    )
+    metrics_address: str = Field("0.0.0.0", description="Address /metrics and /usage listen on.")
+    usage_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between samples of each GPU's per-process use, attributed to containers on /usage "
+        "and in the per-container metrics.",
+    )
+    kubeconfig: str | None = Field(
+        None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
+    )
+    log_level: LogLevel = Field("info", description="Log level.")
+    log_format: LogFormat = Field(
+        LogFormat.TEXT, description="text, or json: one object per line with pod, container, gpus and devices as keys."
+    )
+    probe: bool = Field(
+        False, description="Print the GPUs found (NVML, or --fake-gpus) as they would be published, then exit."
+    )
+
+    @field_validator("node_name")
+    @classmethod
+    def _from_the_pod(cls, value: str | None) -> str | None:
+        return value or os.environ.get("NODE_NAME")
+
+    @field_validator("podresources_socket")
+    @classmethod
+    def _proves_grants(cls, value: str) -> str:
+        if not value:
+            raise ValueError(
+                "must name the kubelet's PodResources socket: without it no grant can be proven and no GPU "
+                "container could start"
+            )
+        return value
+
+    @field_validator("default_tflops")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        try:
+            parse_milli(value)
+        except DomainError as exc:
+            raise ValueError("; ".join(e.problem for e in exc.errors)) from None
+        return value
+
+    @field_validator("ignored_xids")
+    @classmethod
+    def _xids(cls, value: str) -> str:
+        if not all(x.strip().isdecimal() for x in value.split(",") if x.strip()):
+            raise ValueError("must be XID numbers separated by commas, such as 13,79")
+        return value

@@ -1,0 +1,104 @@
+"""The status of each GPUPool: its nodes and GPUs, their capacity, what pods hold there, and Ready.
+
+Nothing else can say what a pool offers right now: pools are a name on nodes, and only the extender's
+cache has every node's GPU inventory and every pod's allocation. A node's pool is the one the cache
+places it by (its inventory's pool, else its ``tensor-fusion.ai/gpupool`` label, else the default
+pool), and a node counts only as a GPU node: one with a GPU inventory (a corrupt one included) or
+the pool label, so CPU-only nodes are in no pool. The status says ``nodes``, ``gpus``,
+``healthyGPUs`` (healthy and not in MIG mode: the GPUs the extender places pods on),
+``capacityTflops``/``capacityVram`` over those (what the device plugins advertise as node resources)
+and ``allocatedTflops``/``allocatedVram`` that pods holding GPUs on its nodes reserve; and one
+condition, ``Ready``: True while a healthy GPU is there, False with reason ``NoNodes`` or
+``NoHealthyGPUs``.
+
+Pure; ``status.py`` lists the pools, compares and patches (the leader only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_extender.core.model import NodeState
+from scheduler_extender.objects import PodRecord
+from scheduler_extender.status import NOTHING, READY, Condition, ObjectRef, Status, StatusOf, reserved_by
+from vgpu.names import LABEL_NODE_POOL
+from vgpu.quantity import format_bytes, format_milli
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTotals:
+    """A pool's GPU nodes, their GPUs, the healthy ones, and the healthy ones' TFLOPS (milli) and VRAM (bytes)."""
+
+    nodes: int = 0
+    gpus: int = 0
+    healthy_gpus: int = 0
+    tflops_milli: int = 0
+    vram_bytes: int = 0
+
+
+EMPTY_POOL = PoolTotals()
+
+
+def is_gpu_node(node: NodeState) -> bool:
+    """Whether the node is in a pool at all: it has a GPU inventory, or the pool label."""
+    return bool(node.gpus) or node.inventory_error is not None or LABEL_NODE_POOL in node.labels
+
+
+def pool_totals(nodes: Iterable[NodeState]) -> dict[str, PoolTotals]:
+    """Sum the GPU nodes by pool."""
+    totals: dict[str, PoolTotals] = {}
+    for node in nodes:
+        if not is_gpu_node(node):
+            continue
+        healthy = [g for g in node.gpus if g.healthy]
+        old = totals.get(node.pool, EMPTY_POOL)
+        totals[node.pool] = PoolTotals(
+            nodes=old.nodes + 1,
+            gpus=old.gpus + len(node.gpus),
+            healthy_gpus=old.healthy_gpus + len(healthy),
+            tflops_milli=old.tflops_milli + sum(g.tflops for g in healthy),
+            vram_bytes=old.vram_bytes + sum(g.vram for g in healthy),
+        )
+    return totals
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def pool_ready(pool: str, totals: PoolTotals) -> Condition:
+    """Ready while the pool has a healthy GPU; otherwise why not."""
+    if totals.nodes == 0:
+        joins = f"a node joins it with the label {LABEL_NODE_POOL}={pool}"
+        return Condition(READY, False, "NoNodes", f"no GPU node is in the pool: {joins}")
+    nodes, gpus = _count(totals.nodes, "node"), _count(totals.gpus, "GPU")
+    if totals.gpus == 0:
+        return Condition(READY, False, "NoHealthyGPUs", f"{nodes} in the pool, reporting no GPU")
+    if totals.healthy_gpus == 0:
+        return Condition(READY, False, "NoHealthyGPUs", f"none of the {gpus} on {nodes} is healthy")
+    return Condition(READY, True, "HealthyGPUs", f"{totals.healthy_gpus} of {gpus} healthy, on {nodes}")
+
+
+def pool_statuses(nodes: Iterable[NodeState], records: Iterable[PodRecord]) -> StatusOf:
+    """What each GPUPool's status should say, given the cache's nodes and the pods holding GPUs."""
+    nodes = tuple(nodes)
+    totals = pool_totals(nodes)
+    pool_of = {n.name: n.pool for n in nodes if is_gpu_node(n)}
+    allocated = reserved_by(records, lambda r: pool_of.get(r.allocation.node) if r.allocation else None)
+
+    def status_of(ref: ObjectRef, _pool: Mapping[str, Any]) -> Status:
+        name = ref[1]
+        pool, held = totals.get(name, EMPTY_POOL), allocated.get(name, NOTHING)
+        fields = {
+            "nodes": pool.nodes,
+            "gpus": pool.gpus,
+            "healthyGPUs": pool.healthy_gpus,
+            "capacityTflops": format_milli(pool.tflops_milli),
+            "capacityVram": format_bytes(pool.vram_bytes),
+            **held.allocated_fields(),
+        }
+        return Status(fields, (pool_ready(name, pool),))
+
+    return status_of
