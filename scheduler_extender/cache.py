@@ -128,18 +128,35 @@ class ClusterCache:
                 self._pod_changed(event.object)
 
     # --- reads ----------------------------------------------------------------------------------
-    def snapshot(self, *, drop_tentative_of: str | None = None, extra: Sequence[RawObject] = ()) -> Snapshot:
+    def snapshot(
+        self,
+        *,
+        drop_tentative_of: str | None = None,
+        scheduling: PodRef | None = None,
+        extra: Sequence[RawObject] = (),
+    ) -> Snapshot:
         """The cluster for one decision.
 
         ``drop_tentative_of``: a new scheduling attempt of that pod, so its old tentative reservation
-        goes. ``extra``: Node objects the scheduler sent in full; used for nodes the watch has not
-        delivered yet, so a lagging cache does not reject a node it could judge.
+        goes. ``scheduling``: the pod the decision is for. kube-scheduler schedules only unbound pods, so
+        an allocation the watch shows on it is a bind that died between its write and its Binding (a
+        crashed extender replica) or one still running elsewhere: the pod's own room, not another's.
+        It is left out of this snapshot (the cache keeps counting it for every other pod), so the pod
+        fits where it fitted, even in a full pool; its bind then undoes the stale allocation or backs
+        off for a live one (binder.py). ``extra``: Node objects the scheduler sent in full; used for
+        nodes the watch has not delivered yet, so a lagging cache does not reject a node it could judge.
         """
         with self.lock:
             self._expire()
             if drop_tentative_of is not None and drop_tentative_of in self._tentative:
                 self._release(drop_tentative_of)
             nodes = dict(self._view)
+            own = self._records.get(scheduling.uid) if scheduling is not None else None
+            if own is not None and own.allocation is not None and own.node_name is None:
+                held_on, key = own.allocation.node, own.ref.key
+                base = self._base.get(held_on)
+                if base is not None and self._owner.get(key) == own.ref.uid and key not in self._tentative:
+                    nodes[held_on] = self._view_of(base, self._ledger(held_on).release(key))
             for item in extra:
                 node = node_state(item, self.default_pool)
                 if node.name and node.name not in nodes:
@@ -343,9 +360,13 @@ class ClusterCache:
         for name in nodes:
             base = self._base.get(name)
             if base is not None:
-                view = self._ledger(name).apply_node(base)
-                foreign = self._foreign_ids.get(name, 0)
-                self._view[name] = replace(view, slots_used=view.slots_used + foreign) if foreign else view
+                self._view[name] = self._view_of(base, self._ledger(name))
+
+    def _view_of(self, base: NodeState, ledger: Ledger) -> NodeState:
+        """The node as decisions see it: ``ledger``'s usage, and the device IDs pods without allocations hold."""
+        view = ledger.apply_node(base)
+        foreign = self._foreign_ids.get(base.name, 0)
+        return replace(view, slots_used=view.slots_used + foreign) if foreign else view
 
     def _note_foreign(self, uid: str, held: tuple[str, int] | None) -> None:
         """Track pod ``uid`` as holding ``held`` = (node, device IDs) without an allocation, or (None) not."""

@@ -121,7 +121,7 @@ class Verbs:
             self.events.warn(pod.ref, REASON_FAILED, message)
             return filter_reply(nodes, (), {}, dict.fromkeys(nodes.names, message))
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
-        snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, extra=_values(nodes.items))
+        snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
         result = self._filter(pod, demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
         if self.keep_top_nodes and len(passed) > self.keep_top_nodes:
@@ -145,7 +145,7 @@ class Verbs:
         if pod is None or pod.request is None:
             return dict.fromkeys(nodes.names, 0)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
-        snapshot = self.cache.snapshot(extra=_values(nodes.items))
+        snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
         raw = self._score(pod, demand, snapshot, nodes.names)
         scores = to_extender_scores(raw)
         best = top_nodes(raw, 1)

@@ -349,3 +349,18 @@ def test_a_gpu_in_mig_mode_is_never_offered_for_sharing(cache: ClusterCache) -> 
     view = cache.node("n1")
     assert view is not None
     assert [(g.uuid, g.healthy) for g in view.gpus] == [("GPU-n1-0", False), ("GPU-n1-1", True)]
+
+
+def test_an_unbound_pods_own_allocation_is_room_for_that_pod_only(cache: ClusterCache) -> None:
+    """A crashed extender replica wrote p's allocation and never posted its Binding: the GPU it names
+    stays counted for every other pod, but p itself, scheduled again, finds its own room there."""
+    cache.replace(Kind.NODE, [make_node("n", gpus=1, vram=8 * GI)])
+    stale = allocated_pod("p", "n", grant("n", 0, 8 * GI))
+    del stale["spec"]["nodeName"]
+    stale["status"]["phase"] = "Pending"
+    cache.replace(Kind.POD, [stale])
+    p = PodRef(namespace="default", name="p", uid="uid-default-p")
+    other = PodRef(namespace="default", name="q", uid="uid-default-q")
+    free = {who.name: cache.snapshot(scheduling=who).nodes["n"].gpus[0].vram_free for who in (p, other)}
+    assert free == {"p": 8 * GI, "q": 0}
+    assert cache.node("n") is not None and cache.node("n").gpus[0].vram_free == 0  # type: ignore[union-attr]
