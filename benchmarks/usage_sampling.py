@@ -20,14 +20,13 @@ utilisation samples), which are driver ioctls on a real node.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
+from benchmarks.hardware import describe
 from device_plugin.board import discover
 from device_plugin.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
@@ -96,15 +95,7 @@ def bench(containers: int, gpus: int, passes: int, interval_s: float) -> None:
     print(f"{containers} containers' processes on {gpus} GPUs, {passes} passes")
     print(f"per pass: {cpu * 1000:.2f} ms CPU, {wall * 1000:.2f} ms wall")
     print(f"per GPU per pass: {per_gpu * 1000:.3f} ms CPU = {share:.4f} % of one core at {interval_s:g} s")
-    cpu_name = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
-    print(f"hardware: {cpu_name or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
+    print(f"hardware: {describe()}")
 
 
 def main() -> None:

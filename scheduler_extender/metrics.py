@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from importlib.metadata import version
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.handoff import HandoffGate
 from vgpu import metric_names
+from vgpu.names import DISTRIBUTION
 
 NS: Final = metric_names.EXTENDER
 _LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -30,6 +32,11 @@ class Metrics:
 
     def __init__(self, cache: ClusterCache, gate: HandoffGate) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        info = metric_names.BUILD_INFO
+        Gauge(info.name, info.help, info.labels, registry=self.registry).labels("extender", version(DISTRIBUTION)).set(
+            1
+        )
         self.latency = Histogram(
             f"{NS}_request_seconds",
             "Time to answer one extender verb",

@@ -14,6 +14,8 @@ from device_plugin.main import settings_from as plugin_settings
 from device_plugin.settings import PluginSettings
 from scheduler_extender.cli import parser as tfctl_parser
 from scheduler_extender.main import settings_from as extender_settings
+from scheduler_extender.metrics_api.main import settings_from as metrics_settings
+from scheduler_extender.metrics_api.settings import MetricsSettings
 from scheduler_extender.settings import Settings
 from scheduler_extender.webhook.main import settings_from as webhook_settings
 from scheduler_extender.webhook.settings import WebhookSettings
@@ -25,6 +27,7 @@ BINARIES: list[tuple[str, Read, type[BaseSettings], str]] = [
     ("tf-extender", extender_settings, Settings, "TF_EXTENDER_"),
     ("tf-webhook", webhook_settings, WebhookSettings, "TF_WEBHOOK_"),
     ("tf-device-plugin", plugin_settings, PluginSettings, "TF_PLUGIN_"),
+    ("tf-metrics", metrics_settings, MetricsSettings, "TF_METRICS_"),
 ]
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks.hardware import describe
 from benchmarks.placement.latency import measure, render
 from benchmarks.placement.protocol import SEEDS
 from benchmarks.placement.report import table, timings
@@ -26,20 +25,6 @@ from benchmarks.placement.traces import DEFAULT_TRACES, MAPPING_NOTE, NODE_FILE,
 
 QUICK_TRACES = ("default", "multigpu50")
 QUICK_SEEDS = (42, 43)
-
-
-def _hardware() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()} on {platform.system()} {platform.release()}"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = [t for t in traces if pod_file(args.traces, t).is_file()]
 
     start = time.perf_counter()
-    print(f"hardware: {_hardware()}")
+    print(f"hardware: {describe()}")
     print(MAPPING_NOTE)
     print(f"traces {traces}, seeds {seeds}, policies {list(policies)}, jobs {args.jobs}", flush=True)
     tasks = [(args.traces, t, s, policies) for t in traces for s in seeds]
@@ -88,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render([measure(args.traces, name) for name in ("binpack", "fragmentation")]))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1, default=str))
-    print(f"\ntotal runtime {time.perf_counter() - start:.0f} s on {_hardware()}")
+    print(f"\ntotal runtime {time.perf_counter() - start:.0f} s on {describe()}")
     return 0
 
 

@@ -15,10 +15,11 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 from typing import Any, Final, TypedDict
 
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from scheduler_extender.kube.admission import KubeAdmission
@@ -28,7 +29,7 @@ from scheduler_extender.webhook.decision import decide
 from scheduler_extender.webhook.migration import Migration
 from scheduler_extender.webhook.settings import WebhookSettings
 from vgpu import metric_names
-from vgpu.names import MigrationMode
+from vgpu.names import DISTRIBUTION, MigrationMode
 
 log = logging.getLogger(__name__)
 MUTATE_PATH: Final = "/mutate"
@@ -88,6 +89,9 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
         else:
             connected = cluster
         registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        info = metric_names.BUILD_INFO
+        Gauge(info.name, info.help, info.labels, registry=registry).labels("webhook", version(DISTRIBUTION)).set(1)
         admissions = Counter(
             f"{metric_names.WEBHOOK}_admissions",
             "Pod admissions by result (patched, allowed untouched, denied, malformed)",

@@ -517,8 +517,25 @@ def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:
             return int(answer.status), answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+    except urllib.error.HTTPError as error:  # 503 before the first pass
+        with error:
+            return error.code, error.read().decode()
+
+
+def test_one_port_serves_metrics_and_the_latest_usage_document_503_until_the_first_pass() -> None:
+    metrics = PluginMetrics()
+    document: list[str | None] = [None]
+    server = metrics.serve(0, lambda: document[0], "127.0.0.1")
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert get(base + usage.PATH) == (503, "no usage sampled yet\n")
+        document[0] = usage.encode(NodeUsage(node="n", sampled_at="2026-11-22T04:00:00Z", interval_s=5, containers=()))
+        assert get(base + usage.PATH) == (200, document[0])
+        status, text = get(base + "/metrics")
+        assert status == 200 and 'tf_build_info{component="device-plugin"' in text
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_whole_loop_in_the_plugin_serves_scripted_use_on_usage_and_metrics(tmp_path: Path) -> None:
@@ -537,9 +554,10 @@ def test_the_whole_loop_in_the_plugin_serves_scripted_use_on_usage_and_metrics(t
     ]
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, path, metrics_port=port, metrics_address="127.0.0.1", usage_interval_s=0.05) as (daemon, _):
+        async with plugin(
+            tmp_path, kube, path, metrics_port=port, metrics_address="127.0.0.1", usage_interval_s=0.05
+        ) as (daemon, _):
             base = f"http://127.0.0.1:{port}"
-            assert (await asyncio.to_thread(get, base + usage.PATH))[0] in (200, 503)
             gpu_file(path, usage=entries)
 
             async def containers(tflops: int) -> NodeUsage:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubernetes.client import CoreV1Api
+from kubernetes.client import ApiregistrationV1Api, CoreV1Api, RbacAuthorizationV1Api
 
 from vgpu.names import (
     CRD_GROUP,
@@ -37,12 +38,22 @@ from .control_plane import ControlPlane
 from .fake_nodes import SLICES_PER_GPU, FakeGpu, add_fake_node, fake_nvml_yaml
 from .kube import api_client, apply, ensure_namespace, eventually, service_account_token, untaint_not_ready
 from .node import KubeletNode
-from .pki import write_kubeconfig
-from .procs import Proc, ensure_binaries, free_port, tail, tcp_listening, wait_until
+from .pki import serving_cert, write_kubeconfig
+from .procs import (
+    Proc,
+    StartupError,
+    ensure_binaries,
+    free_port,
+    non_loopback_ipv4,
+    tail,
+    tcp_listening,
+    wait_until,
+)
 
 VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"
 PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (the plugin's default: 5)
+METRICS_API_INTERVAL = 1  # seconds between tf-metrics' passes over the plugins (its default: 5)
 TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
 
 
@@ -165,7 +176,7 @@ class Cluster(AbstractContextManager["Cluster"]):
     def start_device_plugin(self) -> None:
         """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
         again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips. Its
-        /metrics and /usage are on loopback at ``plugin_metrics_port``, sampled every
+        /metrics and /usage are at ``plugin_metrics_port`` (every address), sampled every
         :data:`PLUGIN_USAGE_INTERVAL` seconds."""
         assert self.node is not None
         self._ours(
@@ -180,12 +191,103 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--backend={EnforcementBackend.HAMI_CORE.value}",
                 "--health-check-interval=1",
                 "--health-recovery=2",
-                f"--metrics-port={self.plugin_metrics_port}",
-                "--metrics-address=127.0.0.1",
+                f"--metrics-port={self.plugin_metrics_port}",  # on every address: tf-metrics reaches it off loopback
                 f"--usage-interval={PLUGIN_USAGE_INTERVAL}",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",
             ],
         )
+
+    def start_metrics_api(self) -> Proc:
+        """tf-metrics as the shipped APIServices' server, reached through the API server's aggregation layer.
+
+        It listens on this machine's non-loopback address (an EndpointSlice refuses loopback), with a serving
+        certificate for the shipped Service's name; that Service gets an EndpointSlice there, the device
+        plugins' metrics Service one at the kubelet node's plugin, and the shipped APIServices are applied
+        with the test CA as caBundle. Polls the plugins every :data:`METRICS_API_INTERVAL` seconds. Undone by
+        :meth:`stop_metrics_api`."""
+        assert self.cp is not None and self.cp.pki is not None
+        address = non_loopback_ipv4()
+        if address is None:
+            raise StartupError(
+                "tf-metrics needs a non-loopback IPv4 address: an EndpointSlice cannot point at loopback"
+            )
+        served = deploy.service("-metrics-api")
+        plugins = deploy.service("-device-plugin-metrics")
+        meta = served["metadata"]
+        cert, key = serving_cert(self.cp.pki, "metrics-api", (f"{meta['name']}.{meta['namespace']}.svc",))
+        self.metrics_api_address, self.metrics_api_port = address, free_port()
+        proc = self._ours(
+            "tf-metrics",
+            [
+                str(VENV_BIN / "tf-metrics"),
+                f"--host={address}",
+                f"--port={self.metrics_api_port}",
+                f"--tls-cert-file={cert}",
+                f"--tls-key-file={key}",
+                f"--kubeconfig={self.kubeconfigs['metrics-api']}",
+                f"--plugin-namespace={plugins['metadata']['namespace']}",
+                f"--plugin-service={plugins['metadata']['name']}",
+                f"--interval={METRICS_API_INTERVAL}",
+            ],
+        )
+        wait_until("tf-metrics port", partial(tcp_listening, self.metrics_api_port, address), 60, [proc])
+        self._endpoint(served, address, self.metrics_api_port)
+        self._endpoint(plugins, address, self.plugin_metrics_port, REAL_NODE)
+        services = deploy.api_services(self.cp.pki.ca_crt)
+        apply(self.admin, services)
+        registration = ApiregistrationV1Api(self.admin)
+
+        def available() -> bool:
+            for doc in services:
+                status = registration.read_api_service(doc["metadata"]["name"]).status
+                if not any(c.type == "Available" and c.status == "True" for c in status.conditions or ()):
+                    return False
+            return True
+
+        wait_until("the custom metrics APIServices Available", available, 60, [proc])
+        return proc
+
+    def stop_metrics_api(self) -> None:
+        """Unregister the APIServices (a group without a server fails every client's discovery), stop tf-metrics."""
+        assert self.cp is not None and self.cp.pki is not None
+        registration = ApiregistrationV1Api(self.admin)
+        for doc in deploy.api_services(self.cp.pki.ca_crt):
+            registration.delete_api_service(doc["metadata"]["name"])
+        self.ours.pop("tf-metrics").stop()
+
+    def _endpoint(self, shipped: dict[str, Any], address: str, port: int, node: str | None = None) -> None:
+        """The shipped Service without its selector, and one EndpointSlice for it at ``address:port`` (on
+        ``node``): what the endpointslice controller would write for a pod there, for a process of ours."""
+        meta = shipped["metadata"]
+        (port_spec,) = shipped["spec"]["ports"]
+        spec = {"ports": [{"name": port_spec["name"], "port": port_spec["port"], "targetPort": port}]}
+        if shipped["spec"].get("clusterIP") == "None":
+            spec["clusterIP"] = "None"
+        endpoint: dict[str, Any] = {"addresses": [address], "conditions": {"ready": True}}
+        if node is not None:
+            endpoint["nodeName"] = node
+        slice_ = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{meta['name']}-e2e",
+                "namespace": meta["namespace"],
+                "labels": {
+                    "kubernetes.io/service-name": meta["name"],
+                    "endpointslice.kubernetes.io/managed-by": "tf-e2e",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [endpoint],
+            "ports": [{"name": port_spec["name"], "port": port, "protocol": "TCP"}],
+        }
+        apply(self.admin, [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": meta["name"],
+                            "namespace": meta["namespace"]}, "spec": spec}, slice_])  # fmt: skip
+
+    def plugin_get(self, path: str) -> str:
+        """The body of ``GET path`` on the kubelet node's device plugin (``/metrics``, ``/usage``)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.plugin_metrics_port}{path}", timeout=5) as answer:
+            return str(answer.read().decode())
 
     def wait_node_ready(self, name: str, timeout: float = 90) -> Any:
         """Ready, our devices advertised, and the kubelet's initial not-ready taint cleared."""
@@ -216,6 +318,15 @@ class Cluster(AbstractContextManager["Cluster"]):
     def namespace(self, name: str) -> str:
         ensure_namespace(self.admin, name)
         return name
+
+    def grant_tenant(self, namespace: str, role: str) -> None:
+        """The tenant user gets the ClusterRole ``role`` (edit, view…) in ``namespace``, as a team would."""
+        binding = {
+            "metadata": {"name": f"tenant-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+        }
+        RbacAuthorizationV1Api(self.admin).create_namespaced_role_binding(namespace, binding)
 
     def stop(self) -> None:
         for proc in reversed(list(self.ours.values())):

@@ -1,4 +1,5 @@
-"""etcd, a real kube-apiserver, kube-controller-manager and kube-scheduler on loopback.
+"""etcd, a real kube-apiserver (its aggregation layer configured), kube-controller-manager and kube-scheduler on
+loopback.
 
 WHY: the extender, the webhook and the admission policies only mean something against the
 real API server and the real scheduler: admission order, the Binding subresource, events, RBAC
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 
 from . import deploy
-from .pki import Identity, Pki, make_identities, make_pki, write_kubeconfig, write_token_file
+from .pki import FRONT_PROXY_CN, Identity, Pki, make_identities, make_pki, write_kubeconfig, write_token_file
 from .procs import Proc, free_port, http_ok, tcp_listening, wait_until
 
 # Static identities. The scheduler and our own binaries authenticate with the shipped
@@ -141,6 +142,17 @@ class ControlPlane:
                 f"--service-account-key-file={self.pki.sa_pub}",
                 f"--service-account-signing-key-file={self.pki.sa_key}",
                 "--service-cluster-ip-range=10.0.0.0/24",
+                # The aggregation layer, as a real cluster has it (kubeadm's flags): the front proxy's CA and
+                # client certificate, and the headers it names the user in. The aggregator dials an
+                # APIService's endpoints itself (no kube-proxy here to reach a ClusterIP).
+                f"--requestheader-client-ca-file={self.pki.front_proxy_ca}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CN}",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-username-headers=X-Remote-User",
+                f"--proxy-client-cert-file={self.pki.front_proxy_client[0]}",
+                f"--proxy-client-key-file={self.pki.front_proxy_client[1]}",
+                "--enable-aggregator-routing=true",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",

@@ -7,7 +7,9 @@ selection (it is placed and granted a share, but no kubelet runs it).
 WHY: the first thing a newcomer runs. It uses the same cluster as the end-to-end tests (real
 API server, scheduler, kubelet; our webhook, extender and device plugin), so what it prints is
 what the tests check: pod → node, GPU UUID, TFLOPS and VRAM granted, and the env one container
-was created with, and the status the extender wrote on the generated TensorFusionWorkload; then
+was created with, what the device plugin measured of each running container's GPU use (scripted in
+the fake GPU file, read back from its ``/usage``), and the status the extender wrote on the generated
+TensorFusionWorkload; then
 what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
 hand is admitted by the kubelet but the device plugin refuses to start it).
 Everything is stopped before it returns.
@@ -23,13 +25,13 @@ from typing import Any
 
 from kubernetes.client import ApiException, CustomObjectsApi
 
-from vgpu.contract import allocation
+from vgpu.contract import allocation, usage
 from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation
-from vgpu.quantity import format_bytes, format_milli
+from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
 
 from . import deploy
 from .cluster import REAL_NODE, Cluster
-from .fake_nodes import gpus
+from .fake_nodes import fake_nvml_yaml, gpus
 from .kube import apply, bind_by_hand, events_for, eventually
 from .pods import allocation_of, created_env, gpu_pod
 
@@ -96,6 +98,7 @@ def run(keep: bool) -> None:
             print(f"\nenv of {pod.metadata.name}/{container} as the kubelet created it (fake runtime's record):")
             for key in sorted(k for k in env if k.startswith(("NVIDIA_", "TENSOR_FUSION_", "CUDA_"))):
                 print(f"  {key}={env[key]}")
+            measured(cluster, running)
         workloads = CustomObjectsApi(cluster.admin)
 
         def workload_statuses() -> list[tuple[str, ...]] | None:
@@ -112,6 +115,39 @@ def run(keep: bool) -> None:
         isolation(cluster, namespace)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
+
+
+def measured(cluster: Cluster, running: Sequence[Any]) -> None:
+    """Script each running pod's first GPU container at 3 %, 6 %, … of its GPU's SMs and 1, 2, … GiB in the
+    fake GPU file, and print what the device plugin attributes to each, from its GET /usage."""
+    script = [
+        {
+            "pod": p.metadata.uid,
+            "container": allocation_of(p).containers[0],
+            "gpu": allocation_of(p).gpus[0].uuid,
+            "smPercent": 3 * (i + 1),
+            "vramMiB": 1024 * (i + 1),
+        }
+        for i, p in enumerate(running)
+    ]
+    cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}, usage=script))
+
+    def sampled() -> list[usage.ContainerUsage] | None:
+        found = usage.decode(cluster.plugin_get(usage.PATH)).containers
+        return list(found) if {c.pod_uid for c in found} >= {p.metadata.uid for p in running} else None
+
+    lines = [("POD", "CONTAINER", "GPU", "TFLOPS used/limit", "VRAM used/limit")] + [
+        (
+            c.pod,
+            c.container,
+            c.gpu,
+            f"{humanize_tflops(c.tflops_used)}/{humanize_tflops(c.tflops_limit)}",
+            f"{humanize_bytes(c.vram_used)}/{humanize_bytes(c.vram_limit)}",
+        )
+        for c in eventually("the device plugin's usage sample", sampled, timeout=30)
+    ]
+    print(f"\nGPU use the device plugin measured (GET {usage.PATH}; scripted in the fake GPU file):")
+    print(table(lines))
 
 
 def isolation(cluster: Cluster, namespace: str) -> None:

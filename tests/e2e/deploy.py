@@ -30,12 +30,20 @@ EXTENDER_PREFIX = "/extender"  # the shipped configurations call the verbs at 12
 # Kinds that run our binaries in a real cluster; the harness runs them as processes instead.
 WORKLOAD_KINDS = frozenset({"Deployment", "DaemonSet", "Service", "Pod", "Secret"})
 WEBHOOK_KINDS = frozenset({"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"})
+# Registered when the harness starts tf-metrics, with its test CA (an APIService without a server behind it
+# would fail the API server's discovery of its group for every client).
+API_SERVICE = "APIService"
 # The shipped manifests get the webhook certificate from cert-manager; the harness signs its own.
 SKIPPED_GROUPS = ("cert-manager.io/",)
 _FIRST = {"Namespace": 0, "CustomResourceDefinition": 1}
 
 # Which of the shipped ServiceAccounts each of our processes runs as, by a word in its name.
-COMPONENT_ACCOUNT_WORDS = {"extender": ("extender", "scheduler"), "webhook": ("webhook",), "device-plugin": ("plugin",)}
+COMPONENT_ACCOUNT_WORDS = {
+    "extender": ("extender", "scheduler"),
+    "webhook": ("webhook",),
+    "device-plugin": ("plugin",),
+    "metrics-api": ("metrics",),
+}
 
 
 def _shipped() -> list[dict[str, Any]]:
@@ -47,7 +55,7 @@ def _shipped() -> list[dict[str, Any]]:
 
 def cluster_objects() -> list[dict[str, Any]]:
     """CRDs first, then RBAC, policies, priority classes… (the namespace is created separately)."""
-    docs = [d for d in _shipped() if d["kind"] not in WORKLOAD_KINDS | WEBHOOK_KINDS]
+    docs = [d for d in _shipped() if d["kind"] not in WORKLOAD_KINDS | WEBHOOK_KINDS | {API_SERVICE}]
     return sorted(docs, key=lambda d: _FIRST.get(d["kind"], 2))
 
 
@@ -86,6 +94,24 @@ def webhook_configurations(base_url: str, ca: Path) -> list[dict[str, Any]]:
     if not out:
         raise LookupError("deploy/ ships no webhook configuration")
     return out
+
+
+def api_services(ca: Path) -> list[dict[str, Any]]:
+    """The shipped APIServices (tf-metrics' custom metrics API), trusting ``ca`` instead of cert-manager's."""
+    bundle = base64.b64encode(ca.read_bytes()).decode()
+    out = [copy.deepcopy(d) for d in _shipped() if d["kind"] == API_SERVICE]
+    for doc in out:
+        doc["metadata"].pop("annotations", None)
+        doc["spec"]["caBundle"] = bundle
+    if not out:
+        raise LookupError("deploy/ ships no APIService")
+    return out
+
+
+def service(name_suffix: str) -> dict[str, Any]:
+    """The shipped Service whose name ends in ``name_suffix`` (the harness gives it endpoints of its own)."""
+    (found,) = [d for d in _shipped() if d["kind"] == "Service" and d["metadata"]["name"].endswith(name_suffix)]
+    return found
 
 
 def scheduler_config(kubeconfig: Path, verbs_port: int) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import ssl
@@ -154,7 +156,23 @@ def http_ok(url: str, ca: Path | None = None, token: str | None = None) -> bool:
         return False
 
 
-def tcp_listening(port: int) -> bool:
+def tcp_listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
+
+
+def non_loopback_ipv4() -> str | None:
+    """An IPv4 address of this machine outside 127.0.0.0/8, or None when it has none (Endpoints and
+    EndpointSlices refuse loopback addresses, so what the API server reaches through a Service listens here)."""
+    if shutil.which("ip"):
+        listed = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+        found = re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", listed.stdout)
+        return found[0] if found else None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        try:
+            udp.connect(("192.0.2.1", 9))  # TEST-NET-1: picks the source address of a route out; sends nothing
+        except OSError:
+            return None
+        address: str = udp.getsockname()[0]
+        return None if address.startswith("127.") else address

@@ -12,12 +12,12 @@ import datetime as dt
 import json
 
 import pytest
-from kubernetes.client import ApiException, CoreV1Api, RbacAuthorizationV1Api
+from kubernetes.client import ApiException, CoreV1Api
 
 from vgpu.contract import allocation
 from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, Annotation, Qos
 
-from .cluster import REAL_NODE, TENANT, Cluster
+from .cluster import REAL_NODE, Cluster
 from .kube import api_client, wait_bound
 from .pods import IMAGE, allocation_of, gpu_pod
 
@@ -27,13 +27,7 @@ SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
 
 @pytest.fixture(scope="module")
 def tenant(cluster: Cluster) -> CoreV1Api:
-    cluster.namespace(NAMESPACE)
-    binding = {
-        "metadata": {"name": "tenant-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-    }
-    RbacAuthorizationV1Api(cluster.admin).create_namespaced_role_binding(NAMESPACE, binding)
+    cluster.grant_tenant(cluster.namespace(NAMESPACE), "edit")
     return CoreV1Api(api_client(cluster.tenant_kubeconfig))
 
 

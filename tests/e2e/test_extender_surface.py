@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import socket
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +35,7 @@ from .cluster import REAL_NODE, Cluster
 from .deploy import EXTENDER_PREFIX
 from .kube import eventually
 from .pods import gpu_pod
+from .procs import non_loopback_ipv4
 
 NAMESPACE = "e2e-surface"
 NOWHERE_POOL = "e2e-surface-no-nodes"  # a pool without nodes: its pods stay Pending, never bound
@@ -145,21 +144,6 @@ def test_hostile_requests_get_no_5xx_and_the_extender_still_filters(
         # pod that fits nowhere drops it, as the scheduler's next try would.
         gone = http.post(f"{verbs}/filter", json={**bodies["filter"], "NodeNames": ["e2e-surface-no-such-node"]})
         assert gone.json()["NodeNames"] == []
-
-
-def non_loopback_ipv4() -> str | None:
-    """An IPv4 address of this machine outside 127.0.0.0/8, or None when it has none."""
-    if shutil.which("ip"):
-        listed = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
-        found = re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", listed.stdout)
-        return found[0] if found else None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        try:
-            udp.connect(("192.0.2.1", 9))  # TEST-NET-1: picks the source address of a route out; sends nothing
-        except OSError:
-            return None
-        address: str = udp.getsockname()[0]
-        return None if address.startswith("127.") else address
 
 
 def test_the_verbs_are_not_reachable_off_loopback_and_the_public_port_binds_nothing(

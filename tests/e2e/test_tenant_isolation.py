@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException, CoreV1Api, RbacAuthorizationV1Api
+from kubernetes.client import ApiException, CoreV1Api
 
 from vgpu.names import Annotation, Env
 
-from .cluster import REAL_NODE, TENANT, Cluster
+from .cluster import REAL_NODE, Cluster
 from .deploy import system_namespace
 from .kube import api_client, bind_by_hand, events_for, eventually, wait_bound, wait_running
 from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
@@ -49,17 +49,8 @@ REFUSED = re.compile(
 @pytest.fixture(scope="module")
 def tenants(cluster: Cluster) -> dict[str, CoreV1Api]:
     """The tenant user with ``edit`` in both namespaces (the rights a team has in a shared cluster)."""
-    rbac = RbacAuthorizationV1Api(cluster.admin)
     for namespace in (OWN, OTHER):
-        cluster.namespace(namespace)
-        rbac.create_namespaced_role_binding(
-            namespace,
-            {
-                "metadata": {"name": "tenant-edit"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
-            },
-        )
+        cluster.grant_tenant(cluster.namespace(namespace), "edit")
     cluster.ensure_pool(NOWHERE_POOL)
     tenant = CoreV1Api(api_client(cluster.tenant_kubeconfig))
     return {OWN: tenant, OTHER: tenant}

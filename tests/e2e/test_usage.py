@@ -8,7 +8,6 @@ custom-metrics API reads is the plugin's own answer over HTTP, nothing computed 
 from __future__ import annotations
 
 import time
-import urllib.request
 from typing import Any
 
 from kubernetes.client import CoreV1Api
@@ -35,17 +34,12 @@ WITHIN_S = 2 * PLUGIN_USAGE_INTERVAL + 1
 MIB = 1024 * 1024
 
 
-def get(cluster: Cluster, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.plugin_metrics_port}{path}", timeout=5) as answer:
-        return str(answer.read().decode())
-
-
 def container_metrics(cluster: Cluster, pod: Any, gpu: str) -> dict[str, float]:
     """The plugin's ``tf_container_*`` series of the pod's container ``main`` on ``gpu``, by name."""
     labels = {"node": REAL_NODE, "namespace": NAMESPACE, "pod": pod.metadata.name, "container": "main", "gpu": gpu}
     return {
         s.name: s.value
-        for family in text_string_to_metric_families(get(cluster, "/metrics"))
+        for family in text_string_to_metric_families(cluster.plugin_get("/metrics"))
         for s in family.samples
         if s.name.startswith("tf_container_") and s.labels == labels
     }
@@ -53,7 +47,7 @@ def container_metrics(cluster: Cluster, pod: Any, gpu: str) -> dict[str, float]:
 
 def seen(cluster: Cluster, pod: Any, tflops: int) -> usage.ContainerUsage | None:
     """The pod's container on /usage, once it shows ``tflops`` (milli) used."""
-    doc = usage.decode(get(cluster, usage.PATH))
+    doc = usage.decode(cluster.plugin_get(usage.PATH))
     mine = [c for c in doc.containers if c.pod_uid == pod.metadata.uid]
     return mine[0] if len(mine) == 1 and mine[0].tflops_used == tflops else None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import version
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +14,7 @@ from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_no
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_cache import allocated_pod, grant
 from tests.scheduler_extender.test_verbs import args, preempt_args
+from vgpu.names import DISTRIBUTION
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -48,6 +50,12 @@ def test_request_latency_is_observed_per_verb(run: Callable[..., Running], clust
     assert [metric(app, "tf_extender_request_seconds_count", verb=v) for v in verbs] == [2, 1, 1, 1]
     assert metric(app, "tf_extender_request_seconds_bucket", verb="filter", le="+Inf") == 2
     assert all(metric(app, "tf_extender_request_seconds_sum", verb=v) > 0 for v in verbs)
+
+
+def test_build_info_and_process_metrics_are_exported(run: Callable[..., Running]) -> None:
+    app = run()
+    assert metric(app, "tf_build_info", component="extender", version=version(DISTRIBUTION)) == 1
+    assert metric(app, "process_cpu_seconds_total") > 0
 
 
 def test_node_and_pool_gauges_follow_binds_receipts_and_deletions(

@@ -134,6 +134,7 @@ def test_metrics_count_results(client: TestClient) -> None:
     text = client.get("/metrics").text
     assert 'tf_webhook_admissions_total{result="patched"} 1.0' in text
     assert 'tf_webhook_admissions_total{result="malformed"} 1.0' in text
+    assert 'tf_build_info{component="webhook",version="' in text and "process_cpu_seconds_total" in text
     assert client.get("/healthz").json() == {"status": "ok"}
 
 

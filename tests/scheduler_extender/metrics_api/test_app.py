@@ -5,6 +5,7 @@ protocol sets (test_tls.py runs that over TLS)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from scheduler_extender.gateway import GatewayError, RawObject
 from scheduler_extender.metrics_api.app import create_app
+from scheduler_extender.metrics_api.collector import Collector, Target
 from scheduler_extender.metrics_api.peer import EXTENSION
 from tests.scheduler_extender.metrics_api.builders import T0, node_usage, samples_of, used
 from tests.scheduler_extender.metrics_api.test_auth import PROXY
@@ -62,12 +64,13 @@ class Harness:
         self.cluster = FakeCluster()
         self.now = T0 + 1
         self.ready = False
+        self.registry = CollectorRegistry()
         self.app = create_app(
             proxy=PROXY,
             samples=lambda: SNAPSHOT,
             cluster=self.cluster,
             ready=lambda: self.ready,
-            registry=CollectorRegistry(),
+            registry=self.registry,
             ttl=10.0,
             clock=lambda: self.now,
         )
@@ -187,3 +190,16 @@ def test_health_needs_no_certificate_and_readiness_waits_for_the_first_pass(harn
     assert client.get("/readyz").status_code == 200
     get(harness.client(), f"{API}/v1beta1/namespaces/team-a/pods/*/gpu_tflops")
     assert 'tf_metrics_requests_total{code="200"} 1.0' in client.get("/metrics").text
+
+
+def test_every_metric_tf_metrics_exports_is_in_the_docs(harness: Harness) -> None:
+    collector = Collector(lambda: [Target("n1", "http://n1/usage")], lambda url: b"{}", 1, harness.registry)
+    collector.poll()
+    get(harness.client(), f"{API}/v1beta1/namespaces/team-a/pods/*/gpu_tflops")
+    exported = {
+        sample.name for family in harness.registry.collect() for sample in family.samples
+        if not sample.name.endswith("_created")
+    }  # fmt: skip
+    assert exported == {"tf_metrics_plugin_fetches_total", "tf_metrics_plugins", "tf_metrics_requests_total"}
+    docs = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text()
+    assert [name for name in sorted(exported) if f"`{name}`" not in docs] == []

@@ -154,6 +154,7 @@ def server() -> Iterator[Callable[[int, bytes], str]]:
 
     yield serve
     httpd.shutdown()
+    httpd.server_close()
 
 
 def test_the_http_fetcher_reads_a_body_and_names_each_failure(server: Callable[[int, bytes], str]) -> None:
