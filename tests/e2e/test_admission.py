@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
 
 import pytest
 from kubernetes.client import ApiException, CoreV1Api
@@ -18,7 +19,7 @@ from vgpu.contract import allocation
 from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, Annotation, Qos
 
 from .cluster import REAL_NODE, Cluster
-from .kube import api_client, wait_bound
+from .kube import api_client, emptied, wait_bound
 from .pods import IMAGE, allocation_of, gpu_pod
 
 NAMESPACE = "e2e-tenant"
@@ -26,9 +27,10 @@ SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
 
 
 @pytest.fixture(scope="module")
-def tenant(cluster: Cluster) -> CoreV1Api:
+def tenant(cluster: Cluster) -> Iterator[CoreV1Api]:
     cluster.grant_tenant(cluster.namespace(NAMESPACE), "edit")
-    return CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    yield CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    emptied(cluster.core, NAMESPACE)
 
 
 def forged(pod_uid: str) -> str:

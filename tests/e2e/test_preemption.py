@@ -41,15 +41,31 @@ def pod_of(name: str, tflops: str, qos: str) -> dict[str, Any]:
     return pod
 
 
+def holding(core: CoreV1Api) -> list[Any]:
+    """The node's live pods that hold an allocation."""
+    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={REAL_NODE}").items
+    return [
+        p
+        for p in pods
+        if p.status.phase not in ("Succeeded", "Failed") and (p.metadata.annotations or {}).get(allocation.KEY)
+    ]
+
+
 def per_gpu(core: CoreV1Api) -> dict[str, int]:
     """TFLOPS (milli) promised on each GPU of the node by its live pods' allocations."""
     used: dict[str, int] = defaultdict(int)
-    for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={REAL_NODE}").items:
-        if p.status.phase in ("Succeeded", "Failed") or not (p.metadata.annotations or {}).get(allocation.KEY):
-            continue
+    for p in holding(core):
         for g in allocation_of(p).gpus:
             used[g.uuid] += g.tflops_request
     return dict(used)
+
+
+def node_nearly_empty(core: CoreV1Api, most: int) -> None:
+    """The scenario's arithmetic needs the node's GPUs free but for ``most`` milli-TFLOPS each: earlier
+    scenarios must leave it as they found it."""
+    before = per_gpu(core)
+    others = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in holding(core))
+    assert max(before.values(), default=0) <= most, f"other pods hold too much of {REAL_NODE}: {before} ({others})"
 
 
 def extender_metric(cluster: Cluster, sample: str) -> float:
@@ -80,8 +96,7 @@ def alive(core: CoreV1Api, namespace: str) -> set[str]:
 def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_kube_scheduler_and_runs(
     cluster: Cluster, core: CoreV1Api, fresh: str
 ) -> None:
-    before = per_gpu(core)
-    assert max(before.values(), default=0) <= 12_000, f"other pods hold too much of {REAL_NODE}: {before}"
+    node_nearly_empty(core, 12_000)
     lows, highs = [f"low-{i}" for i in range(8)], [f"high-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "100", "low") for n in lows] + [pod_of(n, "100", "high") for n in highs])
     asked = extender_metric(cluster, 'tf_extender_request_seconds_count{verb="preempt"}')
@@ -114,8 +129,7 @@ def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_k
 def test_a_critical_pod_on_fragmented_gpus_evicts_one_low_pod_and_runs_on_the_gpu_it_freed(
     cluster: Cluster, core: CoreV1Api, fresh: str
 ) -> None:
-    before = per_gpu(core)
-    assert max(before.values(), default=0) <= OTHERS_MAX, f"other pods hold too much of {REAL_NODE}: {before}"
+    node_nearly_empty(core, OTHERS_MAX)
     highs, lows = [f"high-{i}" for i in range(4)], [f"low-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "200", "high") for n in highs])  # two never share a GPU (400 > 312)
     start_all(core, fresh, [pod_of(n, "60", "low") for n in lows])  # 200 + 60 fits, 200 + 120 does not
