@@ -175,18 +175,23 @@ class UsageCollector(Collector):
         latest = self._latest()
         lost = {u.gpu: u for u in latest.unattributed} if latest is not None else {}
         for uuid, supported in sorted(self._supported().items()):  # every GPU sampled: 0 is a figure too
-            u = lost.get(uuid, usage.Unattributed(gpu=uuid, processes=0, tflops_used=0, vram_used=0))
+            u = lost.get(
+                uuid, usage.Unattributed(gpu=uuid, processes=0, tflops_used=0, vram_used=0, tflops_measured=supported)
+            )
             families[m.GPU_PROCESS_UTILIZATION_SUPPORTED].add_metric([self._node, uuid], 1 if supported else 0)
             families[m.GPU_UNATTRIBUTED_PROCESSES].add_metric([self._node, uuid], u.processes)
-            families[m.GPU_UNATTRIBUTED_TFLOPS_USED].add_metric([self._node, uuid], u.tflops_used / 1000)
+            if u.tflops_measured:  # not measured is no series, never a 0 that reads as idle
+                families[m.GPU_UNATTRIBUTED_TFLOPS_USED].add_metric([self._node, uuid], u.tflops_used / 1000)
             families[m.GPU_UNATTRIBUTED_VRAM_USED].add_metric([self._node, uuid], u.vram_used)
         for c in latest.containers if latest is not None else ():
             figures: dict[m.Metric, float | None] = {
-                m.CONTAINER_TFLOPS_USED: c.tflops_used / 1000,
+                m.CONTAINER_TFLOPS_USED: c.tflops_used / 1000 if c.tflops_measured else None,
                 m.CONTAINER_TFLOPS_REQUEST: c.tflops_request / 1000,
                 m.CONTAINER_TFLOPS_LIMIT: c.tflops_limit / 1000,
-                m.CONTAINER_TFLOPS_USED_RATIO: _ratio(c.tflops_used, c.tflops_limit),
-                m.CONTAINER_TFLOPS_USED_REQUEST_RATIO: _ratio(c.tflops_used, c.tflops_request),
+                m.CONTAINER_TFLOPS_USED_RATIO: _ratio(c.tflops_used, c.tflops_limit) if c.tflops_measured else None,
+                m.CONTAINER_TFLOPS_USED_REQUEST_RATIO: (
+                    _ratio(c.tflops_used, c.tflops_request) if c.tflops_measured else None
+                ),
                 m.CONTAINER_VRAM_USED: c.vram_used,
                 m.CONTAINER_VRAM_REQUEST: c.vram_request,
                 m.CONTAINER_VRAM_LIMIT: c.vram_limit,

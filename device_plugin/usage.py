@@ -119,6 +119,7 @@ def node_usage(
     lost: dict[str, tuple[int, int, int]] = {}  # gpu → (processes, SM percent, memory)
     skipped: list[tuple[str, int, Skip]] = []
     tflops = {g.gpu.uuid: g.gpu.tflops for g in gpus}
+    measured = {g.gpu.uuid: g.report.sm_supported for g in gpus}
     for entry in gpus:
         uuid = entry.gpu.uuid
         for proc in entry.report.processes:
@@ -140,6 +141,7 @@ def node_usage(
             gpu=uuid,
             tflops_used=tflops[uuid] * sm // 100,
             vram_used=memory,
+            tflops_measured=measured[uuid],
             tflops_request=grant.tflops_request,
             tflops_limit=grant.tflops_limit,
             vram_request=grant.vram_request,
@@ -153,7 +155,13 @@ def node_usage(
         interval_s=interval_s,
         containers=tuple(sorted(containers, key=lambda c: (c.namespace, c.pod, c.container, c.gpu))),
         unattributed=tuple(
-            Unattributed(gpu=uuid, processes=count, tflops_used=tflops[uuid] * sm // 100, vram_used=memory)
+            Unattributed(
+                gpu=uuid,
+                processes=count,
+                tflops_used=tflops[uuid] * sm // 100,
+                vram_used=memory,
+                tflops_measured=measured[uuid],
+            )
             for uuid, (count, sm, memory) in sorted(lost.items())
         ),
     )

@@ -137,7 +137,7 @@ def build(
         events,
         keep_top_nodes=settings.keep_top_nodes,
         reservation_ttl=settings.reservation_ttl,
-        on_unschedulable=metrics.unschedulable.inc,
+        on_unschedulable=lambda reason: metrics.unschedulable.labels(reason).inc(),
         on_stuck=preemptor.consider if settings.preemption_hold > 0 else lambda *_: None,
         on_preempting=preemptor.scheduler_preempts,
     )

@@ -20,7 +20,8 @@ asks for vGPU device IDs gets them from the kubelet all the same, so its IDs cou
 node's free slots until it is gone or finished (it never gets a GPU grant: the device plugin refuses
 to start it).
 Live pods that name a TensorFusionWorkload are remembered too, allocated or not, so that the
-workload's status (``workload_status.py``) can say which of its pods still wait for GPUs.
+workload's status (``workload_status.py``) can say which of its pods still wait for GPUs; and the pool
+of every GPU pod still waiting for a node, so that ``/metrics`` can say how many wait, per pool.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from scheduler_extender.objects import (
     WorkloadPod,
     is_relevant,
     node_state,
+    pending_pool,
     pod_record,
     pod_ref,
     workload_pod,
@@ -92,6 +94,7 @@ class ClusterCache:
         self._workload_view: Mapping[str, frozenset[str]] | None = None
         # Live pods naming a TensorFusionWorkload, allocated or not: its status names those still waiting.
         self._members: dict[str, WorkloadPod] = {}  # uid -> member
+        self._pending: dict[str, str] = {}  # uid -> pool, of each GPU pod waiting for a node (pending_pool)
         # Room promised to a preemptor (preemptor.py) on a node whose victims are still leaving: taken as
         # the pod's tentative reservation the moment it fits, before any other pod can take it.
         self._nominated: dict[str, Nomination] = {}  # ledger key -> nomination
@@ -123,6 +126,7 @@ class ClusterCache:
                 ref = pod_ref(event.object)
                 self._note_foreign(ref.uid, None)
                 self._members.pop(ref.uid, None)
+                self._pending.pop(ref.uid, None)
                 self._pod_gone(ref)
             else:
                 self._pod_changed(event.object)
@@ -214,6 +218,11 @@ class ClusterCache:
     def conflicts(self) -> Mapping[str, str]:
         with self.lock:
             return dict(self._conflicts)
+
+    def pending_by_pool(self) -> Counter[str]:
+        """GPU pods waiting for a node (unbound, unallocated, alive), per pool of their request."""
+        with self.lock:
+            return Counter(self._pending.values())
 
     def tentative_count(self) -> int:
         with self.lock:
@@ -411,6 +420,7 @@ class ClusterCache:
             if relevant and record is not None:
                 records[record.ref.uid] = record
         self._members = {m.ref.uid: m for m in map(workload_pod, items) if m is not None}
+        self._pending = {pod_ref(item).uid: pool for item in items if (pool := pending_pool(item)) is not None}
         for uid in set(self._foreign) - held.keys():
             self._note_foreign(uid, None)
         for uid, hold in held.items():
@@ -458,6 +468,11 @@ class ClusterCache:
             self._members.pop(ref.uid, None)
         else:
             self._members[ref.uid] = member
+        pool = pending_pool(obj)
+        if pool is None:
+            self._pending.pop(ref.uid, None)
+        else:
+            self._pending[ref.uid] = pool
 
     def _pod_gone(self, ref: PodRef) -> None:
         old = self._records.pop(ref.uid, None)

@@ -2,8 +2,9 @@
 
 One registry per app (no prometheus_client globals), so tests and several apps in one process do
 not collide. Counters and histograms are updated by the handlers; the capacity gauges (allocated
-vs total TFLOPS/VRAM per pool, model and node, reservations, held gates) are computed from the
-cache when Prometheus scrapes, so they can never drift from what the scheduler decides on.
+vs total TFLOPS/VRAM per pool, model and node, GPU pods waiting for a node, reservations, held
+gates) are computed from the cache when Prometheus scrapes, so they can never drift from what the
+scheduler decides on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.preemptor import RESULTS as PREEMPTION_RESULTS
 from vgpu import metric_names
 from vgpu.names import DISTRIBUTION
 
@@ -58,7 +60,10 @@ class Metrics:
             registry=self.registry,
         )
         self.unschedulable = Counter(
-            f"{NS}_unschedulable_total", "Filter calls where no offered node could take the pod", registry=self.registry
+            f"{NS}_unschedulable_total",
+            "Filter calls where no offered node could take the pod, by the reason that rejected the most nodes",
+            ["reason"],
+            registry=self.registry,
         )
         self.preemptions = Counter(
             f"{NS}_preemptions_total",
@@ -67,6 +72,8 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        for result in PREEMPTION_RESULTS:  # a rate over them starts at 0, not at the first pass
+            self.preemptions.labels(result)
         self.registry.register(CapacityCollector(cache, gate))
 
 
@@ -127,6 +134,12 @@ class CapacityCollector(Collector):
         yield from per_node.values()
         yield pools
         yield pools_vram
+        spec = metric_names.EXTENDER_PENDING_PODS
+        pending = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+        waiting = self.cache.pending_by_pool()
+        for pool in sorted({node.pool for node in self.cache.nodes()} | waiting.keys()):  # a pool's 0 is a figure too
+            pending.add_metric([pool], waiting[pool])
+        yield pending
         yield GaugeMetricFamily(
             f"{NS}_reservations",
             "Tentative reservations (filter/prioritize) awaiting a bind",

@@ -216,6 +216,26 @@ def workload_pod(pod: Mapping[str, Any]) -> WorkloadPod | None:
     return WorkloadPod(ref=pod_ref(pod), workload=workload)
 
 
+def pending_pool(pod: Mapping[str, Any]) -> str | None:
+    """The pool of a GPU pod still waiting for a node — the webhook resolved its request, it is unbound,
+    holds no allocation, and is neither finished nor being deleted — ``""`` when its request is unreadable;
+    None for every other pod."""
+    ann, spec = annotations_of(pod), _section(pod, "spec")
+    raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if (
+        raw is None
+        or spec.get("nodeName")
+        or SystemAnnotation.ALLOCATION in ann
+        or _section(pod, "status").get("phase") in TERMINAL_PHASES
+        or _meta(pod).get("deletionTimestamp") is not None
+    ):
+        return None
+    try:
+        return _decode_request(raw).pool
+    except DomainError:
+        return ""
+
+
 def allocated_node_label(node: str) -> str:
     """The value of LABEL_ALLOCATED_NODE for an allocation on ``node``: the name itself when it is a valid
     label value (at most 63 characters), otherwise a digest of it. Readers match allocations by the

@@ -45,6 +45,8 @@ from vgpu.quantity import format_bytes, format_milli
 log = logging.getLogger(__name__)
 
 TOO_MANY_REQUESTS: Final = 429  # the Eviction API's answer when a PodDisruptionBudget forbids it now
+# Every outcome of a plan that ``on_result`` hears; /metrics shows each from the start (at 0).
+RESULTS: Final = ("evicted", "nominated", "none", "blocked", "skipped", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ class Preemptor:
         on_result: Callable[[str], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``on_result`` hears each plan's outcome: evicted, nominated, none, blocked, skipped or error."""
+        """``on_result`` hears each plan's outcome, one of :data:`RESULTS`."""
         self.gateway = gateway
         self.cache = cache
         self.catalog = catalog

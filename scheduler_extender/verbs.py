@@ -26,7 +26,7 @@ from scheduler_extender.core.policy import Policies
 from scheduler_extender.core.preempt import Victim, select_victims
 from scheduler_extender.core.reasons import Reason
 from scheduler_extender.core.scoring import score_nodes, to_extender_scores, top_nodes
-from scheduler_extender.core.summary import summarize
+from scheduler_extender.core.summary import leading_reason, summarize
 from scheduler_extender.events import REASON_FAILED, EventRecorder
 from scheduler_extender.memo import NodeMemo
 from scheduler_extender.objects import ScheduledPod, scheduled_pod
@@ -91,12 +91,13 @@ class Verbs:
         *,
         keep_top_nodes: int,
         reservation_ttl: float,
-        on_unschedulable: Callable[[], None] = lambda: None,
+        on_unschedulable: Callable[[str], None] = lambda _: None,
         on_stuck: Callable[[ScheduledPod, Demand, Sequence[str]], None] = lambda *_: None,
         on_preempting: Callable[[str], None] = lambda _: None,
     ) -> None:
-        """``on_stuck``: a GPU pod failed every offered node, with the nodes whose reason may pass (the
-        extender's own preemption); ``on_preempting``: the preempt verb named GPU victims for the pod."""
+        """``on_unschedulable``: a GPU pod failed every offered node, with the reason code that rejected the
+        most of them; ``on_stuck``: the same, with the nodes whose reason may pass (the extender's own
+        preemption); ``on_preempting``: the preempt verb named GPU victims for the pod."""
         self.cache = cache
         self.catalog = catalog
         self.policies = policies
@@ -133,7 +134,8 @@ class Verbs:
         if len(passed) == 1:
             self._reserve_tentatively(pod, demand, snapshot, passed[0])
         elif not passed:
-            self.on_unschedulable()
+            reason = leading_reason(result)
+            self.on_unschedulable(reason.value if reason is not None else "no-nodes-offered")
             self.events.warn(pod.ref, REASON_FAILED, summarize(demand, result))
             self.on_stuck(pod, demand, tuple(result.failed))
         return filter_reply(nodes, passed, failed, result.unresolvable_messages())

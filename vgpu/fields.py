@@ -7,6 +7,8 @@ accepted, so that a caller can report every problem of an input at once instead 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from fractions import Fraction
 from typing import Final
 
 from vgpu.errors import DomainError, FieldError
@@ -14,8 +16,15 @@ from vgpu.quantity import parse_bytes, parse_milli
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_RATIO = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+_RATIO = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(%?)$")
 _DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h|d|w))+$")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h|d|w)")
+_SECONDS: Final = {
+    "ns": Fraction(1, 10**9), "us": Fraction(1, 10**6), "µs": Fraction(1, 10**6), "ms": Fraction(1, 1000),
+    "s": Fraction(1), "m": Fraction(60), "h": Fraction(3600), "d": Fraction(86400), "w": Fraction(604800),
+}  # fmt: skip
+# Longer than any real ratio or duration; Python refuses to convert >4300-digit integers (ValueError).
+_MAX_NUMBER_TEXT = 32
 
 MAX_GPU_COUNT: Final = 128
 MAX_REPLICAS: Final = 1_000_000
@@ -74,17 +83,28 @@ def byte_count(key: str, raw: str, errors: list[FieldError]) -> int | None:
         return None
 
 
-def ratio(key: str, raw: str, errors: list[FieldError]) -> str | None:
-    if _RATIO.match(raw):
-        return raw
-    errors.append(FieldError(key, shown(raw), "must be a non-negative decimal such as 0.2 or 5.0"))
+def ratio(
+    key: str, raw: str, errors: list[FieldError], accepted: str, within: Callable[[Fraction], bool]
+) -> Fraction | None:
+    """A decimal (``0.2``, ``5.0``) or a percentage (``20%``), exactly; ``within`` says which values fit."""
+    match = _RATIO.fullmatch(raw) if len(raw) <= _MAX_NUMBER_TEXT else None
+    value = None if match is None else Fraction(match[1]) / (100 if match[2] else 1)
+    if value is not None and within(value):
+        return value
+    errors.append(FieldError(key, shown(raw), f"must be {accepted}"))
     return None
 
 
-def duration(key: str, raw: str, errors: list[FieldError]) -> str | None:
-    if _DURATION.match(raw):
-        return raw
-    errors.append(FieldError(key, shown(raw), "must be a duration such as 30s, 5m, 1h or 1d"))
+def duration(
+    key: str, raw: str, errors: list[FieldError], accepted: str, within: Callable[[Fraction], bool]
+) -> Fraction | None:
+    """Seconds, exactly, from Go's duration units plus days and weeks (``30s``, ``1h30m``, ``7d``)."""
+    value = None
+    if len(raw) <= _MAX_NUMBER_TEXT and _DURATION.fullmatch(raw):
+        value = sum((Fraction(n) * _SECONDS[unit] for n, unit in _DURATION_PART.findall(raw)), Fraction(0))
+    if value is not None and within(value):
+        return value
+    errors.append(FieldError(key, shown(raw), f"must be {accepted}"))
     return None
 
 

@@ -1,4 +1,5 @@
-"""The Prometheus metrics' names: one prefix for every binary, and the device plugin's series, spelled once.
+"""The Prometheus metrics' names: one prefix for every binary, and the device plugin's series (and the extender's
+newer ones), spelled once.
 
 Dashboards and alerts are written against these names, so each is spelled here only and the table in
 ``docs/metrics.md`` lists them (a test holds the two together). The scheme: every binary's metrics start
@@ -36,6 +37,14 @@ class Metric:
 
 
 BUILD_INFO: Final = Metric(f"{PREFIX}_build_info", "Always 1; which binary at which version.", ("component", "version"))
+
+# --- the extender's (scheduler_extender/metrics.py spells its older names itself) ----------------------
+EXTENDER_PENDING_PODS: Final = Metric(
+    f"{EXTENDER}_pending_pods",
+    "GPU pods waiting for a node (resolved by the webhook, unbound, unallocated, alive), per pool of their "
+    "request (empty: unreadable); every pool with nodes is shown, at 0 when none waits.",
+    ("pool",),
+)
 
 # --- the device plugin's own workings ------------------------------------------------------------
 ALLOCATE_SECONDS: Final = Metric(f"{DEVICE_PLUGIN}_allocate_seconds", "Allocate RPC latency by outcome.", ("outcome",))

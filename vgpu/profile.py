@@ -8,68 +8,17 @@ reads it and because a profile's values must never be silently dropped (a Tensor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from vgpu import fields
+from vgpu.autoscale import config as autoscale_config
 from vgpu.errors import DomainError, FieldError
 from vgpu.names import Qos
 from vgpu.quantity import format_bytes, format_milli
 
-TARGET_RESOURCES: Final = ("all", "tflops", "vram")
-
-# For each auto-scaling block: camelCase key -> kind. Kinds: bool, ratio, duration, target, text,
-# prediction. Values keep their CRD string form (they are strings in the CRD); we only validate them.
-_PREDICTION: Final = {
-    "enable": "bool",
-    "model": "text",
-    "historyDataPeriod": "duration",
-    "predictionPeriod": "duration",
-}
-AUTO_BLOCKS: Final[dict[str, dict[str, str]]] = {
-    "autoSetLimits": {
-        "enable": "bool",
-        "targetResource": "target",
-        "evaluationPeriod": "duration",
-        "extraTFlopsBufferRatio": "ratio",
-        "ignoredDeltaRange": "ratio",
-        "scaleUpStep": "ratio",
-        "maxRatioToRequests": "ratio",
-        "prediction": "prediction",
-    },
-    "autoSetReplicas": {
-        "enable": "bool",
-        "targetTFlopsOfLimits": "ratio",
-        "evaluationPeriod": "duration",
-        "scaleUpStep": "ratio",
-        "scaleDownStep": "ratio",
-        "scaleUpCoolDownTime": "duration",
-        "scaleDownCoolDownTime": "duration",
-    },
-    "autoSetRequests": {
-        "enable": "bool",
-        "targetResource": "target",
-        "percentileForAutoRequests": "ratio",
-        "extraBufferRatio": "ratio",
-        "evaluationPeriod": "duration",
-        "aggregationPeriod": "duration",
-        "prediction": "prediction",
-    },
-}
-
 AutoScaling = Mapping[str, Mapping[str, Any]]
-
-
-def _target(key: str, raw: str, errors: list[FieldError]) -> str | None:
-    return fields.choice(key, raw, TARGET_RESOURCES, errors)
-
-
-_STRING_CHECKS: Final[dict[str, Callable[[str, str, list[FieldError]], str | None]]] = {
-    "ratio": fields.ratio,
-    "duration": fields.duration,
-    "target": _target,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +94,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
             FieldError(f"{where}.nodeAffinity", fields.shown(affinity), "must be a core/v1 NodeAffinity object")
         )
         affinity = None
-    auto = _auto_scaling(spec.get("autoScalingConfig"), f"{where}.autoScalingConfig", errors)
+    auto = autoscale_config.validate(spec.get("autoScalingConfig"), f"{where}.autoScalingConfig", errors)
     model = _text(spec, "gpuModel", where, errors)
     if errors:
         raise DomainError(errors)
@@ -248,53 +197,3 @@ def _text(spec: Mapping[str, Any], key: str, where: str, errors: list[FieldError
         errors.append(FieldError(f"{where}.{key}", fields.shown(raw), "must be a non-empty string"))
         return None
     return raw
-
-
-def _auto_scaling(raw: object, where: str, errors: list[FieldError]) -> dict[str, dict[str, Any]]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        errors.append(FieldError(where, fields.shown(raw), "must be an object"))
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    for block_name, block in raw.items():
-        schema = AUTO_BLOCKS.get(block_name)
-        if schema is None:
-            errors.append(
-                FieldError(f"{where}.{block_name}", None, f"unknown field; accepted: {', '.join(AUTO_BLOCKS)}")
-            )
-            continue
-        parsed = _block(block, schema, f"{where}.{block_name}", errors)
-        if parsed is not None:
-            out[block_name] = parsed
-    return out
-
-
-def _block(raw: object, schema: Mapping[str, str], where: str, errors: list[FieldError]) -> dict[str, Any] | None:
-    if not isinstance(raw, Mapping):
-        errors.append(FieldError(where, fields.shown(raw), "must be an object"))
-        return None
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        kind = schema.get(key)
-        path = f"{where}.{key}"
-        if kind is None:
-            errors.append(FieldError(path, None, f"unknown field; accepted: {', '.join(schema)}"))
-        elif kind == "bool":
-            if isinstance(value, bool):
-                out[key] = value
-            else:
-                errors.append(FieldError(path, fields.shown(value), "must be true or false"))
-        elif kind == "prediction":
-            nested = _block(value, _PREDICTION, path, errors)
-            if nested is not None:
-                out[key] = nested
-        elif not isinstance(value, str):
-            errors.append(FieldError(path, fields.shown(value), "must be a string"))
-        elif kind == "text":
-            out[key] = value
-        else:
-            checked = _STRING_CHECKS[kind](path, value, errors)
-            if checked is not None:
-                out[key] = checked
-    return out

@@ -24,13 +24,24 @@ _ORDER = {code: i for i, code in enumerate(ReasonCode)}
 def summarize(demand: Demand, result: FilterResult) -> str:
     """``<passed>/<total> nodes: <count> <reason> (<figure>), …`` grouped by reason, largest group first."""
     head = f"{len(result.passed)}/{result.total} nodes"
+    ordered = _groups(result)
+    if not ordered:
+        return f"{head} fit"
+    return f"{head}: " + ", ".join(f"{len(rs)} {_phrase(code, demand, rs)}" for code, rs in ordered)
+
+
+def leading_reason(result: FilterResult) -> ReasonCode | None:
+    """The reason that rejected the most nodes — the one :func:`summarize` names first; None when none was rejected."""
+    ordered = _groups(result)
+    return ordered[0][0] if ordered else None
+
+
+def _groups(result: FilterResult) -> list[tuple[ReasonCode, list[Reason]]]:
+    """The rejections grouped by reason code, largest group first (ties in the order of ReasonCode)."""
     groups: dict[ReasonCode, list[Reason]] = {}
     for reason in (*result.unresolvable.values(), *result.failed.values()):
         groups.setdefault(reason.code, []).append(reason)
-    if not groups:
-        return f"{head} fit"
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), _ORDER[item[0]]))
-    return f"{head}: " + ", ".join(f"{len(rs)} {_phrase(code, demand, rs)}" for code, rs in ordered)
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), _ORDER[item[0]]))
 
 
 def _phrase(code: ReasonCode, d: Demand, rs: Sequence[Reason]) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -127,7 +127,7 @@ def authenticate(common_name: str | None, headers: Sequence[tuple[str, str]], pr
 @dataclass(frozen=True, slots=True)
 class Verdict:
     allowed: bool
-    reason: str = field(default="")
+    reason: str = ""
 
 
 def access_review(user: User, query: Query) -> dict[str, Any]:

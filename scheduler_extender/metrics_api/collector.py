@@ -30,7 +30,6 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from scheduler_extender.gateway import GatewayError
 from scheduler_extender.metrics_api.samples import EMPTY, NodeSample, PodSample, Snapshot, node_samples, snapshot
 from vgpu.contract import usage
-from vgpu.errors import DomainError
 from vgpu.metric_names import METRICS_API
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,7 @@ class Collector:
             return node_samples(usage.decode(body.decode("utf-8")))
         except FetchError as exc:
             return exc
-        except (DomainError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        except ValueError as exc:  # a DomainError (the contract), a bad time, a UnicodeDecodeError
             return FetchError("invalid", f"not a usage document: {exc}")
 
     def close(self) -> None:

@@ -4,6 +4,9 @@ A plugin reports use per container and GPU (``vgpu.contract.usage``). A pod's fi
 its containers and GPUs; its request and limit are its grant summed over its GPUs, each GPU counted
 once (the containers of a pod on one GPU share the pod's grant there, and each reports it). A node's
 figures add what no container could be found for (``unattributed``): that is use of the node too.
+TFLOPS a plugin could not measure (no per-process utilisation on that GPU: ``tflopsMeasured`` false)
+make a pod's — and its node's — TFLOPS and utilisation absent rather than 0: an HPA must not read a
+MIG instance or an old driver as idle and scale the workload down. Memory is always measured.
 
 A sample is served while it is at most two of its plugin's sampling intervals old (:func:`fresh`):
 a plugin that stops answering, or stops sampling, takes its pods' figures away within two intervals
@@ -45,6 +48,7 @@ class PodSample:
     node: str
     tflops_used: int
     vram_used: int
+    tflops_measured: bool
     tflops_request: int
     tflops_limit: int
     vram_request: int
@@ -59,6 +63,7 @@ class NodeSample:
     node: str
     tflops_used: int
     vram_used: int
+    tflops_measured: bool
     sampled: Sampled
 
 
@@ -97,6 +102,8 @@ def node_samples(usage: NodeUsage) -> tuple[NodeSample, list[PodSample]]:
         node=usage.node,
         tflops_used=sum(c.tflops_used for c in usage.containers) + sum(u.tflops_used for u in usage.unattributed),
         vram_used=sum(c.vram_used for c in usage.containers) + sum(u.vram_used for u in usage.unattributed),
+        tflops_measured=all(c.tflops_measured for c in usage.containers)
+        and all(u.tflops_measured for u in usage.unattributed),
         sampled=when,
     )
     return node, pods
@@ -117,6 +124,7 @@ def _pod(namespace: str, name: str, uid: str, node: str, entries: list[Container
         node=node,
         tflops_used=sum(c.tflops_used for c in entries),
         vram_used=sum(c.vram_used for c in entries),
+        tflops_measured=all(c.tflops_measured for c in entries),
         tflops_request=grant("tflops_request"),
         tflops_limit=grant("tflops_limit"),
         vram_request=grant("vram_request"),
@@ -141,20 +149,24 @@ def fresh(when: Sampled, now: float) -> bool:
 
 
 def pod_value(pod: PodSample, metric: GpuMetric) -> str | None:
-    """The metric's value as a Kubernetes quantity; None where it has none (utilisation without a limit)."""
-    if metric is GpuMetric.TFLOPS:
-        return format_milli(pod.tflops_used)
+    """The metric's value as a Kubernetes quantity; None where it has none (utilisation without a limit,
+    TFLOPS the plugin could not measure)."""
     if metric is GpuMetric.VRAM_BYTES:
         return format_bytes(pod.vram_used)
+    if not pod.tflops_measured:
+        return None
+    if metric is GpuMetric.TFLOPS:
+        return format_milli(pod.tflops_used)
     if pod.tflops_limit <= 0:
         return None
     return format_milli(utilization_milli(pod.tflops_used, pod.tflops_limit))
 
 
 def node_value(node: NodeSample, metric: GpuMetric) -> str | None:
-    """A node's figure of use; None for utilisation, which only a pod's limit gives a meaning."""
+    """A node's figure of use; None for utilisation, which only a pod's limit gives a meaning, and for
+    TFLOPS the plugin could not measure on one of its GPUs."""
     if metric is GpuMetric.TFLOPS:
-        return format_milli(node.tflops_used)
+        return format_milli(node.tflops_used) if node.tflops_measured else None
     if metric is GpuMetric.VRAM_BYTES:
         return format_bytes(node.vram_used)
     return None

@@ -20,6 +20,8 @@ from scheduler_extender.pool_status import pool_statuses
 from scheduler_extender.status import status_patch
 from scheduler_extender.workload_status import workload_statuses
 from vgpu import fields
+from vgpu.autoscale import config as autoscale_config
+from vgpu.autoscale.config import AUTO_BLOCKS
 from vgpu.errors import DomainError
 from vgpu.names import (
     CRD_GROUP,
@@ -33,7 +35,7 @@ from vgpu.names import (
     PLURAL_WORKLOAD_PROFILE,
     Qos,
 )
-from vgpu.profile import AUTO_BLOCKS, ProfileSpec, Resources, parse_spec, to_crd
+from vgpu.profile import ProfileSpec, Resources, parse_spec, to_crd
 from vgpu.quantity import parse
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -98,6 +100,27 @@ def test_auto_scaling_tree_matches_vgpu_profile_exactly() -> None:
         for key, kind in schema.items():
             if kind == "prediction":
                 assert set(tree[block]["properties"][key]["properties"]) == PREDICTION_FIELDS
+
+
+AUTO_TEXTS = {
+    "ratio": ["0.2", "20%", "5.0", "500%", "0", "12.5%", "1", "20 %", ".2", "1e2", "-1", "0.2.1", "%", "five"],
+    "duration": ["5m", "1h30m", "0.5s", "7d", "250us", "2w", "0s", "5", "5 m", "-5m", "1y", "m"],
+    "steps": ["2", "50%", "1000000", "1", "0", "0.2", "02", "-1", "2 %", "half"],
+}
+
+
+@pytest.mark.parametrize(("block", "key"), [(b, k) for b, s in AUTO_BLOCKS.items() for k in s if s[k] in AUTO_TEXTS])
+def test_the_crd_refuses_no_auto_scaling_value_the_webhook_accepts(block: str, key: str) -> None:
+    """The API server checks syntax only (the webhook also checks ranges), and never refuses what admits a pod."""
+    tree = spec_schema(KIND_WORKLOAD_PROFILE)["properties"]["autoScalingConfig"]["properties"]
+    pattern = re.compile(tree[block]["properties"][key]["pattern"])
+    for text in AUTO_TEXTS[AUTO_BLOCKS[block][key]]:
+        try:
+            autoscale_config.parse({block: {key: text}})
+        except DomainError:
+            continue
+        assert pattern.search(text), text
+    assert not pattern.search("20 percent") and not pattern.search("")
 
 
 def test_every_crd_field_is_accepted_by_parse_spec_and_every_parsed_field_is_in_the_crd() -> None:

@@ -199,15 +199,17 @@ def test_each_containers_processes_are_summed_per_gpu_and_measured_against_its_p
     assert (u.node, u.sampled_at, u.interval_s) == ("node-a", "2026-11-22T04:00:00.000Z", 5)
 
 
-def test_a_mig_instance_has_tflops_of_its_own_and_a_memory_only_gpu_reads_zero_tflops() -> None:
+def test_a_mig_instance_has_tflops_of_its_own_and_a_memory_only_gpu_says_its_tflops_are_not_measured() -> None:
     small = record("small", grants=(grant(MIG, tflops=44_571, vram=9984 * MIB),))
     other = record("other")
     u, _ = join(
-        [(UNIT, report((1, 50, 10))), (GPU_A, report((2, 0, 64), supported=False))],
-        {1: owned(small, "main"), 2: owned(other, "main")},
+        [(UNIT, report((1, 50, 10))), (GPU_A, report((2, 0, 64), (3, 0, 8), supported=False))],
+        {1: owned(small, "main"), 2: owned(other, "main"), 3: None},
         [small, other],
     )
     assert used(u) == [("other", "main", GPU0, 0, 64 * MIB), ("small", "main", MIG, 22_285, 10 * MIB)]
+    assert [c.tflops_measured for c in u.containers] == [False, True]  # 0 there is "not measured", not "idle"
+    assert [(x.gpu, x.tflops_measured) for x in u.unattributed] == [(GPU0, False)]
 
 
 @pytest.mark.parametrize(
@@ -244,7 +246,9 @@ def test_a_process_no_granted_container_is_found_for_is_counted_unattributed_wit
         list(pods.values()),
     )
     assert skipped == [(GPU0, 7, reason)]
-    assert u.unattributed == (Unattributed(gpu=GPU0, processes=1, tflops_used=31_200, vram_used=256 * MIB),)
+    assert u.unattributed == (
+        Unattributed(gpu=GPU0, processes=1, tflops_used=31_200, vram_used=256 * MIB, tflops_measured=True),
+    )
     assert used(u) == [("trainer", "main", GPU0, 15_600, 256 * MIB)]  # the other process still counts
 
 
@@ -429,7 +433,9 @@ def test_a_failing_gpu_and_unmappable_processes_are_counted_logged_once_and_the_
     first = sampler.sample([pod])
     second = sampler.sample([pod])
     assert used(second) == used(first) == [("trainer", "main", GPU0, 31_200, MIB)]
-    assert second.unattributed == (Unattributed(gpu=GPU0, processes=1, tflops_used=15_600, vram_used=MIB),)
+    assert second.unattributed == (
+        Unattributed(gpu=GPU0, processes=1, tflops_used=15_600, vram_used=MIB, tflops_measured=True),
+    )
     # The MIG GPU itself is never asked (its instance is); each GPU is asked since its last answer.
     assert probe.asked == [(GPU0, 0), (GPU1, 0), (MIG, 0), (GPU0, 77), (GPU1, 0), (MIG, 5)]
     assert skips(metrics) == {"gpu_error": 2, "no_pod": 2} | dict.fromkeys(
@@ -469,13 +475,14 @@ def test_the_usage_metrics_carry_node_and_container_with_ratios_of_request_and_l
                 gpu=GPU0,
                 tflops_used=15_000,
                 vram_used=GIB,
+                tflops_measured=True,
                 tflops_request=10_000,
                 tflops_limit=20_000,
                 vram_request=0,
                 vram_limit=4 * GIB,
             ),
         ),
-        unattributed=(Unattributed(gpu=GPU0, processes=2, tflops_used=3_120, vram_used=MIB),),
+        unattributed=(Unattributed(gpu=GPU0, processes=2, tflops_used=3_120, vram_used=MIB, tflops_measured=True),),
     )
     metrics = PluginMetrics()
     metrics.registry.register(UsageCollector("node-a", lambda: latest, lambda: {GPU0: True, GPU1: False}))
@@ -494,7 +501,8 @@ def test_the_usage_metrics_carry_node_and_container_with_ratios_of_request_and_l
     }
     gpu0, gpu1 = (("gpu", GPU0), ("node", "node-a")), (("gpu", GPU1), ("node", "node-a"))
     assert [values[("tf_gpu_unattributed_processes", g)] for g in (gpu0, gpu1)] == [2, 0]
-    assert [values[("tf_gpu_unattributed_tflops_used", g)] for g in (gpu0, gpu1)] == [3.12, 0]
+    assert values[("tf_gpu_unattributed_tflops_used", gpu0)] == 3.12
+    assert ("tf_gpu_unattributed_tflops_used", gpu1) not in values  # memory only there: no TFLOPS, not a 0
     assert [values[("tf_gpu_unattributed_vram_used_bytes", g)] for g in (gpu0, gpu1)] == [MIB, 0]
     assert [values[("tf_gpu_process_utilization_supported", g)] for g in (gpu0, gpu1)] == [1, 0]
 
@@ -572,7 +580,9 @@ def test_the_whole_loop_in_the_plugin_serves_scripted_use_on_usage_and_metrics(t
             (c,) = found.containers
             assert (c.namespace, c.pod, c.pod_uid, c.container, c.gpu) == ("ml", "trainer", uid_of(pod), "main", GPU0)
             assert (c.vram_used, c.tflops_limit, c.vram_limit) == (GIB, 62_400, 4 * GIB)
-            assert found.unattributed == (Unattributed(gpu=GPU1, processes=1, tflops_used=15_600, vram_used=64 * MIB),)
+            assert found.unattributed == (
+                Unattributed(gpu=GPU1, processes=1, tflops_used=15_600, vram_used=64 * MIB, tflops_measured=True),
+            )
             assert (found.node, found.interval_s) == ("node-a", 0.05)
             metrics = metric_values((await asyncio.to_thread(get, base + "/metrics"))[1])
             labels = (("container", "main"), ("gpu", GPU0), ("namespace", "ml"), ("node", "node-a"), ("pod", "trainer"))

@@ -104,7 +104,8 @@ def busy(cluster: Cluster, metrics_api: None) -> Iterator[tuple[Any, float]]:
         yield pod, written
     finally:
         cluster.set_gpu_faults({})
-        core.delete_namespaced_pod("busy", NAMESPACE)
+        core.delete_namespaced_pod("busy", NAMESPACE, grace_period_seconds=0)
+        eventually("pod busy gone", lambda: not core.list_namespaced_pod(NAMESPACE).items, 60)  # its GPU share too
 
 
 def test_the_seed_query_shows_the_pods_use_within_two_sample_periods(cluster: Cluster, busy: tuple[Any, float]) -> None:

@@ -1,20 +1,24 @@
-"""/metrics through the HTTP API: per-verb latency, the capacity gauges and errors_total, and that each moves."""
+"""/metrics through the HTTP API: per-verb latency, the capacity gauges, the GPU pods waiting per pool, errors_total
+and the preemption outcomes, and that each moves."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_extender.gateway import GatewayError, Kind
+from scheduler_extender.preemptor import RESULTS as PREEMPTION_RESULTS
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_cache import allocated_pod, grant
 from tests.scheduler_extender.test_verbs import args, preempt_args
-from vgpu.names import DISTRIBUTION
+from vgpu.names import DISTRIBUTION, SystemAnnotation
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -134,3 +138,59 @@ def test_errors_total_counts_each_kind_of_failure(run: Callable[..., Running], c
 
     cluster.fail["watch-Pod"] = GatewayError("watch refused", 503)  # the pod watch's next round fails
     wait_for(lambda: errors("watch-pod", "HTTP 503") == 1, what="the failed watch to be counted")
+
+
+def series(app: Running, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample named ``name`` as scraped now, by its labels (sorted)."""
+    return {
+        tuple(sorted(sample.labels.items())): float(sample.value)
+        for family in text_string_to_metric_families(app.client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_pending_pods_counts_gpu_pods_waiting_for_a_node_per_pool(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    app = run()
+
+    def pending() -> dict[str, float]:
+        return {dict(labels)["pool"]: value for labels, value in series(app, "tf_extender_pending_pods").items()}
+
+    assert pending() == {"default-pool": 1}  # p1: resolved, unbound, unallocated
+    finished = make_pod("done", gpu_request())
+    finished["status"]["phase"] = "Succeeded"
+    leaving = make_pod("leaving", gpu_request())
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    corrupt = make_pod("corrupt", annotations={SystemAnnotation.RESOLVED_REQUEST: '{"version":"v1"}'})
+    for pod in (make_pod("b", gpu_request(pool="team-b")), make_pod("cpu"), finished, leaving, corrupt):
+        cluster.put(Kind.POD, pod)
+    app.settle()
+    assert pending() == {"default-pool": 1, "team-b": 1, "": 1}  # an unreadable request has no pool
+
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    app.settle()
+    assert pending() == {"default-pool": 0, "team-b": 1, "": 1}  # a pool with nodes shows its 0
+    for name in ("b", "corrupt"):
+        cluster.delete(Kind.POD, f"default/{name}")
+    app.settle()
+    assert pending() == {"default-pool": 0}
+
+
+def test_every_preemption_outcome_is_exported_from_the_start(run: Callable[..., Running]) -> None:
+    app = run()
+    assert series(app, "tf_extender_preemptions_total") == {(("result", r),): 0 for r in PREEMPTION_RESULTS}
+
+
+@pytest.mark.usefixtures("cluster")  # a node and a pod: the per-node, per-pool and pending series exist
+def test_every_metric_the_extender_exports_is_in_the_docs(run: Callable[..., Running]) -> None:
+    exported = {
+        re.sub(r"_(bucket|count|sum)$", "", sample.name)
+        for family in text_string_to_metric_families(run().client.get("/metrics").text)
+        for sample in family.samples
+        if sample.name.startswith("tf_") and not sample.name.endswith("_created")
+    }
+    assert "tf_extender_pending_pods" in exported
+    docs = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    assert [name for name in sorted(exported) if f"`{name}`" not in docs] == []

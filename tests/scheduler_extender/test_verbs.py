@@ -75,8 +75,9 @@ def test_unschedulable_pod_gets_one_rate_limited_event_with_the_summary(
     assert len(cluster.events) == 1
     event = cluster.events[0]
     assert (event.reason, event.type, event.pod_uid) == ("FailedGpuScheduling", "Warning", "uid-default-p")
-    assert event.message.startswith("0/6 nodes: ")
-    assert "tf_extender_unschedulable_total 3.0" in app.client.get("/metrics").text
+    assert event.message.startswith("0/6 nodes: 3 with GPUs too small")
+    # counted by the reason the event names first: the one that rejected the most nodes
+    assert 'tf_extender_unschedulable_total{reason="gpu-too-small"} 3.0' in app.client.get("/metrics").text
 
 
 @pytest.mark.parametrize(

@@ -123,9 +123,54 @@ PROFILE_CASES: list[tuple[dict[str, object], str]] = [
     ({"autoScalingConfig": {"autoSetLimits": {"targetResource": "gpu"}}},
      "spec.autoScalingConfig.autoSetLimits.targetResource 'gpu': must be one of all, tflops, vram"),
     ({"autoScalingConfig": {"autoSetLimits": {"maxRatioToRequests": "five"}}},
-     "spec.autoScalingConfig.autoSetLimits.maxRatioToRequests 'five': must be a non-negative decimal"),
+     "spec.autoScalingConfig.autoSetLimits.maxRatioToRequests 'five': must be a ratio of 1 or more, such as 5.0 or 500% "
+     "(a limit is never below its request)"),
+    ({"autoScalingConfig": {"autoSetLimits": {"maxRatioToRequests": "0.5"}}},
+     "spec.autoScalingConfig.autoSetLimits.maxRatioToRequests '0.5': must be a ratio of 1 or more"),
     ({"autoScalingConfig": {"autoSetReplicas": {"scaleUpCoolDownTime": "soon"}}},
-     "spec.autoScalingConfig.autoSetReplicas.scaleUpCoolDownTime 'soon': must be a duration such as 30s, 5m, 1h or 1d"),
+     "spec.autoScalingConfig.autoSetReplicas.scaleUpCoolDownTime 'soon': must be a duration from 0s to 365d, "
+     "such as 0s, 30s, 5m or 1h"),
+    ({"autoScalingConfig": {"autoSetLimits": {"evaluationPeriod": "0s"}}},
+     "spec.autoScalingConfig.autoSetLimits.evaluationPeriod '0s': must be a duration above 0 and at most 365d, "
+     "such as 15s, 5m, 1h or 1d"),
+    ({"autoScalingConfig": {"autoSetRequests": {"aggregationPeriod": "53w"}}},
+     "spec.autoScalingConfig.autoSetRequests.aggregationPeriod '53w': must be a duration above 0 and at most 365d"),
+    ({"autoScalingConfig": {"autoSetRequests": {"aggregationPeriod": "1d\n"}}},
+     "spec.autoScalingConfig.autoSetRequests.aggregationPeriod '1d\\n': must be a duration above 0"),  # no newline
+    ({"autoScalingConfig": {"autoSetReplicas": {"evaluationPeriod": "5 m"}}},
+     "spec.autoScalingConfig.autoSetReplicas.evaluationPeriod '5 m': must be a duration above 0"),
+    ({"autoScalingConfig": {"autoSetRequests": {"percentileForAutoRequests": "99"}}},
+     "spec.autoScalingConfig.autoSetRequests.percentileForAutoRequests '99': must be a ratio above 0 and at most 1, "
+     "such as 0.8 or 80%"),
+    ({"autoScalingConfig": {"autoSetRequests": {"percentileForAutoRequests": "0%"}}},
+     "spec.autoScalingConfig.autoSetRequests.percentileForAutoRequests '0%': must be a ratio above 0 and at most 1"),
+    ({"autoScalingConfig": {"autoSetReplicas": {"targetTFlopsOfLimits": "120%"}}},
+     "spec.autoScalingConfig.autoSetReplicas.targetTFlopsOfLimits '120%': must be a ratio above 0 and at most 1"),
+    ({"autoScalingConfig": {"autoSetLimits": {"ignoredDeltaRange": "1"}}},
+     "spec.autoScalingConfig.autoSetLimits.ignoredDeltaRange '1': must be a ratio from 0 up to (not including) 1, "
+     "such as 0.05 or 5%"),
+    ({"autoScalingConfig": {"autoSetLimits": {"extraTFlopsBufferRatio": ".2"}}},
+     "spec.autoScalingConfig.autoSetLimits.extraTFlopsBufferRatio '.2': must be a ratio of 0 or more, such as 0.15 or 15%"),
+    ({"autoScalingConfig": {"autoSetRequests": {"extraBufferRatio": "-10%"}}},
+     "spec.autoScalingConfig.autoSetRequests.extraBufferRatio '-10%': must be a ratio of 0 or more"),
+    ({"autoScalingConfig": {"autoSetLimits": {"scaleUpStep": "0"}}},
+     "spec.autoScalingConfig.autoSetLimits.scaleUpStep '0': must be a ratio above 0, such as 1.0 or 100% "
+     "(the most one raise adds, as a share of the current limit)"),
+    ({"autoScalingConfig": {"autoSetReplicas": {"scaleUpStep": "0.2"}}},
+     "spec.autoScalingConfig.autoSetReplicas.scaleUpStep '0.2': must be a whole number of replicas from 1 to 1000000, "
+     "such as 1 or 2, or a whole percentage of the current replicas from 1%, such as 50%"),
+    ({"autoScalingConfig": {"autoSetReplicas": {"scaleDownStep": "0%"}}},
+     "spec.autoScalingConfig.autoSetReplicas.scaleDownStep '0%': must be a whole number of replicas from 1"),
+    ({"autoScalingConfig": {"autoSetReplicas": {"scaleDownStep": "1000001"}}},
+     "spec.autoScalingConfig.autoSetReplicas.scaleDownStep '1000001': must be a whole number of replicas from 1"),
+    ({"autoScalingConfig": {"autoSetLimits": {"prediction": {"predictionPeriod": "0s"}}}},
+     "spec.autoScalingConfig.autoSetLimits.prediction.predictionPeriod '0s': must be a duration above 0"),
+    ({"autoScalingConfig": {"autoSetLimits": {"prediction": "yes"}}},
+     "spec.autoScalingConfig.autoSetLimits.prediction 'yes': must be an object"),
+    ({"autoScalingConfig": {"autoSetLimits": "on"}}, "spec.autoScalingConfig.autoSetLimits 'on': must be an object"),
+    ({"autoScalingConfig": []}, "spec.autoScalingConfig '[]': must be an object"),
+    ({"autoScalingConfig": {"autoSetLimits": {"evaluationPeriod": "9" * 5000 + "s"}}},
+     "spec.autoScalingConfig.autoSetLimits.evaluationPeriod '" + "9" * 120 + "…': must be a duration above 0"),
     ({"autoScalingConfig": {"autoSetRequests": {"prediction": {"historyDataPeriod": 7}}}},
      "spec.autoScalingConfig.autoSetRequests.prediction.historyDataPeriod '7': must be a string"),
     ({"autoScalingConfig": {"autoScaleEverything": {}}}, "spec.autoScalingConfig.autoScaleEverything: unknown field"),
@@ -138,6 +183,20 @@ def test_each_profile_error_message(spec: dict[str, object], message: str) -> No
     with pytest.raises(DomainError) as caught:
         parse_spec(spec, where="spec")
     assert message in str(caught.value)
+
+
+def test_every_auto_scaling_problem_is_reported_at_once() -> None:
+    auto = {
+        "autoSetLimits": {"scaleUpStep": "-1", "colour": "red"},
+        "autoSetRequests": {"percentileForAutoRequests": "1.5", "aggregationPeriod": "0s"},
+        "autoSetReplicas": {"scaleDownStep": "half"},
+    }
+    with pytest.raises(DomainError) as caught:
+        parse_spec({"autoScalingConfig": auto}, where="spec")
+    assert [e.key.removeprefix("spec.autoScalingConfig.") for e in caught.value.errors] == [
+        "autoSetLimits.colour", "autoSetLimits.scaleUpStep", "autoSetReplicas.scaleDownStep",
+        "autoSetRequests.percentileForAutoRequests", "autoSetRequests.aggregationPeriod",
+    ]  # fmt: skip
 
 
 RESOLVED: dict[str, Any] = {

@@ -19,9 +19,12 @@ MILLI = st.integers(min_value=0, max_value=10**9)
 BYTES = st.integers(min_value=0, max_value=2**50)
 CONTAINERS = st.builds(
     ContainerUsage, namespace=NAME, pod=NAME, pod_uid=NAME, container=NAME, gpu=NAME, tflops_used=MILLI,
-    vram_used=BYTES, tflops_request=MILLI, tflops_limit=MILLI, vram_request=BYTES, vram_limit=BYTES,
+    vram_used=BYTES, tflops_measured=st.booleans(), tflops_request=MILLI, tflops_limit=MILLI, vram_request=BYTES, vram_limit=BYTES,
 )  # fmt: skip
-UNATTRIBUTED = st.builds(Unattributed, gpu=NAME, processes=st.integers(0, 10_000), tflops_used=MILLI, vram_used=BYTES)
+UNATTRIBUTED = st.builds(
+    Unattributed, gpu=NAME, processes=st.integers(0, 10_000), tflops_used=MILLI, vram_used=BYTES,
+    tflops_measured=st.booleans(),
+)  # fmt: skip
 DOCUMENTS = st.builds(
     NodeUsage, node=NAME, sampled_at=st.just("2026-11-22T04:00:00.125Z"),
     interval_s=st.sampled_from([0.05, 1, 5.0, 30]), containers=st.lists(CONTAINERS, max_size=4).map(tuple),
@@ -48,6 +51,7 @@ def test_quantities_are_kubernetes_quantities() -> None:
                 gpu="GPU-0",
                 tflops_used=31_200,
                 vram_used=1024**3,
+                tflops_measured=True,
                 tflops_request=10_000,
                 tflops_limit=20_500,
                 vram_request=0,

@@ -141,6 +141,17 @@ def test_invalid_profile_is_denied_naming_its_field() -> None:
     assert "WorkloadProfile default/p spec.qos 'gold': must be one of" in message
 
 
+def test_a_malformed_auto_scaling_config_is_denied_naming_field_value_and_what_is_accepted() -> None:
+    auto = {"autoSetRequests": {"percentileForAutoRequests": "95", "aggregationPeriod": "1 day"}}
+    cluster = FakeCluster(profiles={("default", "p"): {"spec": {"autoScalingConfig": auto}}})
+    message = denial(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p", A.AUTO_REQUESTS.value: "true"}), cluster)
+    where = "WorkloadProfile default/p spec.autoScalingConfig.autoSetRequests"
+    assert (
+        f"{where}.percentileForAutoRequests '95': must be a ratio above 0 and at most 1, such as 0.8 or 80%" in message
+    )
+    assert f"{where}.aggregationPeriod '1 day': must be a duration above 0 and at most 365d" in message
+
+
 def test_missing_pool_is_denied_listing_known_pools() -> None:
     message = denial(review_of({**BASIC, A.GPUPOOL.value: "fast"}))
     assert f"{A.GPUPOOL} 'fast': no such GPU pool; known: default-pool" in message

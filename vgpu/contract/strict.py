@@ -7,6 +7,7 @@ corrupt annotation is reported precisely and never crashes the reader.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -61,9 +62,21 @@ class Reader:
 
     def positive_number(self, key: str) -> float:
         value: int | float = self._get(key, (int, float), "a number above 0", False)
-        if value <= 0:
+        if not 0 < value < math.inf:  # JSON's NaN and Infinity are refused too
             raise DomainError.one(f"{self.path}.{key}", shown(value), "must be a number above 0")
         return float(value)
+
+    def number(self, key: str, *, low: float = 0.0) -> float:
+        value = self.opt_number(key, low=low)
+        if value is None:
+            raise DomainError.one(f"{self.path}.{key}", None, f"must be a number ≥ {low:g}")
+        return value
+
+    def opt_number(self, key: str, *, low: float = 0.0) -> float | None:
+        value: int | float | None = self._get(key, (int, float), f"a number ≥ {low:g} or null", True)
+        if value is not None and not low <= value < math.inf:
+            raise DomainError.one(f"{self.path}.{key}", shown(value), f"must be a number ≥ {low:g}")
+        return None if value is None else float(value)
 
     def integer(self, key: str, low: int = 0, high: int | None = None) -> int:
         value: int = self._get(key, int, "a whole number", False)

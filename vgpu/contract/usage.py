@@ -7,7 +7,9 @@ the plugins instead of a Prometheus the user may not have. Versioned JSON, decod
 contract between the binaries. TFLOPS in milli, bytes for memory, RFC 3339 times.
 
 A process that could not be mapped to a container is not dropped: its use is counted per GPU under
-``unattributed``.
+``unattributed``. Where the driver reports no per-process utilisation (older drivers, MIG instances),
+only memory is measured: ``tflopsMeasured`` is false and ``tflopsUsed`` is 0 by convention, so that no
+reader takes "not measured" for "idle" (an autoscaler would scale such a workload down).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ContainerUsage:
     gpu: str  # GPU (or MIG instance) UUID
     tflops_used: int
     vram_used: int
+    tflops_measured: bool  # False: the driver gives no per-process utilisation here; tflops_used is 0
     tflops_request: int
     tflops_limit: int
     vram_request: int
@@ -48,6 +51,7 @@ class Unattributed:
     processes: int
     tflops_used: int
     vram_used: int
+    tflops_measured: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +79,7 @@ def encode(usage: NodeUsage) -> str:
                     "gpu": c.gpu,
                     "tflopsUsed": format_milli(c.tflops_used),
                     "vramUsed": format_bytes(c.vram_used),
+                    "tflopsMeasured": c.tflops_measured,
                     "tflopsRequest": format_milli(c.tflops_request),
                     "tflopsLimit": format_milli(c.tflops_limit),
                     "vramRequest": format_bytes(c.vram_request),
@@ -88,6 +93,7 @@ def encode(usage: NodeUsage) -> str:
                     "processes": u.processes,
                     "tflopsUsed": format_milli(u.tflops_used),
                     "vramUsed": format_bytes(u.vram_used),
+                    "tflopsMeasured": u.tflops_measured,
                 }
                 for u in usage.unattributed
             ],
@@ -117,6 +123,7 @@ def _container(r: Reader) -> ContainerUsage:
         gpu=r.text("gpu"),
         tflops_used=r.quantity("tflopsUsed", parse_milli),
         vram_used=r.quantity("vramUsed", parse_bytes),
+        tflops_measured=r.flag("tflopsMeasured"),
         tflops_request=r.quantity("tflopsRequest", parse_milli),
         tflops_limit=r.quantity("tflopsLimit", parse_milli),
         vram_request=r.quantity("vramRequest", parse_bytes),
@@ -132,6 +139,7 @@ def _unattributed(r: Reader) -> Unattributed:
         processes=r.integer("processes"),
         tflops_used=r.quantity("tflopsUsed", parse_milli),
         vram_used=r.quantity("vramUsed", parse_bytes),
+        tflops_measured=r.flag("tflopsMeasured"),
     )
     r.done()
     return u

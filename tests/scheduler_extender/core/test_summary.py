@@ -1,10 +1,12 @@
-"""The one-line summary: counts per reason, largest group first, the most useful figure per group."""
+"""The one-line summary: counts per reason, largest group first, the most useful figure per group; and the
+reason it leads with, which /metrics counts unschedulable pods by."""
 
 from __future__ import annotations
 
-from scheduler_extender.core.filter import filter_nodes
+from scheduler_extender.core.filter import FilterResult, filter_nodes
 from scheduler_extender.core.model import Demand, NodeState
-from scheduler_extender.core.summary import summarize
+from scheduler_extender.core.reasons import ReasonCode
+from scheduler_extender.core.summary import leading_reason, summarize
 from tests.scheduler_extender.core.builders import CATALOG, T4, make_demand, make_gpu, make_node, make_snapshot
 
 
@@ -59,3 +61,17 @@ def test_ties_in_size_follow_reason_order_and_pools_are_listed() -> None:
 def test_whole_gpu_and_multi_gpu_groups_name_the_count() -> None:
     busy = make_node("w", n_gpus=2, vram_used="1Gi")
     assert line(make_demand(whole_gpu=True), busy) == "0/1 nodes: 1 with fewer than 1 idle GPUs (most 0)"
+
+
+def test_the_leading_reason_is_the_one_the_summary_names_first() -> None:
+    a100 = [make_node(f"a{i}", vram_used="78Gi") for i in range(2)]
+    t4s = [make_node(f"t{i}", model=T4, tflops="65", vram="16Gi") for i in range(3)]
+    demand = make_demand(vram="4Gi", model="A100")
+
+    def result(*nodes: NodeState) -> FilterResult:
+        return filter_nodes(demand, make_snapshot(*nodes), [n.name for n in nodes], CATALOG)
+
+    assert leading_reason(result(*a100, *t4s)) == ReasonCode.GPU_MODEL  # 3 T4s against 2 full A100s
+    tie = result(a100[0], t4s[0])  # one each: ReasonCode's order decides, as in the summary
+    assert leading_reason(tie) == ReasonCode.GPU_MODEL and summarize(demand, tie).startswith("0/2 nodes: 1 GPU model")
+    assert leading_reason(result(make_node("ok"))) is None

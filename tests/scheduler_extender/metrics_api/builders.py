@@ -23,6 +23,7 @@ def used(
     limit: int = 40_000,
     vram_request: int = 4 * GI,
     vram_limit: int = 8 * GI,
+    measured: bool = True,
 ) -> ContainerUsage:
     """One container's use of one GPU: TFLOPS in milli, its pod's grant there beside it."""
     return ContainerUsage(
@@ -33,6 +34,7 @@ def used(
         gpu=gpu,
         tflops_used=tflops,
         vram_used=vram,
+        tflops_measured=measured,
         tflops_request=request,
         tflops_limit=limit,
         vram_request=vram_request,

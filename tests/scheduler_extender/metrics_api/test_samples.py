@@ -35,7 +35,7 @@ def test_a_pod_sums_its_containers_and_gpus_and_counts_each_gpus_grant_once() ->
 
 
 def test_a_node_counts_what_no_container_could_be_found_for() -> None:
-    lost = Unattributed(gpu="GPU-0", processes=2, tflops_used=3_000, vram_used=GI)
+    lost = Unattributed(gpu="GPU-0", processes=2, tflops_used=3_000, vram_used=GI, tflops_measured=True)
     node, pods = node_samples(node_usage("n1", used("a"), unattributed=(lost,)))
     assert (node.tflops_used, node.vram_used) == (13_000, 3 * GI)
     assert sum(p.tflops_used for p in pods) == 10_000
@@ -54,6 +54,20 @@ def test_no_utilisation_without_a_limit() -> None:
     (pod,) = samples_of(node_usage("n1", used("a", limit=0, request=0))).pods.values()
     assert pod_value(pod, GpuMetric.UTILIZATION) is None
     assert pod_value(pod, GpuMetric.TFLOPS) == "10"
+
+
+def test_tflops_a_plugin_could_not_measure_are_absent_not_idle() -> None:
+    """A MIG instance or an old driver gives memory only: an HPA must find no TFLOPS or utilisation there,
+    never a 0 it would scale down on; memory is still served, and the node's TFLOPS go absent too."""
+    usage = node_usage("n1", used("mig", tflops=0, measured=False), used("gpu", tflops=5_000))
+    snap = samples_of(usage)
+    mig, plain = snap.pods[("team-a", "mig")], snap.pods[("team-a", "gpu")]
+    assert [pod_value(mig, m) for m in GpuMetric] == [
+        None if m is not GpuMetric.VRAM_BYTES else "2Gi" for m in GpuMetric
+    ]
+    assert pod_value(plain, GpuMetric.TFLOPS) == "5"
+    assert node_value(snap.nodes["n1"], GpuMetric.TFLOPS) is None
+    assert node_value(snap.nodes["n1"], GpuMetric.VRAM_BYTES) == "4Gi"
 
 
 @pytest.mark.parametrize(
