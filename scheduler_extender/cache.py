@@ -85,6 +85,7 @@ class ClusterCache:
         self._owner: dict[str, str] = {}  # ledger key -> uid of the pod that owns the entry
         self._tentative: dict[str, float] = {}  # ledger key -> expiry, for filter/prioritize reservations
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
+        self._accounting = False  # inside _account_conflicts (it must not re-enter itself)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
@@ -342,7 +343,24 @@ class ClusterCache:
         if node is not None:
             self._put(node, self._ledger(node).release(key))
             self._refresh((node,))
+            self._account_conflicts(node)
             self._claim_nominations(node)
+
+    def _account_conflicts(self, node: str) -> None:
+        """Account again the written allocations on ``node`` that did not fit its ledger when they were seen
+        (a bind's hold or another replica's stale allocation held their room): room was just freed there.
+        Left uncounted, such an allocation is room the placement offers but the API server's list shows
+        taken — a bind that retries the same place backs off for ever (the arbitration in binder.py)."""
+        if self._accounting:
+            return  # _account releases entries itself; the outer pass goes on with the rest
+        self._accounting = True
+        try:
+            for uid in list(self._conflicts):
+                record = self._records.get(uid)
+                if record is not None and record.allocation is not None and record.allocation.node == node:
+                    self._account(record)
+        finally:
+            self._accounting = False
 
     def _claim_nominations(self, node: str) -> None:
         """Turn the nominations on ``node`` that fit now into their pods' tentative reservations."""
@@ -535,8 +553,9 @@ class ClusterCache:
                     .commit(key)
                 )
             except LedgerRefusal as refusal:
+                if self._conflicts.get(uid) != str(refusal.reason):  # said once per reason, not per retry
+                    log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)
                 self._conflicts[uid] = str(refusal.reason)
-                log.error("pod %s: its allocation does not fit the ledger: %s", key, refusal.reason)
                 return
         self._conflicts.pop(uid, None)
         self._put(alloc.node, ledger)

@@ -364,3 +364,18 @@ def test_an_unbound_pods_own_allocation_is_room_for_that_pod_only(cache: Cluster
     free = {who.name: cache.snapshot(scheduling=who).nodes["n"].gpus[0].vram_free for who in (p, other)}
     assert free == {"p": 8 * GI, "q": 0}
     assert cache.node("n") is not None and cache.node("n").gpus[0].vram_free == 0  # type: ignore[union-attr]
+
+
+def test_an_allocation_that_did_not_fit_is_counted_once_its_room_is_freed(cache: ClusterCache) -> None:
+    """Another replica's allocation arrives while this replica's bind holds the same room: it cannot be
+    counted then. Once the hold goes (the bind backed off), it is — else placements keep offering a room
+    the API server shows taken, and the bind that takes it backs off for ever."""
+    cache.replace(Kind.NODE, [make_node("n", gpus=1, vram=8 * GI)])
+    cache.replace(Kind.POD, [])
+    hold = PodRef(namespace="default", name="mine", uid="uid-default-mine")
+    cache.reserve(hold, "n", [grant("n", 0, 8 * GI)], qos=Qos.MEDIUM, expires_at=None)  # a bind's hold
+    cache.apply(Kind.POD, WatchEvent("ADDED", allocated_pod("theirs", "n", grant("n", 0, 8 * GI))))
+    assert "uid-default-theirs" in cache.conflicts()
+    cache.release(hold.key, hold.uid)  # the bind backed off
+    assert not cache.conflicts()
+    assert vram_used(cache, "n") == [8 * GI] and set(cache.entries()) == {"default/theirs"}
