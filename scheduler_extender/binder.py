@@ -367,7 +367,7 @@ class Binder:
                 return
             failed = f"could not bind pod {ref.key} to {node}: {exc}"
             if bound is None:
-                raise BindError(f"{failed}{_UNKNOWN_OUTCOME}", "binding") from None
+                raise BindError(f"{failed}{UNKNOWN_OUTCOME}", "binding") from None
             raise BindError(f"{failed}{undo()}", "binding") from None
 
     def _reserve(
@@ -441,7 +441,9 @@ class Binder:
         return ""
 
 
-_UNKNOWN_OUTCOME = (
+# Ends a bind's Error when neither the Binding POST nor the pod's re-read was answered (the API server
+# stalled): whether the pod is bound is unknown, and the Error says so (tests match it).
+UNKNOWN_OUTCOME = (
     "; whether the Binding was made could not be read back, so nothing is undone: a bound pod keeps its "
     "allocation, an unbound one has it removed by its next bind"
 )
