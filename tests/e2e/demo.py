@@ -11,7 +11,9 @@ was created with, what the device plugin measured of each running container's GP
 the fake GPU file, read back from its ``/usage``), and the status the extender wrote on the generated
 TensorFusionWorkload; then
 what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
-hand is admitted by the kubelet but the device plugin refuses to start it).
+hand is admitted by the kubelet but the device plugin refuses to start it); and QoS preemption on
+fragmented GPUs: the node's four GPUs each hold a high and a low pod, a critical pod fits the node's
+totals but no single GPU, and the extender evicts one low pod and runs the critical one in its place.
 Everything is stopped before it returns.
 """
 
@@ -32,7 +34,7 @@ from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_t
 from . import deploy
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml, gpus
-from .kube import apply, bind_by_hand, events_for, eventually
+from .kube import apply, bind_by_hand, events_for, eventually, wait_running
 from .pods import allocation_of, created_env, gpu_pod
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
@@ -113,8 +115,37 @@ def run(keep: bool) -> None:
         print(f"\nkubectl get tensorfusionworkloads -n {namespace} (status written by the extender):")
         print(table(eventually("workload status", workload_statuses, timeout=30)))
         isolation(cluster, namespace)
+        preemption(cluster)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
+
+
+def preemption(cluster: Cluster) -> None:
+    """High (200 TFLOPS) and low (60) pods on each of the kubelet node's GPUs leave at most 52 free on any
+    GPU but more on the node; a critical 100-TFLOPS pod makes the extender evict one low pod for it."""
+    ns = cluster.namespace("demo-preemption")
+
+    def pinned(name: str, tflops: str, qos: str) -> dict[str, Any]:
+        pod = gpu_pod(name, {Annotation.TFLOPS_REQUEST: tflops, Annotation.VRAM_REQUEST: "1Gi", Annotation.QOS: qos})
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+        return pod
+
+    for group in (
+        [pinned(f"high-{i}", "200", "high") for i in range(4)],
+        [pinned(f"low-{i}", "60", "low") for i in range(4)],
+    ):
+        for pod in group:
+            cluster.core.create_namespaced_pod(ns, pod)
+        for pod in group:
+            wait_running(cluster.core, ns, pod["metadata"]["name"], timeout=120)
+    print(f"\nQoS preemption on fragmented GPUs: 4 high (200 TFLOPS) + 4 low (60) pods on {REAL_NODE}'s 4 A100s")
+    cluster.core.create_namespaced_pod(ns, pinned("critical", "100", "critical"))
+    critical = wait_running(cluster.core, ns, "critical", timeout=120)
+    print(f"  pod/critical (100 TFLOPS, qos critical) Running on {allocation_of(critical).gpus[0].uuid}")
+    for name in ["critical", *(f"low-{i}" for i in range(4))]:
+        for line in events_for(cluster.core, ns, name):
+            if line.startswith(("Preempted:", "GpuPreemption:")):
+                print(f"  {name}: {line}")
 
 
 def measured(cluster: Cluster, running: Sequence[Any]) -> None:
