@@ -274,12 +274,6 @@ class ClusterCache:
             self._nominated[ref.key] = Nomination(ref.uid, node, tuple(grants), qos, slots, expires_at)
             self._claim_nominations(node)
 
-    def nominated(self, key: str) -> str | None:
-        """The node still held for the pod by a nomination not yet taken as its reservation."""
-        with self.lock:
-            found = self._nominated.get(key)
-            return found.node if found is not None and found.expires_at > self.clock() else None
-
     def commit(self, key: str) -> bool:
         """Make a bind's reservation permanent. False, changing nothing, when the pod holds none any more:
         it went away while its bind ran (the watch released its hold), so there is nothing to keep."""

@@ -159,16 +159,17 @@ class Preemptor:
             return "error"
         if not awaiting(pod, ref.uid):
             return "skipped"
-        candidates = []
+        candidates, on_node = [], {}
         for name in pending.nodes:
             view = self.cache.node(name)
             if view is not None:
-                victims, leaving = victims_and_leaving(self.cache.records_on(name), refused, now)
+                on_node[name] = self.cache.records_on(name)
+                victims, leaving = victims_and_leaving(on_node[name], refused, now)
                 candidates.append(Candidate(node=view, victims=victims, leaving=leaving))
         chosen = plan(demand, candidates, self.policies.for_demand(demand), self.catalog)
         if chosen is None:
             return "none"
-        records = {r.ref.key: r for r in self.cache.records_on(chosen.node)}
+        records = {r.ref.key: r for r in on_node[chosen.node]}
         for key in chosen.victims:
             victim = records[key].ref
             try:
