@@ -30,7 +30,8 @@ an answer before its next Allocate, so that read shows every earlier answer), an
 task settles the last one. Confirmed containers are served; a stolen answer returns its container to
 the grant's pod; the receipt is written once all of a pod's containers are confirmed.
 :meth:`Allocator.verify_start` is PreStartContainer's check: a container starts only on a grant
-proven its own.
+proven its own. Where live limits are kept, the answer's container directory and its ``limits.json``
+are written (in a worker thread) before the answer goes back, so they exist when the container starts.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from device_plugin.fresh_read import FreshRead
 from device_plugin.gateway import KubeGateway
 from device_plugin.handoff import HandoffKeeper
 from device_plugin.kubelet_api import PodDevices
+from device_plugin.live_files import LiveLimits
 from device_plugin.lookup import AllocateError, Match, awaiting, choose, validate
 from device_plugin.metrics import PluginMetrics
 from device_plugin.pod_cache import PodCache
@@ -83,8 +85,11 @@ class Allocator:
         keeper: HandoffKeeper,
         metrics: PluginMetrics,
         pod_devices: Callable[[], Awaitable[PodDevices]],
+        live: LiveLimits | None = None,
     ) -> None:
+        """``live``: where each container's live limits are kept (None: nowhere, limits fixed at start)."""
         self._config, self._gateway, self._cache = config, gateway, cache
+        self._live = live
         self._board, self._keeper, self._metrics = board, keeper, metrics
         self._pending: dict[frozenset[str], Answer] = {}  # provisional answers, by their device IDs
         self._confirmed: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID → container → IDs, kubelet order
@@ -150,7 +155,8 @@ class Allocator:
             " (again)" if found.again else " (provisional until the kubelet records it)",
             extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
         )
-        return build(alloc, target, self._config.backend, self._config.paths)
+        live = None if self._live is None else await self._live.mount(target, found.pod.uid, alloc)
+        return build(alloc, target, self._config.backend, self._config.paths, live)
 
     async def verify_start(self, ids: tuple[str, ...]) -> None:
         """PreStartContainer: raise :class:`AllocateError` unless the container holding ``ids`` is proven

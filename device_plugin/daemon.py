@@ -2,8 +2,8 @@
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
 keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
-so that the CLI and the component tests run the very same assembly (tests swap only the probe, the
-process resolver, the Kubernetes gateway and the PodResources source).
+and the live-limits keeper, so that the CLI and the component tests run the very same assembly (tests
+swap only the probe, the process resolver, the Kubernetes gateway and the PodResources source).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from device_plugin.handoff import HandoffKeeper
 from device_plugin.health import HealthPolicy
 from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET, PodDevices, list_pod_devices
 from device_plugin.lifecycle import PluginServer, SocketConfig
+from device_plugin.live_files import LiveLimits
 from device_plugin.metrics import GpuCollector, PluginMetrics, UsageCollector
 from device_plugin.node_events import NodeEvents
 from device_plugin.pod_cache import PodCache, PodFeed
@@ -59,6 +60,10 @@ class PluginConfig:
     metrics_port: int = 0  # 0: no /metrics and /usage server, and no usage sampling
     metrics_address: str = "0.0.0.0"
     usage_interval_s: float = 5.0
+    # Per-container live-limits directories (docs/live-limits.md); None: limits are fixed at container start.
+    live_limits_dir: Path | None = None
+    live_limits_check_s: float = 5.0  # a pass at least this often, besides one on every pod change
+    live_limits_grace_s: float = 30.0  # a directory no pod on the node owns is kept this long after its last change
     catalog: Catalog = field(default_factory=builtin)
 
 
@@ -88,12 +93,17 @@ class Daemon:
                 return await list_pod_devices(socket)
 
             pod_devices = from_kubelet
+        self.live = (
+            None
+            if config.live_limits_dir is None
+            else LiveLimits(config.live_limits_dir, config.backend, self.metrics, grace_s=config.live_limits_grace_s)
+        )
         self.keeper = HandoffKeeper(gateway, self.cache, config.node, self.metrics, pod_devices=pod_devices)
         allocator_config = AllocatorConfig(
             node=config.node, backend=config.backend, paths=config.paths, lookup_wait_s=config.lookup_wait_s
         )
         self.allocator = Allocator(
-            allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics, pod_devices
+            allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics, pod_devices, self.live
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         self.server = PluginServer(self.servicer, config.sockets, self.metrics)
@@ -148,6 +158,7 @@ class Daemon:
             self.publisher.run(),
             self.keeper.run(self.allocator, self.config.reconcile_s),
             *([self.sampler.run()] if http is not None else []),
+            *([self.live.run(self.cache, self.config.node, self.config.live_limits_check_s)] if self.live else []),
         ]
         tasks = [asyncio.create_task(c) for c in background]
         try:

@@ -11,6 +11,11 @@ HAMi-core reads ``CUDA_DEVICE_SM_LIMIT_<i>`` for the container's i-th device and
 its own percent and the shared variable carries the largest one. MPS has one thread percentage for
 all of a client's devices; it gets the largest as well. The largest never caps a GPU below what was
 granted on it, where the first or the smallest would throttle the others under their reservation.
+
+Where the node keeps live limits (:mod:`device_plugin.live_files`), the container also gets its own
+host directory at :data:`~vgpu.names.LIVE_LIMITS_DIR`, named by ``TENSOR_FUSION_LIVE_LIMITS``, and
+HAMi-core is told to keep its shared region there, where the plugin can rewrite the memory limit in
+place (docs/live-limits.md).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import EnforcementBackend, Env
+from vgpu.names import HAMI_REGION_FILE, LIVE_LIMITS_DIR, LIVE_LIMITS_FILE, EnforcementBackend, Env
 from vgpu.quantity import MIB, humanize_tflops
 
 
@@ -56,6 +61,18 @@ class ContainerGrant:
     mounts: tuple[MountSpec, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LiveMount:
+    """The host directory holding this container's live limits (prepared before the answer)."""
+
+    host_dir: str
+
+
+def hami_mib(vram_limit: int) -> int:
+    """A VRAM limit in whole MiB as HAMi-core and MPS take it; 0 means "no limit" there, so at least 1."""
+    return max(1, vram_limit // MIB)
+
+
 def sm_percent(tflops_limit: int, gpu_tflops: int) -> int:
     """ceil(limit / capacity × 100) clamped to 1..100; an unknown capacity (0) means no cap."""
     if gpu_tflops <= 0:
@@ -68,7 +85,13 @@ def _per_uuid(gpus: tuple[GpuGrant, ...], value: Mapping[str, str]) -> str:
     return "{" + ",".join(f"{json.dumps(g.uuid)}:{value[g.uuid]}" for g in gpus) + "}"
 
 
-def build(alloc: PodAllocation, target: Target, backend: EnforcementBackend, paths: EnforcementPaths) -> ContainerGrant:
+def build(
+    alloc: PodAllocation,
+    target: Target,
+    backend: EnforcementBackend,
+    paths: EnforcementPaths,
+    live: LiveMount | None = None,
+) -> ContainerGrant:
     gpus = alloc.gpus
     percent = {g.uuid: sm_percent(g.tflops_limit, g.gpu_tflops) for g in gpus}
     envs: dict[str, str] = {
@@ -86,7 +109,7 @@ def build(alloc: PodAllocation, target: Target, backend: EnforcementBackend, pat
     if backend is EnforcementBackend.HAMI_CORE:
         for i, g in enumerate(gpus):
             # HAMi reads 0 as "no limit", so a sub-MiB limit still caps at 1 MiB.
-            envs[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] = f"{max(1, g.vram_limit // MIB)}m"
+            envs[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] = f"{hami_mib(g.vram_limit)}m"
             envs[f"{Env.HAMI_SM_LIMIT}_{i}"] = str(percent[g.uuid])
         envs[Env.HAMI_SM_LIMIT] = str(widest)
         mounts = (
@@ -94,8 +117,14 @@ def build(alloc: PodAllocation, target: Target, backend: EnforcementBackend, pat
             MountSpec("/etc/ld.so.preload", paths.hami_preload, True),
         )
     elif backend is EnforcementBackend.MPS:
-        envs[Env.MPS_PINNED_MEM_LIMIT] = ",".join(f"{i}={max(1, g.vram_limit // MIB)}M" for i, g in enumerate(gpus))
+        envs[Env.MPS_PINNED_MEM_LIMIT] = ",".join(f"{i}={hami_mib(g.vram_limit)}M" for i, g in enumerate(gpus))
         envs[Env.MPS_ACTIVE_THREAD_PERCENTAGE] = str(widest)
         envs[Env.MPS_PIPE_DIRECTORY] = paths.mps_pipe_container
         mounts = (MountSpec(paths.mps_pipe_container, paths.mps_pipe_host, False),)
+    if live is not None:
+        envs[Env.TF_LIVE_LIMITS] = f"{LIVE_LIMITS_DIR}/{LIVE_LIMITS_FILE}"
+        if backend is EnforcementBackend.HAMI_CORE:
+            envs[Env.HAMI_SHARED_REGION] = f"{LIVE_LIMITS_DIR}/{HAMI_REGION_FILE}"
+        # Read-write: HAMi-core maps its region there from inside the container.
+        mounts = (*mounts, MountSpec(LIVE_LIMITS_DIR, live.host_dir, False))
     return ContainerGrant(envs={str(k): v for k, v in envs.items()}, mounts=mounts)

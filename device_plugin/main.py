@@ -83,6 +83,7 @@ def config_from(settings: PluginSettings) -> PluginConfig:
         metrics_port=settings.metrics_port,
         metrics_address=settings.metrics_address,
         usage_interval_s=settings.usage_interval,
+        live_limits_dir=Path(settings.live_limits_dir) if settings.live_limits_dir else None,
     )
 
 

@@ -60,6 +60,7 @@ class PluginMetrics:
         self.registrations = counter(m.REGISTRATIONS)
         self.usage_sample_seconds = histogram(m.USAGE_SAMPLE_SECONDS, _PASS_BUCKETS)
         self.usage_skips = counter(m.USAGE_SKIPS)
+        self.live_limit_writes = counter(m.LIVE_LIMIT_WRITES)
         self.usage_sampled_at = Gauge(m.USAGE_SAMPLED_AT.name, m.USAGE_SAMPLED_AT.help, registry=self.registry)
 
     def serve(self, port: int, latest: Callable[[], str | None], address: str = "0.0.0.0") -> ThreadingHTTPServer:

@@ -18,6 +18,7 @@ and is applied as it comes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -118,6 +119,11 @@ class PodCache:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    async def changed(self, timeout_s: float) -> None:
+        """Return at the next change, or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
 
     async def wait_for(self, probe: Callable[[], T | None], timeout_s: float) -> T | None:
         """``probe()`` as soon as it is not None, re-evaluated on each change, or None at the deadline."""

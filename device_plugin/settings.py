@@ -49,6 +49,13 @@ class PluginSettings(BaseSettings):
     )
     mps_pipe_host: str = Field(_PATHS.mps_pipe_host, description="Host MPS pipe directory.")
     mps_pipe_container: str = Field(_PATHS.mps_pipe_container, description="MPS pipe directory inside containers.")
+    live_limits_dir: str = Field(
+        "/var/lib/tensor-fusion/limits",
+        description="Host directory of the per-container live-limits directories (<dir>/<pod UID>/<container>/, "
+        "mounted into the container): limits.json, and HAMi-core's shared region, are rewritten there when a "
+        "pod's limits change in place (docs/live-limits.md). The same path inside the plugin's container. Empty: "
+        "off, limits are fixed at container start.",
+    )
     fake_gpus: str | None = Field(None, description="YAML/JSON file describing fake GPUs; replaces NVML.")
     gpus: str = Field(
         "",

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -30,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import scheduler_extender.core.fragmentation  # noqa: F401  (registers the fragmentation policy)
 from scheduler_extender import routes
+from scheduler_extender.autoscaler.controller import AutoscalerController, autoscaler_off, with_autoscaling
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.policy import Policies
@@ -39,9 +41,11 @@ from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.informer import Informer
 from scheduler_extender.leader import LeaseElector, default_identity, own_namespace
 from scheduler_extender.metrics import Metrics
+from scheduler_extender.metrics_api.collector import Collector, HttpFetcher, targets
 from scheduler_extender.periodic import Periodic
 from scheduler_extender.pool_status import pool_statuses
 from scheduler_extender.preemptor import Preemptor
+from scheduler_extender.refresh import Refresher
 from scheduler_extender.settings import Settings
 from scheduler_extender.status import StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
@@ -49,6 +53,7 @@ from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import workload_statuses
 from vgpu.catalog import Catalog
 from vgpu.catalog_file import load as load_catalog
+from vgpu.metric_names import AUTOSCALER
 from vgpu.names import PLURAL_GPU_POOL, PLURAL_WORKLOAD
 
 log = logging.getLogger(__name__)
@@ -83,7 +88,10 @@ class Extender:
     sweeper: Periodic
     preemptor: Preemptor
     elector: LeaseElector
+    autoscaler: AutoscalerController
+    autoscaler_loop: Periodic | None
     stop: threading.Event = field(default_factory=threading.Event)
+    refresher: Refresher = field(default_factory=Refresher)  # learning policies' refresh, off the request path
 
     @property
     def ready(self) -> bool:
@@ -98,14 +106,24 @@ class Extender:
         self.status_writer.start()
         self.sweeper.start()
         self.preemptor.worker.start()
+        self.refresher.worker.start()
+        if self.autoscaler_loop is not None:
+            self.autoscaler_loop.start()
 
     def shutdown(self) -> None:
         self.stop.set()
+        if self.autoscaler_loop is not None:
+            self.autoscaler_loop.stop()
+        self.refresher.worker.stop()
         self.preemptor.worker.stop()
         self.sweeper.stop()
         self.status_writer.stop()
         self.elector.stop()
         self.events.stop()
+
+
+PLUGIN_FETCH_TIMEOUT: Final = 2.0  # seconds one device plugin has to answer GET /usage (as tf-metrics)
+PLUGIN_FETCH_WORKERS: Final = 16
 
 
 def build(
@@ -115,7 +133,8 @@ def build(
     catalog = catalog or load_catalog(Path(settings.gpu_catalog) if settings.gpu_catalog else None)
     gate = HandoffGate(ttl=settings.handoff_ttl, deletion_grace=settings.handoff_deletion_grace, clock=clock)
     cache = ClusterCache(default_pool=settings.default_pool, gate=gate, clock=clock)
-    policies = Policies(settings.policy.value)
+    refresher = Refresher()
+    policies = Policies(settings.policy.value, on_create=refresher.track)
     metrics = Metrics(cache, gate)
     events = EventRecorder(
         gateway, interval=settings.event_interval, on_error=metrics.errors.labels("event", "api").inc
@@ -168,23 +187,49 @@ def build(
         )
         for kind in (Kind.NODE, Kind.POD)
     )
+    namespace = settings.lease_namespace or own_namespace()
     elector = LeaseElector(
         gateway,
-        settings.lease_namespace or own_namespace(),
+        namespace,
         settings.lease_name,
         settings.identity or default_identity(),
         clock=clock,
         on_error=metrics.errors.labels("leader-election", "api").inc,
     )
+    synced = lambda: all(i.synced.is_set() for i in informers)  # noqa: E731
+    collector = Collector(
+        lambda: targets(gateway.list_endpoint_slices(namespace, settings.plugin_service), settings.plugin_port_name),
+        HttpFetcher(PLUGIN_FETCH_TIMEOUT),
+        PLUGIN_FETCH_WORKERS,
+        metrics.registry,
+        prefix=AUTOSCALER,
+    )
+    autoscaler = AutoscalerController(
+        gateway,
+        cache,
+        events,
+        collector,
+        namespace=namespace,
+        max_replicas=settings.autoscaler_max_replicas,
+        checkpoint_interval=settings.autoscaler_checkpoint_interval,
+        clock=clock,
+        leading=elector.is_leader,
+        ready=synced,
+        registry=metrics.registry,
+    )
+    running = settings.autoscaler_interval > 0
+    report = autoscaler.report if running else autoscaler_off(cache, settings.autoscaler_max_replicas)
     status_writer = StatusWriter(
         gateway,
         (
-            StatusKind(PLURAL_WORKLOAD, True, lambda: workload_statuses(*cache.workload_pods())),
+            StatusKind(
+                PLURAL_WORKLOAD, True, lambda: with_autoscaling(workload_statuses(*cache.workload_pods()), report)
+            ),
             StatusKind(PLURAL_GPU_POOL, False, lambda: pool_statuses(cache.nodes(), cache.records())),
         ),
         interval=settings.workload_status_interval,
         clock=clock,
-        ready=lambda: all(i.synced.is_set() for i in informers),
+        ready=synced,
         leading=elector.is_leader,
         on_error=metrics.errors.labels("status", "api").inc,
     )
@@ -203,7 +248,10 @@ def build(
         sweeper,
         preemptor,
         elector,
+        autoscaler,
+        Periodic("autoscaler", settings.autoscaler_interval, autoscaler.tick) if running else None,
         stop,
+        refresher,
     )
 
 

@@ -160,6 +160,35 @@ class KubeGateway(Protocol):
         404 if it does not exist."""
         ...
 
+    # --- the autoscaler's (scheduler_extender/autoscaler) -------------------------------------------
+    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
+        """An apps/v1 ReplicaSet (to find the Deployment that owns a pod's ReplicaSet), or None."""
+        ...
+
+    def list_endpoint_slices(self, namespace: str, service: str) -> Sequence[RawObject]:
+        """The EndpointSlices of a Service (the device plugins' metrics Service: where /usage is)."""
+        ...
+
+    def list_hpas(self, label_selector: str) -> Sequence[RawObject]:
+        """autoscaling/v2 HorizontalPodAutoscalers in all namespaces matching ``label_selector``."""
+        ...
+
+    def upsert_hpa(self, namespace: str, body: RawObject) -> None:
+        """Create the HPA, or replace the one of that name (at the resourceVersion just read)."""
+        ...
+
+    def delete_hpa(self, namespace: str, name: str) -> None:
+        """Delete an HPA; nothing when it is gone already."""
+        ...
+
+    def list_config_maps(self, namespace: str, label_selector: str) -> Sequence[RawObject]:
+        """ConfigMaps of one namespace matching ``label_selector``."""
+        ...
+
+    def upsert_config_map(self, namespace: str, body: RawObject) -> None:
+        """Create the ConfigMap, or replace the one of that name (at the resourceVersion just read)."""
+        ...
+
 
 def annotation_patch(
     uid: str,

@@ -76,6 +76,7 @@ class PodRecord:
     receipt: bool  # the device plugin's hand-off receipt for this very pod is present
     workload: str | None = None  # from the resolved request: for local-GPU affinity
     slots: int = 1  # vGPU device IDs it holds on each GPU of its allocation
+    auto: AutoPod | None = None  # set when its resolved request turns an autoscaling layer on
 
     @property
     def terminal(self) -> bool:
@@ -90,6 +91,38 @@ class PodRecord:
     def in_handoff(self) -> bool:
         """Allocation written, no receipt yet, pod alive: it holds its node's hand-off gate (HANDOFF.md)."""
         return self.allocation is not None and not self.receipt and not self.terminal and not self.deleting
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerRef:
+    """The pod's controller (``ownerReferences`` with ``controller: true``): a ReplicaSet, a StatefulSet, …"""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+def controller_of(obj: Mapping[str, Any]) -> OwnerRef | None:
+    """The object's ``ownerReferences`` entry with ``controller: true``, if any."""
+    for ref in _meta(obj).get("ownerReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return OwnerRef(
+                api_version=str(ref.get("apiVersion") or ""),
+                kind=str(ref.get("kind") or ""),
+                name=str(ref.get("name") or ""),
+                uid=str(ref.get("uid") or ""),
+            )
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoPod:
+    """What the autoscaler needs of a pod that enables a layer: its resolved request and its controller."""
+
+    request: GpuRequest
+    created: str  # metadata.creationTimestamp (RFC 3339): the newest pod's config is its workload's
+    owner: OwnerRef | None
 
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -185,7 +218,22 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         receipt=receipt,
         workload=_workload_of(ann),
         slots=slots,
+        auto=_auto_of(pod, ann),
     )
+
+
+def _auto_of(pod: Mapping[str, Any], ann: Mapping[str, str]) -> AutoPod | None:
+    """The pod as the autoscaler sees it; None unless its resolved request enables a layer."""
+    raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if raw is None or '"enable":true' not in raw:
+        return None
+    try:
+        request = _decode_request(raw)
+    except DomainError:
+        return None
+    if not any(isinstance(b, Mapping) and b.get("enable") is True for b in request.auto_scaling.values()):
+        return None
+    return AutoPod(request=request, created=str(_meta(pod).get("creationTimestamp") or ""), owner=controller_of(pod))
 
 
 def _workload_of(ann: Mapping[str, str]) -> str | None:

@@ -12,7 +12,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
 from vgpu.logfmt import LogFormat, LogLevel
-from vgpu.names import DEFAULT_POOL, EXTENDER_LEASE_NAME, EXTENDER_PUBLIC_PORT, EXTENDER_VERBS_PORT, PlacementPolicy
+from vgpu.names import (
+    DEFAULT_POOL,
+    DEVICE_PLUGIN_METRICS_PORT_NAME,
+    EXTENDER_LEASE_NAME,
+    EXTENDER_PUBLIC_PORT,
+    EXTENDER_VERBS_PORT,
+    PlacementPolicy,
+)
 
 
 class Settings(BaseSettings):
@@ -85,6 +92,35 @@ class Settings(BaseSettings):
         description="Seconds between passes that write the status of each TensorFusionWorkload (its pods "
         "holding GPUs, their TFLOPS/VRAM, Ready) and GPUPool (nodes, GPUs, capacity, allocation, Ready); "
         "only objects whose status changed are patched.",
+    )
+    autoscaler_interval: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds between autoscaler passes (docs/autoscaling.md): read the device plugins' usage, "
+        "evaluate the layers that are due (each at its own evaluationPeriod) and apply them. At most the "
+        "shortest evaluationPeriod in use. 0 turns the autoscaler off: the workloads whose pods enable a layer "
+        "then say so in a False AutoscalerRunning condition.",
+    )
+    autoscaler_max_replicas: int = Field(
+        10,
+        ge=1,
+        le=1_000_000,
+        description="maxReplicas of the HorizontalPodAutoscalers the autoscaler owns (autoSetReplicas has no "
+        "maximum of its own); a workload's replicas (the minimum) raises it for that workload.",
+    )
+    autoscaler_checkpoint_interval: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds between saves of each autoscaled workload's usage histograms to a ConfigMap in "
+        "the extender's namespace, read back by the next leader.",
+    )
+    plugin_service: str = Field(
+        "tensor-fusion-device-plugin-metrics",
+        description="The device plugins' metrics Service, whose EndpointSlices list every plugin's /usage "
+        "(the chart's <release>-device-plugin-metrics); in the Lease's namespace.",
+    )
+    plugin_port_name: str = Field(
+        DEVICE_PLUGIN_METRICS_PORT_NAME, description="Name of that Service's port serving GET /usage."
     )
     lease_name: str = Field(
         EXTENDER_LEASE_NAME,

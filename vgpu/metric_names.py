@@ -21,6 +21,7 @@ EXTENDER: Final = f"{PREFIX}_extender"  # scheduler_extender/metrics.py prefixes
 WEBHOOK: Final = f"{PREFIX}_webhook"
 DEVICE_PLUGIN: Final = f"{PREFIX}_device_plugin"
 METRICS_API: Final = f"{PREFIX}_metrics"  # tf-metrics, the custom metrics API (scheduler_extender/metrics_api/)
+AUTOSCALER: Final = f"{PREFIX}_autoscaler"  # the autoscaler in the extender (scheduler_extender/autoscaler/)
 
 GPU_LABELS: Final = ("node", "gpu", "index", "model")
 NODE_GPU: Final = ("node", "gpu")
@@ -68,6 +69,12 @@ USAGE_SKIPS: Final = Metric(
     "mid-sample), container_unknown (no container of the pod has that ID), no_grant (the container holds no "
     "grant of that GPU).",
     ("reason",),
+)
+LIVE_LIMIT_WRITES: Final = Metric(
+    f"{DEVICE_PLUGIN}_live_limit_writes_total",
+    "Live limits rewritten in place after a pod's allocation changed, by target: file (a container's "
+    "limits.json) or hami_region (a value in HAMi-core's shared region).",
+    ("target",),
 )
 
 # --- per GPU (a MIG instance is a GPU of its own) ---------------------------------------------------
@@ -146,6 +153,7 @@ DEVICE_PLUGIN_METRICS: Final = (
     USAGE_SAMPLE_SECONDS,
     USAGE_SAMPLED_AT,
     USAGE_SKIPS,
+    LIVE_LIMIT_WRITES,
     GPU_HEALTHY,
     GPU_UTILIZATION,
     GPU_TFLOPS_CAPACITY,

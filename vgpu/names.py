@@ -180,6 +180,16 @@ class Env(StrEnum):
     MPS_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
     MPS_ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
     MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+    # The container's live limits file (LIVE_LIMITS_DIR/LIVE_LIMITS_FILE), rewritten in place on a limit change.
+    TF_LIVE_LIMITS = "TENSOR_FUSION_LIVE_LIMITS"
+    # HAMi-core's shared-region file; pointed into LIVE_LIMITS_DIR so the device plugin can reach it.
+    HAMI_SHARED_REGION = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+
+
+# --- the per-container live-limits directory the device plugin mounts at Allocate (docs/live-limits.md)
+LIVE_LIMITS_DIR: Final = "/run/tensor-fusion/limits"  # where containers see it
+LIVE_LIMITS_FILE: Final = "limits.json"  # the plugin's own document of the container's current limits
+HAMI_REGION_FILE: Final = "hami.cache"  # HAMi-core's shared region, created by the workload's first CUDA call
 
 
 class EnforcementBackend(StrEnum):

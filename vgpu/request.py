@@ -84,6 +84,8 @@ class GpuRequest:
     placement_policy: PlacementPolicy | None = None
     node_affinity: Mapping[str, Any] | None = None
     auto_scaling: AutoScaling = field(default_factory=dict)
+    # Set when autoSetRequests replaced the requests at admission: from what, and the values replaced.
+    auto_requests: str | None = None
 
     def describe(self) -> str:
         """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or

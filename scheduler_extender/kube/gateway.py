@@ -124,6 +124,9 @@ class KubernetesGateway:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.leases = client.CoordinationV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.autoscaling = client.AutoscalingV2Api(api)
+        self.discovery = client.DiscoveryV1Api(api)
 
     def _lister(self, kind: Kind) -> Callable[..., Any]:
         return self.core.list_node if kind is Kind.NODE else self.core.list_pod_for_all_namespaces
@@ -365,3 +368,109 @@ class KubernetesGateway:
 
         where = name if namespace is None else f"{namespace}/{name}"
         _call(f"patch {plural}/status {where}", lambda: _drained(patch()))
+
+    # --- the autoscaler's ----------------------------------------------------------------------------
+    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
+        return _absent_is_none(
+            f"get replicaset {namespace}/{name}",
+            lambda: self.apps.read_namespaced_replica_set(
+                name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
+            ),
+        )
+
+    def list_endpoint_slices(self, namespace: str, service: str) -> Sequence[RawObject]:
+        return _items(
+            f"list endpointslices of service {namespace}/{service}",
+            lambda: self.discovery.list_namespaced_endpoint_slice(
+                namespace,
+                label_selector=f"{SERVICE_NAME_LABEL}={service}",
+                _preload_content=False,
+                _request_timeout=CALL_TIMEOUT,
+            ),
+        )
+
+    def list_hpas(self, label_selector: str) -> Sequence[RawObject]:
+        return _items(
+            f"list horizontalpodautoscalers {label_selector!r}",
+            lambda: self.autoscaling.list_horizontal_pod_autoscaler_for_all_namespaces(
+                label_selector=label_selector, _preload_content=False, _request_timeout=LIST_TIMEOUT
+            ),
+        )
+
+    def upsert_hpa(self, namespace: str, body: RawObject) -> None:
+        api = self.autoscaling
+        _upsert(
+            f"horizontalpodautoscaler {namespace}/{body['metadata']['name']}",
+            body,
+            create=lambda b: api.create_namespaced_horizontal_pod_autoscaler(namespace, b, **_RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            read=lambda n: api.read_namespaced_horizontal_pod_autoscaler(n, namespace, **_RAW),
+            replace=lambda n, b: api.replace_namespaced_horizontal_pod_autoscaler(n, namespace, b, **_RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+        )
+
+    def delete_hpa(self, namespace: str, name: str) -> None:
+        try:
+            _call(
+                f"delete horizontalpodautoscaler {namespace}/{name}",
+                lambda: _drained(self.autoscaling.delete_namespaced_horizontal_pod_autoscaler(name, namespace, **_RAW)),
+            )
+        except GatewayError as exc:
+            if exc.status != 404:
+                raise
+
+    def list_config_maps(self, namespace: str, label_selector: str) -> Sequence[RawObject]:
+        return _items(
+            f"list configmaps {label_selector!r} in {namespace}",
+            lambda: self.core.list_namespaced_config_map(
+                namespace, label_selector=label_selector, _preload_content=False, _request_timeout=LIST_TIMEOUT
+            ),
+        )
+
+    def upsert_config_map(self, namespace: str, body: RawObject) -> None:
+        core = self.core
+        _upsert(
+            f"configmap {namespace}/{body['metadata']['name']}",
+            body,
+            create=lambda b: core.create_namespaced_config_map(namespace, b, **_RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            read=lambda n: core.read_namespaced_config_map(n, namespace, **_RAW),
+            replace=lambda n, b: core.replace_namespaced_config_map(n, namespace, b, **_RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+        )
+
+
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"  # the label tying an EndpointSlice to its Service
+_RAW: Final[dict[str, Any]] = {"_preload_content": False, "_request_timeout": CALL_TIMEOUT}
+
+
+def _absent_is_none(what: str, read: Callable[[], Any]) -> RawObject | None:
+    try:
+        return _call(what, lambda: _json(read()))
+    except GatewayError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _items(what: str, lister: Callable[[], Any]) -> list[RawObject]:
+    body = _call(what, lambda: _json(lister()), LIST_TIMEOUT)
+    return [i for i in body.get("items") or [] if isinstance(i, dict)]
+
+
+def _upsert(
+    what: str,
+    body: RawObject,
+    *,
+    create: Callable[[RawObject], Any],
+    read: Callable[[str], Any],
+    replace: Callable[[str, RawObject], Any],
+) -> None:
+    """Create ``body``; when one of its name exists, replace it at the resourceVersion just read (a 409 from
+    a concurrent writer surfaces: the caller's next pass retries)."""
+    try:
+        _call(f"create {what}", lambda: _drained(create(body)))
+        return
+    except GatewayError as exc:
+        if exc.status != 409:
+            raise
+    name = str(body["metadata"]["name"])
+    current = _call(f"get {what}", lambda: _json(read(name)))
+    replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+    _call(f"replace {what}", lambda: _drained(replace(name, replaced)))

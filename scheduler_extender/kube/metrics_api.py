@@ -10,15 +10,13 @@ GET: its answer's status matters, not only its body). Errors are the extender ga
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
 from scheduler_extender.gateway import GatewayError, RawObject
-from scheduler_extender.kube.gateway import CALL_TIMEOUT, LIST_TIMEOUT, _call, _json, api_client
-
-SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"  # the label tying an EndpointSlice to its Service
+from scheduler_extender.kube.gateway import CALL_TIMEOUT, LIST_TIMEOUT, SERVICE_NAME_LABEL, _call, _json, api_client
 
 
 class MetricsCluster:

@@ -43,6 +43,15 @@ class Target:
     url: str
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A plugin's last good answer: the document, and its node's and pods' samples."""
+
+    document: usage.NodeUsage
+    node: NodeSample
+    pods: list[PodSample]
+
+
 class FetchError(Exception):
     """A plugin's answer could not be had or used; ``reason`` is the counter's label."""
 
@@ -77,18 +86,21 @@ class Collector:
         fetch: Callable[[str], bytes],
         workers: int,
         registry: CollectorRegistry,
+        prefix: str = METRICS_API,
     ) -> None:
-        """``find`` lists the plugins (GatewayError when it cannot); ``fetch`` reads one URL's body (FetchError)."""
+        """``find`` lists the plugins (GatewayError when it cannot); ``fetch`` reads one URL's body (FetchError);
+        ``prefix`` starts the names of its own metrics (the binary's: tf-metrics', or the extender's autoscaler)."""
         self._find, self._fetch = find, fetch
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="usage-fetch")
-        self._held: dict[str, tuple[NodeSample, list[PodSample]]] = {}  # by target URL
+        self._held: dict[str, Held] = {}  # by target URL
         self.snapshot: Snapshot = EMPTY
+        self.documents: tuple[usage.NodeUsage, ...] = ()  # the last good document of every plugin held
         self.polls = 0
         self.fetches = Counter(
-            f"{METRICS_API}_plugin_fetches", "GET /usage of a device plugin, by result.", ["result"], registry=registry
+            f"{prefix}_plugin_fetches", "GET /usage of a device plugin, by result.", ["result"], registry=registry
         )
         self.plugins = Gauge(
-            f"{METRICS_API}_plugins", "Device plugins found in the last pass, by whether they answered.", ["state"],
+            f"{prefix}_plugins", "Device plugins found in the last pass, by whether they answered.", ["state"],
             registry=registry,
         )  # fmt: skip
 
@@ -113,15 +125,15 @@ class Collector:
         self.plugins.labels("answered").set(len(found) - failed)
         self.plugins.labels("failed").set(failed)
         self._held = held
-        self.snapshot = snapshot(
-            (node for node, _ in held.values()), (pod for _, pods in held.values() for pod in pods)
-        )
+        self.snapshot = snapshot((h.node for h in held.values()), (pod for h in held.values() for pod in h.pods))
+        self.documents = tuple(h.document for h in held.values())
         self.polls += 1
 
-    def _one(self, target: Target) -> tuple[NodeSample, list[PodSample]] | FetchError:
+    def _one(self, target: Target) -> Held | FetchError:
         try:
             body = self._fetch(target.url)
-            return node_samples(usage.decode(body.decode("utf-8")))
+            document = usage.decode(body.decode("utf-8"))
+            return Held(document, *node_samples(document))
         except FetchError as exc:
             return exc
         except ValueError as exc:  # a DomainError (the contract), a bad time, a UnicodeDecodeError

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler_extender.webhook.auto_requests import stamp
 from scheduler_extender.webhook.cluster import AdmissionReads, ClusterUnavailable
 from scheduler_extender.webhook.migration import Ask, Migration, asks, translate
 from scheduler_extender.webhook.pod_patch import SYSTEM_KEYS, Op, pod_patch
@@ -88,6 +89,8 @@ def decide(
     view = replace(view, annotations={k: v for k, v in view.annotations.items() if k not in SYSTEM_KEYS})
     try:
         req = _resolve(view, cluster)
+        req, stamped = stamp(req, view.namespace, cluster.workload)
+        warnings += stamped
     except DomainError as exc:
         return Decision(_deny_errors(exc.errors, warnings))
     except ClusterUnavailable as exc:

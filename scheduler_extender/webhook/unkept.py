@@ -4,7 +4,9 @@ The request model parses every TensorFusion field strictly, and the generated Te
 keeps them, so a user who turns autoscaling on, asks for replicas or a standalone worker, or
 configures prediction gets no error — and, until a controller implements them, no effect. Each such
 value is named in a warning the API server hands back to ``kubectl``, saying what does not happen,
-so that silence is never mistaken for a promise. Pure: a resolved request in, warning texts out.
+so that silence is never mistaken for a promise. The three autoscaling layers are acted on by the
+autoscaler in the extender (docs/autoscaling.md), so they warn no more; their prediction blocks still
+do. Pure: a resolved request in, warning texts out.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ from typing import Final
 from vgpu.names import Annotation
 from vgpu.request import GpuRequest
 
-_LAYERS: Final = {
-    "autoSetLimits": (Annotation.AUTO_LIMITS, "raises or lowers the pod's TFLOPS/VRAM limits"),
-    "autoSetRequests": (Annotation.AUTO_REQUESTS, "adjusts the pod's requests from its usage"),
-    "autoSetReplicas": (Annotation.AUTO_REPLICAS, "scales the workload's replicas"),
-}
+_PREDICTING: Final = ("autoSetLimits", "autoSetRequests")
 
 
 def _enabled(block: object) -> bool:
@@ -28,22 +26,18 @@ def _enabled(block: object) -> bool:
 def unkept(req: GpuRequest) -> tuple[str, ...]:
     """One warning per accepted value nothing acts on, naming the field and what does not happen."""
     out = []
-    for block, (annotation, does) in _LAYERS.items():
+    for block in _PREDICTING:
         config = dict(req.auto_scaling.get(block) or {})
-        if _enabled(config):
-            out.append(
-                f"{annotation} / autoScalingConfig.{block}.enable: accepted but not acted on yet: nothing "
-                f"{does}; the values admitted now stay as they are"
-            )
         if _enabled(config.get("prediction")):
             out.append(
                 f"autoScalingConfig.{block}.prediction.enable: accepted but not implemented: "
-                "no usage prediction is made"
+                "no usage prediction is made (decisions use measured usage only)"
             )
-    if req.replicas is not None:
+    if req.replicas is not None and not _enabled(req.auto_scaling.get("autoSetReplicas")):
         out.append(
             f"{Annotation.REPLICAS} / replicas '{req.replicas}': recorded on the TensorFusionWorkload only; it "
-            "creates and scales no pods (the owning Deployment or StatefulSet's replicas decide)"
+            "creates and scales no pods (the owning Deployment or StatefulSet's replicas decide). With "
+            f"{Annotation.AUTO_REPLICAS} it is the fewest replicas the autoscaler keeps"
         )
     if req.no_standalone_worker_mode:
         out.append(

@@ -197,15 +197,21 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
-def test_device_plugin_mounts_only_the_kubelet_dirs() -> None:
+def test_device_plugin_mounts_only_the_kubelet_dirs_and_its_live_limits_dir() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
+        "/var/lib/tensor-fusion/limits",
     }
     # NVML's process list carries host PIDs; mapping them to pods reads the host's /proc.
     assert spec["hostPID"] is True
     (container,) = spec["containers"]
+    # Allocate answers name host paths under --live-limits-dir: the plugin must see that directory at the same path.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (live,) = [v for v in spec["volumes"] if v["name"] == "live-limits"]
+    assert f"--live-limits-dir={live['hostPath']['path']}" in container["args"]
+    assert mounts["live-limits"] == live["hostPath"]["path"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in container["securityContext"]
 
@@ -232,9 +238,9 @@ def test_webhook_and_extender_run_non_root() -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def role_rules(name_suffix: str) -> set[tuple[str, str, str]]:
-    """A ClusterRole's rules as (apiGroup, resource, verb) triples."""
-    rules = one("ClusterRole", name_suffix)["rules"]
+def role_rules(name_suffix: str, kind: str = "ClusterRole") -> set[tuple[str, str, str]]:
+    """A ClusterRole's (or Role's) rules as (apiGroup, resource, verb) triples."""
+    rules = one(kind, name_suffix)["rules"]
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
@@ -258,6 +264,14 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         | triples(tf, "tensorfusionworkloads/status", "patch")
         | triples(tf, "gpupools", "list")
         | triples(tf, "gpupools/status", "patch")
+        # the autoscaler (scheduler_extender/autoscaler/): a pod's ReplicaSet → its Deployment, and its HPAs
+        | triples("apps", "replicasets", "get")
+        | triples("autoscaling", "horizontalpodautoscalers", "get", "list", "create", "update", "delete")
+    )
+    # ... and in the release namespace only: the plugins' EndpointSlices and its checkpoint ConfigMaps.
+    assert role_rules("-autoscaler", "Role") == (
+        triples("discovery.k8s.io", "endpointslices", "list")
+        | triples("", "configmaps", "get", "list", "create", "update")
     )
     # scheduler_extender/kube/admission.py
     assert role_rules("-webhook") == (
@@ -380,17 +394,22 @@ def test_the_extender_elects_its_status_writer_with_a_lease_it_may_use() -> None
     fields = {f"TF_EXTENDER_{f.upper()}" for f in Settings.model_fields}
     assert set(env) <= fields
     namespace = scheduler["metadata"]["namespace"]
-    (binding,) = [
+    bindings = [
         o
         for o in objects()
         if o["kind"] == "RoleBinding"
         and o["metadata"]["namespace"] == namespace
         and {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": namespace} in o["subjects"]
     ]
-    role = one("Role", binding["roleRef"]["name"])
-    assert role["metadata"]["namespace"] == namespace
+    roles = [one("Role", binding["roleRef"]["name"]) for binding in bindings]
+    assert {role["metadata"]["namespace"] for role in roles} == {namespace}
     granted = {
-        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        (g, r, v)
+        for role in roles
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
     }
     assert triples("coordination.k8s.io", "leases", "get", "create", "update") <= granted
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +22,14 @@ T = TypeVar("T")
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Return once ``predicate()`` is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
 
 
 def config(tmp: Path, **overrides: Any) -> PluginConfig:

@@ -25,7 +25,7 @@ from tests.device_plugin.fakes import (
     make_pod,
     uid_of,
 )
-from tests.device_plugin.harness import plugin, run
+from tests.device_plugin.harness import plugin, run, until
 from tests.device_plugin.kubelet import TestKubelet
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
 from vgpu.contract.inventory import decode as decode_inventory
@@ -150,13 +150,6 @@ def inventory_health(kube: FakeKube) -> dict[str, str]:
     if text is None:
         return {}
     return {g.uuid: g.health.value for g in decode_inventory(text).gpus}
-
-
-async def until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def test_allocate_serves_pods_in_flight_even_before_their_allocation_arrives(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"
 PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (the plugin's default: 5)
 METRICS_API_INTERVAL = 1  # seconds between tf-metrics' passes over the plugins (its default: 5)
+AUTOSCALER_MAX_REPLICAS = 3  # the extender's --autoscaler-max-replicas: maxReplicas of the HPAs it owns
 TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
 
 
@@ -150,6 +151,11 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--url-prefix={deploy.EXTENDER_PREFIX}",
                 f"--kubeconfig={self.kubeconfigs['extender']}",
                 "--workload-status-interval=1",
+                # The autoscaler every second, checkpoints every 2 s; its HPAs scale to 3 replicas at most.
+                "--autoscaler-interval=1",
+                "--autoscaler-checkpoint-interval=2",
+                f"--autoscaler-max-replicas={AUTOSCALER_MAX_REPLICAS}",
+                f"--plugin-service={deploy.service('-device-plugin-metrics')['metadata']['name']}",
                 # Out of a pod there is no service-account namespace: the Lease is where the chart's Role allows it.
                 f"--lease-namespace={deploy.system_namespace()}",
             ],

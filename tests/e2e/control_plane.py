@@ -5,7 +5,7 @@ WHY: the extender, the webhook and the admission policies only mean something ag
 real API server and the real scheduler: admission order, the Binding subresource, events, RBAC
 and the scheduler's extender calls are what production runs. The controller-manager runs only
 the controllers a user's Deployment needs (Deployment, ReplicaSet, service accounts, the root
-CA ConfigMap, garbage collection, the aggregated edit/view roles); no node-lifecycle controller, so nodes without a kubelet stay
+CA ConfigMap, garbage collection, the aggregated edit/view roles) and the HorizontalPodAutoscaler's; no node-lifecycle controller, so nodes without a kubelet stay
 Ready and the fixture clears the kubelet's initial not-ready taint itself.
 """
 
@@ -41,6 +41,8 @@ CONTROLLERS = ",".join(
         "namespace-controller",
         "clusterrole-aggregation-controller",  # fills the admin/edit/view roles tenants get
         "resourcequota-controller",  # a ResourceQuota admits nothing until it has counted its namespace
+        # autoSetReplicas scales through the HPAs the autoscaler owns, on the custom metrics API (tf-metrics)
+        "horizontal-pod-autoscaler-controller",
     ]
 )
 
@@ -182,6 +184,8 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--concurrent-deployment-syncs=10",
                 "--concurrent-replicaset-syncs=10",
+                # An HPA pass every second (default 15 s), so a scaling scenario's steps come seconds apart.
+                "--horizontal-pod-autoscaler-sync-period=1s",
                 "--v=1",
             ],
         )

@@ -73,6 +73,10 @@ class FakeGateway:
         self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
         self.before_list: Callable[[], None] | None = None  # runs once before the next pod list (interleaving)
         self.protected: set[str] = set()  # "namespace/name" of pods a PodDisruptionBudget keeps (eviction: 429)
+        self.replica_sets: dict[tuple[str, str], RawObject] = {}
+        self.endpoint_slices: list[RawObject] = []
+        self.hpas: dict[tuple[str, str], RawObject] = {}
+        self.config_maps: dict[tuple[str, str], RawObject] = {}
         self.graceful_evictions = False  # evicted pods only start terminating (deletionTimestamp)
 
     # --- test controls ----------------------------------------------------------------------------
@@ -302,6 +306,43 @@ class FakeGateway:
                 raise GatewayError(f"{plural} {name!r} not found", 404)
             obj.setdefault("status", {}).update(copy.deepcopy(body["status"]))  # a merge patch replaces lists
             self.status_patches.append((plural, name, copy.deepcopy(body)))
+
+    # --- the autoscaler's ------------------------------------------------------------------------
+    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
+        self._maybe_fail("replicasets")
+        return copy.deepcopy(self.replica_sets.get((namespace, name)))
+
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[RawObject]:
+        self._maybe_fail("endpointslices")
+        return copy.deepcopy(self.endpoint_slices)
+
+    def list_hpas(self, label_selector: str) -> list[RawObject]:
+        self._maybe_fail("hpas")
+        key, _, value = label_selector.partition("=")
+        return [copy.deepcopy(h) for h in self.hpas.values() if h["metadata"].get("labels", {}).get(key) == value]
+
+    def upsert_hpa(self, namespace: str, body: RawObject) -> None:
+        self._maybe_fail("hpas")
+        self.calls.append(f"upsert hpa {namespace}/{body['metadata']['name']}")
+        self.hpas[(namespace, body["metadata"]["name"])] = copy.deepcopy(body)
+
+    def delete_hpa(self, namespace: str, name: str) -> None:
+        self._maybe_fail("hpas")
+        self.calls.append(f"delete hpa {namespace}/{name}")
+        self.hpas.pop((namespace, name), None)
+
+    def list_config_maps(self, namespace: str, label_selector: str) -> list[RawObject]:
+        self._maybe_fail("configmaps")
+        key, _, value = label_selector.partition("=")
+        return [
+            copy.deepcopy(c)
+            for (ns, _), c in self.config_maps.items()
+            if ns == namespace and c["metadata"].get("labels", {}).get(key) == value
+        ]
+
+    def upsert_config_map(self, namespace: str, body: RawObject) -> None:
+        self._maybe_fail("configmaps")
+        self.config_maps[(namespace, body["metadata"]["name"])] = copy.deepcopy(body)
 
     # --- internals ----------------------------------------------------------------------------
     def _resources(self, plural: str) -> dict[Any, RawObject]:

@@ -41,6 +41,22 @@ def test_one_replica_holds_the_lease_and_the_other_takes_over_only_after_it_expi
     assert not a.step() and not a.is_leader()  # a comes back: b holds a fresh record
 
 
+def test_a_stopping_leader_releases_the_lease_and_the_other_takes_over_at_once() -> None:
+    fake, clock = FakeGateway(), Clock()
+    a, b = elector(fake, "a", clock), elector(fake, "b", clock)
+    assert a.step() and not b.step()
+    a.stop()
+    assert not a.is_leader()
+    lease = fake.leases[("tf-system", "tensor-fusion-extender")]["spec"]
+    assert (lease["holderIdentity"], lease["leaseDurationSeconds"]) == ("", 1)
+    clock.now += 0.1  # not a lease duration: a released it
+    assert b.step() and b.is_leader()
+    assert fake.leases[("tf-system", "tensor-fusion-extender")]["spec"]["leaseTransitions"] == 1
+    b.stop()
+    a.stop()  # not the holder: changes nothing
+    assert fake.leases[("tf-system", "tensor-fusion-extender")]["spec"]["holderIdentity"] == ""
+
+
 def test_of_two_replicas_racing_for_an_expired_lease_exactly_one_wins() -> None:
     fake, clock = FakeGateway(), Clock()
     old, a, b = elector(fake, "old", clock), elector(fake, "a", clock), elector(fake, "b", clock)

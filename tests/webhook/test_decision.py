@@ -310,7 +310,8 @@ def test_a_gpu_pod_that_names_its_node_is_denied_and_a_plain_one_is_not_ours_to_
 
 
 def test_accepted_values_nothing_acts_on_are_named_in_warnings() -> None:
-    # Never silence: autoscaling layers, replicas and standaloneWorkerMode are stored but not acted on.
+    # Never silence: replicas (without auto-replicas) and standaloneWorkerMode are stored but not acted on;
+    # the autoscaling layers are acted on by the autoscaler, so auto-limits warns no more.
     annotations = {
         **BASIC,
         A.AUTO_LIMITS.value: "true",
@@ -323,15 +324,17 @@ def test_accepted_values_nothing_acts_on_are_named_in_warnings() -> None:
     assert response["allowed"] is True
     unkept = [w for w in response["warnings"] if "not acted on" in w or "recorded" in w]
     assert unkept == [
-        "tensor-fusion.ai/auto-limits / autoScalingConfig.autoSetLimits.enable: accepted but not acted on yet: "
-        "nothing raises or lowers the pod's TFLOPS/VRAM limits; the values admitted now stay as they are",
         "tensor-fusion.ai/replicas / replicas '3': recorded on the TensorFusionWorkload only; it creates and "
-        "scales no pods (the owning Deployment or StatefulSet's replicas decide)",
+        "scales no pods (the owning Deployment or StatefulSet's replicas decide). With "
+        "tensor-fusion.ai/auto-replicas it is the fewest replicas the autoscaler keeps",
         "tensor-fusion.ai/no-standalone-worker-mode / standaloneWorkerMode: recorded only; every pod uses its "
         "granted GPU from its own containers (there is no separate worker to run or skip)",
     ]
     quiet, _ = run(review_of(BASIC))
     assert not [w for w in quiet.get("warnings") or [] if "not acted on" in w or "recorded" in w]
+    # With auto-replicas, replicas is the HPA's minimum: acted on, not warned about.
+    scaled, _ = run(review_of({**BASIC, A.AUTO_REPLICAS.value: "true", A.REPLICAS.value: "3"}))
+    assert not [w for w in scaled.get("warnings") or [] if "recorded" in w]
 
 
 def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
@@ -340,7 +343,8 @@ def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
     response, _ = run(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "predicting"}), cluster)
     assert response["allowed"] is True
     assert [w for w in response["warnings"] if "prediction" in w] == [
-        "autoScalingConfig.autoSetRequests.prediction.enable: accepted but not implemented: no usage prediction is made"
+        "autoScalingConfig.autoSetRequests.prediction.enable: accepted but not implemented: no usage prediction is "
+        "made (decisions use measured usage only)"
     ]
 
 
@@ -376,3 +380,51 @@ def test_gpu_pods_tolerate_the_gpu_nodes_taint_unless_they_already_do(
     assert pod["spec"].get("tolerations", []) == (existing or []) + added
     plain = review_with({"app": "x"})
     assert not decide(plain, FakeCluster(), [NVIDIA]).verdict.patch  # not a GPU pod: untouched
+
+
+def _workload_recommending(requests: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {}, "status": {"autoScaling": {"requests": requests}}}
+
+
+def test_auto_requests_admits_new_pods_with_the_workloads_recommendation_and_says_so() -> None:
+    cluster = FakeCluster(
+        workloads={("default", "train"): _workload_recommending({"tflopsRequest": "23", "vramRequest": "6Gi"})}
+    )
+    annotations = {**BASIC, A.WORKLOAD.value: "train", A.AUTO_REQUESTS.value: "true", A.TFLOPS_LIMIT.value: "20"}
+    response, _ = run(review_of(annotations), cluster)
+    pod = patched_pod(review_of(annotations), cluster)
+    req = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    # The request is the recommendation; a limit below it is raised to it (20 → 23), VRAM's limit too.
+    assert (req.tflops_request, req.tflops_limit) == (23_000, 23_000)
+    assert (req.vram_request, req.vram_limit) == (6 * 1024**3, 6 * 1024**3)
+    assert req.auto_requests == (
+        "TensorFusionWorkload default/train status.autoScaling.requests (autoSetRequests): "
+        "tflops request 10 → 23, vram request 4Gi → 6Gi"
+    )
+    assert [w for w in response["warnings"] if w.startswith("requests set by")] == [
+        f"requests set by {req.auto_requests}"
+    ]
+
+
+def test_auto_requests_changes_nothing_without_a_recommendation_or_outside_its_target() -> None:
+    waiting = FakeCluster(workloads={("default", "train"): _workload_recommending({"reason": "WaitingForHistory"})})
+    annotations = {**BASIC, A.WORKLOAD.value: "train", A.AUTO_REQUESTS.value: "true"}
+    req = resolved.decode(
+        patched_pod(review_of(annotations), waiting)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)
+    # The layer off: the recommendation is not used.
+    recommending = FakeCluster(workloads={("default", "train"): _workload_recommending({"tflopsRequest": "23"})})
+    off = {**BASIC, A.WORKLOAD.value: "train"}
+    req = resolved.decode(
+        patched_pod(review_of(off), recommending)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)
+    # targetResource vram: the TFLOPS recommendation is left alone.
+    profile = {"spec": {"autoScalingConfig": {"autoSetRequests": {"enable": True, "targetResource": "vram"}}}}
+    recommending.profiles[("default", "p")] = profile
+    vram_only = {**BASIC, A.WORKLOAD.value: "train", A.WORKLOAD_PROFILE.value: "p"}
+    req = resolved.decode(
+        patched_pod(review_of(vram_only), recommending)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)

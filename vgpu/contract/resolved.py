@@ -41,6 +41,7 @@ def encode(req: GpuRequest) -> str:
         "autoScalingConfig": req.auto_scaling,
         # Only on dedicated pods: every other pod's annotation reads as before this field existed.
         **({"dedicatedGpu": True} if req.dedicated_gpu else {}),
+        **({"autoRequests": req.auto_requests} if req.auto_requests else {}),
     }
     return dump(doc)
 
@@ -68,6 +69,7 @@ def decode(text: str) -> GpuRequest:
         placement_policy=None if policy is None else PlacementPolicy(policy),
         node_affinity=r.obj("nodeAffinity", optional=True),
         auto_scaling=r.obj("autoScalingConfig") or {},
+        auto_requests=r.added_text("autoRequests"),
     )
     r.done()
     return req

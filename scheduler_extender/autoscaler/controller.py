@@ -1,0 +1,392 @@
+"""The autoscaler: applies the three layers' decisions, from inside the extender, on the leader only.
+
+Why in the extender: the extender is the one writer of allocations (it writes them at bind) and the one
+owner of the ledger, and the limits layer changes allocations. Hosting the controller beside the ledger
+keeps both true without a second writer to arbitrate with; it runs only in the replica holding the
+extender's Lease (``leader.py``), like the status writer, and every allocation write is conditional on
+the pod's resourceVersion, so a replica that lost the Lease mid-pass changes nothing another has changed.
+
+Every ``--autoscaler-interval`` seconds, while some pod enables a layer:
+
+1. read the autoscaled workloads from the cache (``members.py``), and every device plugin's ``/usage``
+   (the same collector tf-metrics uses, over the plugins' metrics Service);
+2. feed the new samples to the pure state (``vgpu.autoscale.evaluate``) and evaluate each layer that is due;
+3. **limits**: patch the changed grants' ``tflopsLimit`` / ``vramLimit`` into the pod's allocation (the
+   device plugin on the node sees it and rewrites the live limit the enforcement backend reads, without a
+   restart; docs/live-limits.md) and put an Event on the pod; a failed write is retried on the next pass
+   (the decision is made again from the allocation then in force);
+4. **replicas**: own an ``autoscaling/v2`` HorizontalPodAutoscaler for the pods' controller
+   (``hpa.py``), applied when it differs from what it should be;
+5. **requests**: publish the recommendation in the workload's status (``report.py``); the webhook admits
+   new pods with it;
+6. every ``--autoscaler-checkpoint-interval`` seconds, save each workload's histograms in a ConfigMap in
+   the extender's namespace (VPA keeps its in VerticalPodAutoscalerCheckpoints); a new leader reads them
+   back, so a restart does not throw away days of history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from scheduler_extender.autoscaler import hpa
+from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
+from scheduler_extender.autoscaler.report import autoscaling_status
+from scheduler_extender.binder import rfc3339
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.events import EventRecorder
+from scheduler_extender.gateway import GatewayError, KubeGateway
+from scheduler_extender.metrics_api.collector import Collector
+from scheduler_extender.objects import OwnerRef, PodRef, controller_of
+from scheduler_extender.status import Condition, ObjectRef, Status, StatusOf
+from vgpu import metric_names
+from vgpu.autoscale.evaluate import Autoscaler, Evaluation, LimitDecision, WorkloadKey, samples_of
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract.allocation import PodAllocation
+from vgpu.errors import DomainError
+from vgpu.names import DOMAIN, SystemAnnotation
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_LABEL: Final = f"{DOMAIN}/autoscaler-checkpoint"
+CHECKPOINT_KEY: Final = "checkpoint.json"
+WORKLOAD_ANNOTATION: Final = f"{DOMAIN}/workload"
+RUNNING: Final = "AutoscalerRunning"
+Report = tuple[dict[str, Any], tuple[Condition, ...]]
+
+
+def checkpoint_name(key: WorkloadKey) -> str:
+    """``tf-autoscaler-<digest>``: a ConfigMap name for any namespace/name pair."""
+    return "tf-autoscaler-" + hashlib.sha256(f"{key[0]}/{key[1]}".encode()).hexdigest()[:20]
+
+
+class AutoscalerController:
+    """One pass (:meth:`tick`) of the three layers; :meth:`report` is what the status writer adds."""
+
+    def __init__(
+        self,
+        gateway: KubeGateway,
+        cache: ClusterCache,
+        events: EventRecorder,
+        collector: Collector,
+        *,
+        namespace: str,
+        max_replicas: int,
+        checkpoint_interval: float,
+        clock: Callable[[], float],
+        leading: Callable[[], bool],
+        ready: Callable[[], bool],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._gateway, self._cache, self._events, self._collector = gateway, cache, events, collector
+        self._namespace, self._max_replicas = namespace, max_replicas
+        self._checkpoint_interval, self._clock, self._leading, self._ready = checkpoint_interval, clock, leading, ready
+        self._state = Autoscaler()
+        self._lock = threading.Lock()
+        self._reports: dict[WorkloadKey, Report] = {}
+        self._last_changes: dict[WorkloadKey, dict[str, str]] = {}
+        self._applied_hpa: dict[WorkloadKey, dict[str, Any]] = {}
+        self._owners: dict[tuple[str, str], OwnerRef | None] = {}  # (namespace, ReplicaSet) → its controller
+        self._checkpoints: dict[WorkloadKey, str] | None = None  # read once per leadership
+        self._restored: set[WorkloadKey] = set()
+        self._next_checkpoint = 0.0
+        prefix = metric_names.AUTOSCALER
+        self.decisions = Counter(
+            f"{prefix}_decisions_total", "Decisions made, by layer and reason.", ["layer", "reason"], registry=registry
+        )
+        self.writes = Counter(
+            f"{prefix}_writes_total", "Writes the autoscaler made, by what and result.", ["what", "result"],
+            registry=registry,
+        )  # fmt: skip
+        self.workloads = Gauge(f"{prefix}_workloads", "Workloads with a layer enabled.", registry=registry)
+        self.pass_seconds = Histogram(f"{prefix}_pass_seconds", "Time one pass took.", registry=registry)
+
+    # --- the pass ----------------------------------------------------------------------------------
+    def tick(self) -> None:
+        if not self._ready() or not self._leading():
+            self._checkpoints = None  # a new term reads them again: another leader may have written since
+            self._restored.clear()
+            return
+        with self.pass_seconds.time():
+            self._pass()
+
+    def report(self, ref: ObjectRef) -> Report | None:
+        namespace, name = ref
+        with self._lock:
+            return None if namespace is None else self._reports.get((namespace, name))
+
+    def _pass(self) -> None:
+        found = autoscaled(self._cache.records(), self._cache.nodes(), max_replicas=self._max_replicas)
+        self.workloads.set(len(found))
+        if not found:
+            self._state.feed((), ())
+            with self._lock:
+                self._reports = {}
+            return
+        self._collector.poll()
+        documents = [(d, _unix(d.sampled_at)) for d in self._collector.documents]
+        self._state.feed(
+            samples_of((d, t) for d, t in documents if t is not None), (a.workload for a in found.values())
+        )
+        self._restore(found)
+        now = self._clock()
+        reports = {}
+        for key, item in found.items():
+            evaluation = self._state.evaluate(item.workload, now)
+            self._count(evaluation)
+            self._apply_limits(key, evaluation.limits, now)
+            hpa_name, problem = self._apply_replicas(key, item, evaluation)
+            self._note_requests(key, evaluation, now)
+            reports[key] = autoscaling_status(
+                item.workload,
+                evaluation,
+                hpa=hpa_name,
+                replicas_problem=problem,
+                predictions=item.predictions,
+                last_changes=self._last_changes.get(key, {}),
+            )
+        with self._lock:
+            self._reports = reports
+        self._forget_hpas(found)
+        if now >= self._next_checkpoint:
+            self._next_checkpoint = now + self._checkpoint_interval
+            self._save(found)
+
+    def _count(self, evaluation: Evaluation) -> None:
+        for d in evaluation.limits:
+            self.decisions.labels("limits", d.tflops.reason.value).inc()
+        for layer, decision in (
+            ("requests", evaluation.requests_tflops),
+            ("requests", evaluation.requests_vram),
+            ("replicas", evaluation.replicas),
+        ):
+            if decision is not None:
+                self.decisions.labels(layer, decision.reason.value).inc()
+
+    # --- limits ------------------------------------------------------------------------------------
+    def _apply_limits(self, key: WorkloadKey, decisions: tuple[LimitDecision, ...], now: float) -> None:
+        by_pod: dict[str, list[LimitDecision]] = {}
+        for d in decisions:
+            if d.changed:
+                by_pod.setdefault(d.pod, []).append(d)
+        for pod, changes in by_pod.items():
+            if self._write_limits(key[0], pod, changes):
+                self._last_changes.setdefault(key, {})["limits"] = rfc3339(now)
+
+    def _write_limits(self, namespace: str, name: str, changes: list[LimitDecision]) -> bool:
+        try:
+            pod = self._gateway.get_pod(namespace, name)
+        except GatewayError as exc:
+            self.writes.labels("limits", "api-error").inc()
+            log.warning("autoscaler: cannot read pod %s/%s to change its limits: %s", namespace, name, exc)
+            return False
+        meta = (pod or {}).get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(SystemAnnotation.ALLOCATION)
+        if pod is None or raw is None or meta.get("uid") != changes[0].pod_uid:
+            return False
+        try:
+            current = allocation_contract.decode(raw)
+        except DomainError:
+            return False
+        updated = _with_limits(current, changes)
+        if updated is None:  # the allocation moved since the decision: decide again next pass
+            self.writes.labels("limits", "stale").inc()
+            return False
+        try:
+            self._gateway.patch_pod_annotations(
+                namespace,
+                name,
+                current.pod_uid,
+                {SystemAnnotation.ALLOCATION: allocation_contract.encode(updated)},
+                resource_version=str(meta.get("resourceVersion") or "") or None,
+            )
+        except GatewayError as exc:
+            self.writes.labels("limits", "conflict" if exc.status == 409 else "api-error").inc()
+            log.info("autoscaler: limits of pod %s/%s not changed this pass: %s", namespace, name, exc)
+            return False
+        self.writes.labels("limits", "ok").inc()
+        ref = PodRef(namespace=namespace, name=name, uid=current.pod_uid)
+        for d in changes:
+            for decision in (d.tflops, d.vram):
+                if decision.changed:
+                    self._events.normal(ref, decision.reason.value, f"GPU {d.gpu}: {decision.message}")
+        return True
+
+    # --- replicas ----------------------------------------------------------------------------------
+    def _apply_replicas(
+        self, key: WorkloadKey, item: Autoscaled, evaluation: Evaluation
+    ) -> tuple[str | None, str | None]:
+        workload = item.workload
+        if not workload.config.replicas.enable:
+            return None, None
+        if item.owner is None:
+            return None, "the workload's pods have no controller (bare pods): there is no scale to set"
+        target = self._scale_target(workload.namespace, item.owner)
+        if target is None:
+            return None, f"cannot read {item.owner.kind} {workload.namespace}/{item.owner.name}'s controller yet"
+        body, clamped = hpa.manifest(
+            workload.namespace,
+            workload.name,
+            target,
+            workload.config.replicas,
+            target_tflops=evaluation.replica_target_tflops,
+            min_replicas=workload.min_replicas,
+            max_replicas=workload.max_replicas,
+        )
+        name = body["metadata"]["name"]
+        if self._applied_hpa.get(key) != body:
+            try:
+                self._gateway.upsert_hpa(workload.namespace, body)
+            except GatewayError as exc:
+                self.writes.labels("hpa", "api-error").inc()
+                return None, f"cannot apply HorizontalPodAutoscaler {workload.namespace}/{name}: {exc}"
+            self.writes.labels("hpa", "ok").inc()
+            self._applied_hpa[key] = body
+        problem = "; ".join(clamped) or None
+        return name, problem
+
+    def _scale_target(self, namespace: str, owner: OwnerRef) -> OwnerRef | None:
+        if owner.kind != "ReplicaSet":
+            return owner
+        cached = (namespace, owner.name)
+        if cached not in self._owners:
+            try:
+                rs = self._gateway.get_replica_set(namespace, owner.name)
+            except GatewayError as exc:
+                log.info("autoscaler: cannot read ReplicaSet %s/%s: %s", namespace, owner.name, exc)
+                return None
+            self._owners[cached] = controller_of(rs) if rs is not None else None
+        return hpa.scale_target(owner, self._owners[cached])
+
+    def _forget_hpas(self, found: Mapping[WorkloadKey, Autoscaled]) -> None:
+        """Delete the HPAs of workloads whose live pods no longer enable the replicas layer (an HPA of a
+        workload with no live pod stays: it is owned by its Deployment, and goes with it)."""
+        for key in [k for k in self._applied_hpa if k in found and not found[k].workload.config.replicas.enable]:
+            try:
+                self._gateway.delete_hpa(key[0], self._applied_hpa[key]["metadata"]["name"])
+            except GatewayError as exc:
+                log.info("autoscaler: cannot delete the HPA of %s/%s yet: %s", *key, exc)
+                continue
+            del self._applied_hpa[key]
+
+    # --- requests ----------------------------------------------------------------------------------
+    def _note_requests(self, key: WorkloadKey, evaluation: Evaluation, now: float) -> None:
+        if any(d is not None and d.changed for d in (evaluation.requests_tflops, evaluation.requests_vram)):
+            self._last_changes.setdefault(key, {})["requests"] = rfc3339(now)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def _restore(self, found: Mapping[WorkloadKey, Autoscaled]) -> None:
+        if self._checkpoints is None:
+            try:
+                maps = self._gateway.list_config_maps(self._namespace, f"{CHECKPOINT_LABEL}=true")
+            except GatewayError as exc:
+                log.warning("autoscaler: cannot read checkpoints yet (histograms start empty): %s", exc)
+                return
+            self._checkpoints = {}
+            for cm in maps:
+                where = str(((cm.get("metadata") or {}).get("annotations") or {}).get(WORKLOAD_ANNOTATION) or "")
+                text = (cm.get("data") or {}).get(CHECKPOINT_KEY)
+                if "/" in where and isinstance(text, str):
+                    namespace, name = where.split("/", 1)
+                    self._checkpoints[(namespace, name)] = text
+        for key, item in found.items():
+            if key in self._restored:
+                continue
+            self._restored.add(key)
+            text = self._checkpoints.get(key)
+            if text is not None:
+                ok = self._state.restore(text, item.workload)
+                log.info("autoscaler: workload %s/%s %s its checkpoint", *key, "restored" if ok else "ignored")
+
+    def _save(self, found: Mapping[WorkloadKey, Autoscaled]) -> None:
+        for key in found:
+            doc = self._state.checkpoint(key)
+            if doc is None:
+                continue
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": checkpoint_name(key),
+                    "namespace": self._namespace,
+                    "labels": {CHECKPOINT_LABEL: "true", "app.kubernetes.io/managed-by": hpa.MANAGED_BY},
+                    "annotations": {WORKLOAD_ANNOTATION: f"{key[0]}/{key[1]}"},
+                },
+                "data": {CHECKPOINT_KEY: json.dumps(doc, separators=(",", ":"), sort_keys=True)},
+            }
+            try:
+                self._gateway.upsert_config_map(self._namespace, body)
+            except GatewayError as exc:
+                self.writes.labels("checkpoint", "api-error").inc()
+                log.warning("autoscaler: checkpoint of %s/%s not saved: %s", *key, exc)
+                continue
+            self.writes.labels("checkpoint", "ok").inc()
+
+
+def _with_limits(alloc: PodAllocation, changes: list[LimitDecision]) -> PodAllocation | None:
+    """The allocation with the decided limits, or None when a grant no longer holds what was decided from."""
+    by_gpu = {d.gpu: d for d in changes}
+    gpus = []
+    for g in alloc.gpus:
+        d = by_gpu.pop(g.uuid, None)
+        if d is None:
+            gpus.append(g)
+            continue
+        if (g.tflops_limit, g.vram_limit) != (d.tflops.current, d.vram.current):
+            return None
+        gpus.append(replace(g, tflops_limit=d.tflops.value, vram_limit=d.vram.value))
+    return None if by_gpu else replace(alloc, gpus=tuple(gpus))
+
+
+def _unix(rfc3339_time: str) -> float | None:
+    try:
+        when = datetime.fromisoformat(rfc3339_time)
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def with_autoscaling(base: StatusOf, report: Callable[[ObjectRef], Report | None]) -> StatusOf:
+    """The workload status writer's ``status_of`` with the autoscaler's part added."""
+
+    def status_of(ref: ObjectRef, workload: Mapping[str, Any]) -> Status:
+        status = base(ref, workload)
+        extra = report(ref)
+        if extra is None:
+            return status
+        fields, conditions = extra
+        return Status({**status.fields, "autoScaling": fields}, status.conditions + conditions)
+
+    return status_of
+
+
+def autoscaler_off(cache: ClusterCache, max_replicas: int) -> Callable[[ObjectRef], Report | None]:
+    """The report of an extender running without its autoscaler (``--autoscaler-interval 0``): every workload
+    whose pods enable a layer says, in a False ``AutoscalerRunning`` condition, that nothing acts on it."""
+
+    def report(ref: ObjectRef) -> Report | None:
+        namespace, name = ref
+        if namespace is None:
+            return None
+        found = autoscaled(cache.records(), (), max_replicas=max_replicas)
+        if (namespace, name) not in found:
+            return None
+        return {}, (
+            Condition(
+                RUNNING,
+                False,
+                "Disabled",
+                "the extender runs with --autoscaler-interval 0: autoSetLimits, autoSetRequests and "
+                "autoSetReplicas are not acted on",
+            ),
+        )
+
+    return report

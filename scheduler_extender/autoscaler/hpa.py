@@ -1,0 +1,116 @@
+"""The HorizontalPodAutoscaler the autoscaler owns for a workload with ``autoSetReplicas``: a pure manifest.
+
+Replicas go through the standard machinery rather than our own writes to the scale subresource: the HPA
+controller of kube-controller-manager already does HPA's rule, tolerance, missing-metric handling and
+rate limits, users and tools already read HPAs (``kubectl get hpa``, dashboards, alerts on
+``kube_horizontalpodautoscaler_*``), and a cluster admin can see and pause it like any other. The layer's
+fields map onto ``autoscaling/v2`` one to one:
+
+* ``targetTFlopsOfLimits`` × the most a replica's limit may reach → a ``Pods`` metric ``gpu_tflops``
+  (custom.metrics.k8s.io, served by tf-metrics) with that ``averageValue``;
+* ``scaleUpStep`` / ``scaleDownStep`` (``2`` or ``50%``) → ``behavior.scaleUp/scaleDown.policies`` of type
+  ``Pods`` / ``Percent`` with ``periodSeconds`` = ``evaluationPeriod``;
+* ``scaleUpCoolDownTime`` / ``scaleDownCoolDownTime`` → ``behavior.*.stabilizationWindowSeconds``;
+* the pod's ``replicas`` annotation / the profile's ``replicas`` → ``minReplicas`` (1 when unset);
+* the extender's ``--autoscaler-max-replicas`` → ``maxReplicas``.
+
+HPA bounds ``periodSeconds`` to 1–1800 and ``stabilizationWindowSeconds`` to 0–3600; a longer value is
+clamped and the clamp is named in the workload's status. The HPA is owned by its scale target, so it goes
+when the Deployment goes.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+from typing import Any, Final
+
+from scheduler_extender.objects import OwnerRef
+from vgpu.autoscale.config import ReplicasConfig, ReplicaStep
+from vgpu.names import DOMAIN, GpuMetric
+from vgpu.quantity import format_milli
+
+API_VERSION: Final = "autoscaling/v2"
+GROUP, VERSION, PLURAL = "autoscaling", "v2", "horizontalpodautoscalers"
+MANAGED_BY: Final = "tensor-fusion-autoscaler"  # the HPAs' app.kubernetes.io/managed-by and our field manager
+LABEL_WORKLOAD: Final = f"{DOMAIN}/workload"
+MAX_PERIOD_S: Final = 1800
+MAX_WINDOW_S: Final = 3600
+
+
+def hpa_name(workload: str) -> str:
+    """``tf-<workload>``, cut to a DNS label's 63 characters."""
+    return f"tf-{workload}"[:63].rstrip("-.")
+
+
+def _policy(step: ReplicaStep, period_s: int) -> dict[str, Any]:
+    return {"type": "Percent" if step.percent else "Pods", "value": step.value, "periodSeconds": period_s}
+
+
+def _bounded(seconds: float, high: int, low: int, what: str, clamped: list[str]) -> int:
+    value = max(low, ceil(seconds))
+    if value > high:
+        clamped.append(f"{what} {value}s is above HPA's {high}s; the HPA uses {high}s")
+        return high
+    return value
+
+
+def manifest(
+    namespace: str,
+    workload: str,
+    target: OwnerRef,
+    config: ReplicasConfig,
+    *,
+    target_tflops: int,
+    min_replicas: int,
+    max_replicas: int,
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The HPA to apply, and what had to be clamped to fit HPA's bounds (said in the workload's status)."""
+    clamped: list[str] = []
+    period = _bounded(config.evaluation_period_s, MAX_PERIOD_S, 1, "evaluationPeriod", clamped)
+    up = _bounded(config.scale_up_cool_down_s, MAX_WINDOW_S, 0, "scaleUpCoolDownTime", clamped)
+    down = _bounded(config.scale_down_cool_down_s, MAX_WINDOW_S, 0, "scaleDownCoolDownTime", clamped)
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": hpa_name(workload),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_WORKLOAD: workload},
+            "ownerReferences": [
+                {"apiVersion": target.api_version, "kind": target.kind, "name": target.name, "uid": target.uid}
+            ],
+        },
+        "spec": {
+            "scaleTargetRef": {"apiVersion": target.api_version, "kind": target.kind, "name": target.name},
+            "minReplicas": min_replicas,
+            "maxReplicas": max(max_replicas, min_replicas),
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": GpuMetric.TFLOPS.value},
+                        "target": {"type": "AverageValue", "averageValue": format_milli(max(1, target_tflops))},
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleUp": {
+                    "stabilizationWindowSeconds": up,
+                    "selectPolicy": "Max",
+                    "policies": [_policy(config.scale_up_step, period)],
+                },
+                "scaleDown": {
+                    "stabilizationWindowSeconds": down,
+                    "selectPolicy": "Max",
+                    "policies": [_policy(config.scale_down_step, period)],
+                },
+            },
+        },
+    }
+    return body, tuple(clamped)
+
+
+def scale_target(owner: OwnerRef, replica_set_owner: OwnerRef | None) -> OwnerRef:
+    """What the HPA scales for a pod's controller: a ReplicaSet's own controller (its Deployment) when it has
+    one, else the controller itself (a StatefulSet, or anything else with a scale subresource)."""
+    return replica_set_owner if owner.kind == "ReplicaSet" and replica_set_owner is not None else owner

@@ -1,0 +1,149 @@
+"""What a workload's status says about its autoscaling, from one evaluation: pure.
+
+``status.autoScaling`` carries each enabled layer's recommendation beside the current value, and
+``status.conditions`` one condition per enabled layer (``LimitsAutoSet``, ``RequestsAutoSet``,
+``ReplicasAutoSet``) whose reason is the decision's (``LimitsRaised``, ``AtMaxRatio``,
+``WaitingForHistory``, ``CoolingDown``, …) and whose message says why in numbers; a ``Prediction``
+condition is False (``NotImplemented``) while a layer's prediction block is enabled, since nothing
+predicts. The webhook reads ``status.autoScaling.requests``: its ``tflopsRequest`` / ``vramRequest`` are
+present only once the requests layer has a recommendation to give (enough history), and new pods of the
+workload are admitted with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from scheduler_extender.status import Condition
+from vgpu.autoscale.evaluate import Evaluation, LimitDecision, Workload
+from vgpu.autoscale.recommend import Decision, Reason
+from vgpu.quantity import format_bytes, format_milli
+
+LIMITS: Final = "LimitsAutoSet"
+REQUESTS: Final = "RequestsAutoSet"
+REPLICAS: Final = "ReplicasAutoSet"
+PREDICTION: Final = "Prediction"
+CONDITIONS: Final = (LIMITS, REQUESTS, REPLICAS, PREDICTION)
+MAX_PODS_SHOWN: Final = 20  # status.autoScaling.limits.pods: a status is no place for thousands of rows
+# A request decision with one of these has no recommendation to give: the webhook keeps the admitted request.
+_NO_RECOMMENDATION: Final = frozenset({Reason.WAITING_FOR_HISTORY, Reason.NO_SAMPLES, Reason.DISABLED})
+# Which limit decision speaks for the layer when pods differ: a change first, then a cap, then the rest.
+_RANK: Final = {
+    Reason.LIMITS_RAISED: 0,
+    Reason.LIMITS_LOWERED: 1,
+    Reason.AT_MAX_RATIO: 2,
+    Reason.CAPPED_BY_GPU: 3,
+    Reason.NO_SAMPLES: 4,
+    Reason.INSIDE_IGNORED_RANGE: 5,
+    Reason.UNCHANGED: 6,
+}
+
+
+def autoscaling_status(
+    workload: Workload,
+    evaluation: Evaluation,
+    *,
+    hpa: str | None,
+    replicas_problem: str | None,
+    predictions: Sequence[str],
+    last_changes: dict[str, str],
+) -> tuple[dict[str, Any], tuple[Condition, ...]]:
+    """``status.autoScaling`` and the layers' conditions; ``last_changes``: layer → when it last changed
+    something (RFC 3339), kept by the controller."""
+    config = workload.config
+    fields: dict[str, Any] = {}
+    conditions: list[Condition] = []
+    if config.limits.enable:
+        fields["limits"] = _limits(evaluation.limits, last_changes.get("limits"))
+        conditions.append(_limits_condition(evaluation.limits))
+    if config.requests.enable and evaluation.requests_tflops and evaluation.requests_vram:
+        fields["requests"], condition = _requests(workload, evaluation.requests_tflops, evaluation.requests_vram)
+        if "requests" in last_changes:
+            fields["requests"]["lastChange"] = last_changes["requests"]
+        conditions.append(condition)
+    if config.replicas.enable:
+        fields["replicas"] = {
+            "current": workload.replicas,
+            "min": workload.min_replicas,
+            "max": workload.max_replicas,
+            "targetTflopsPerReplica": format_milli(evaluation.replica_target_tflops),
+            **({"horizontalPodAutoscaler": hpa} if hpa else {}),
+        }
+        if evaluation.replicas is not None:
+            fields["replicas"]["recommended"] = evaluation.replicas.value
+        conditions.append(_replicas_condition(evaluation.replicas, hpa, replicas_problem))
+    if predictions:
+        conditions.append(
+            Condition(
+                PREDICTION,
+                False,
+                "NotImplemented",
+                f"{', '.join(predictions)}.prediction is enabled but nothing predicts usage yet; "
+                "decisions use measured usage only",
+            )
+        )
+    return fields, tuple(conditions)
+
+
+def _limits(decisions: Sequence[LimitDecision], last_change: str | None) -> dict[str, Any]:
+    shown = sorted(decisions, key=lambda d: (_RANK.get(d.tflops.reason, 9), d.pod, d.gpu))[:MAX_PODS_SHOWN]
+    out: dict[str, Any] = {
+        "pods": [
+            {
+                "pod": d.pod,
+                "gpu": d.gpu,
+                "tflopsLimit": format_milli(d.tflops.value),
+                "vramLimit": format_bytes(d.vram.value),
+                "reason": d.tflops.reason.value if d.tflops.reason is not Reason.DISABLED else d.vram.reason.value,
+            }
+            for d in shown
+        ],
+        "raised": sum(d.tflops.value > d.tflops.current or d.vram.value > d.vram.current for d in decisions),
+        "lowered": sum(d.tflops.value < d.tflops.current or d.vram.value < d.vram.current for d in decisions),
+    }
+    if last_change:
+        out["lastChange"] = last_change
+    return out
+
+
+def _limits_condition(decisions: Sequence[LimitDecision]) -> Condition:
+    if not decisions:
+        return Condition(LIMITS, False, Reason.NO_SAMPLES.value, "no pod of the workload holds a GPU yet")
+    speaker = min(
+        (x for d in decisions for x in (d.tflops, d.vram) if x.reason is not Reason.DISABLED),
+        key=lambda x: _RANK.get(x.reason, 9),
+        default=decisions[0].tflops,
+    )
+    pod = next(d.pod for d in decisions if speaker in (d.tflops, d.vram))
+    changed = sum(d.changed for d in decisions)
+    return Condition(
+        LIMITS,
+        True,
+        speaker.reason.value,
+        f"{changed} of {len(decisions)} pod GPUs changed; pod {pod}: {speaker.message}",
+    )
+
+
+def _requests(workload: Workload, tflops: Decision, vram: Decision) -> tuple[dict[str, Any], Condition]:
+    fields: dict[str, Any] = {
+        "current": {
+            "tflopsRequest": format_milli(workload.tflops_request),
+            "vramRequest": format_bytes(workload.vram_request),
+        },
+    }
+    for key, decision, fmt in (("tflopsRequest", tflops, format_milli), ("vramRequest", vram, format_bytes)):
+        if decision.reason not in _NO_RECOMMENDATION:
+            fields[key] = fmt(decision.value)
+    speaker = tflops if tflops.reason is not Reason.DISABLED else vram
+    fields["reason"] = speaker.reason.value
+    return fields, Condition(REQUESTS, True, speaker.reason.value, f"{tflops.message}; {vram.message}")
+
+
+def _replicas_condition(decision: Decision | None, hpa: str | None, problem: str | None) -> Condition:
+    if problem:
+        return Condition(REPLICAS, False, "NoScaleTarget", problem)
+    if decision is None:
+        return Condition(REPLICAS, True, Reason.NO_SAMPLES.value, "not evaluated yet")
+    via = f"; HorizontalPodAutoscaler {hpa} scales the workload" if hpa else ""
+    return Condition(REPLICAS, True, decision.reason.value, decision.message + via)

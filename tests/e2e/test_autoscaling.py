@@ -1,0 +1,330 @@
+"""Autoscaling (issue 16), all three layers on the kubelet node, through the real HPA controller.
+
+A Deployment of one GPU pod (request 10 TFLOPS, limit 20, on an A100) names a WorkloadProfile that enables
+autoSetLimits (maxRatioToRequests 3: at most 30 TFLOPS), autoSetReplicas (target: half of what a limit may
+reach, one replica per 2-second period, a 4-second scale-down cool-down) and autoSetRequests (8 seconds of
+aggregation), with evaluation periods of seconds. Every pod's use is scripted in the fake GPU file as it
+appears: 31.2 TFLOPS each (10 % of the A100's SMs), then 3.1 (1 %). The extender's autoscaler (every
+second), tf-metrics behind the aggregation layer, and kube-controller-manager's HPA controller (a pass every
+second) do the rest. Asserted:
+
+* limits: the pod's allocation's TFLOPS limit goes 20 → 30 — never above 3 × the request — with a
+  ``AtMaxRatio`` event, the same container (no restart), and the device plugin's live limit file says 30;
+  when the load drops it comes back to the admitted 20 (``LimitsLowered``);
+* replicas: the HPA the autoscaler owns scales the Deployment 1 → 2 → 3 (one step at a time, never above
+  its maxReplicas of 3), and back to 1 once the load is gone, one step at a time after the cool-down;
+* requests: once 8 s of history exist, the workload's status recommends 20 TFLOPS (p90 of 31.2 × 1.15,
+  capped at the limit), and a replica the Deployment creates after that is admitted with it (its resolved
+  request says where from);
+* the histograms are checkpointed to a ConfigMap, and an extender restarted from it recommends at once
+  instead of waiting for history again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import AppsV1Api, AutoscalingV2Api, CoreV1Api, CustomObjectsApi
+from prometheus_client.parser import text_string_to_metric_families
+
+from vgpu.contract import resolved
+from vgpu.names import CRD_GROUP, CRD_VERSION, DOMAIN, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+
+from . import deploy
+from .cluster import AUTOSCALER_MAX_REPLICAS, Cluster
+from .fake_nodes import fake_nvml_yaml
+from .kube import apply, eventually
+from .pods import IMAGE, allocation_of
+
+NAMESPACE = "e2e-autoscaling"
+WORKLOAD = "trainer"
+CHECKPOINTS = f"{DOMAIN}/autoscaler-checkpoint=true"
+LIVE_LIMITS = Path("/var/lib/tensor-fusion/limits")  # the device plugin's default --live-limits-dir
+HIGH_SM, LOW_SM = 10, 1  # percent of an A100's 312 TFLOPS: 31.2 and 3.12 TFLOPS
+PROFILE = {
+    "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+    "kind": "WorkloadProfile",
+    "metadata": {"name": "auto", "namespace": NAMESPACE},
+    "spec": {
+        "autoScalingConfig": {
+            "autoSetLimits": {
+                "enable": True,
+                "targetResource": "tflops",
+                "evaluationPeriod": "2s",
+                "maxRatioToRequests": "3.0",
+            },
+            "autoSetReplicas": {
+                "enable": True,
+                "targetTFlopsOfLimits": "50%",
+                "evaluationPeriod": "2s",
+                "scaleUpStep": "1",
+                "scaleDownStep": "1",
+                "scaleUpCoolDownTime": "0s",
+                "scaleDownCoolDownTime": "4s",
+            },
+            "autoSetRequests": {
+                "enable": True,
+                "targetResource": "tflops",
+                "aggregationPeriod": "8s",
+                "evaluationPeriod": "1s",
+            },
+        }
+    },
+}
+TEMPLATE_ANNOTATIONS = {
+    Annotation.TFLOPS_REQUEST: "10",
+    Annotation.TFLOPS_LIMIT: "20",
+    Annotation.VRAM_REQUEST: "1Gi",
+    Annotation.VRAM_LIMIT: "2Gi",
+    Annotation.WORKLOAD_PROFILE: "auto",
+    Annotation.WORKLOAD: WORKLOAD,
+    Annotation.GENERATE_WORKLOAD: "true",
+}
+
+
+def deployment() -> dict[str, Any]:
+    labels = {"app": WORKLOAD}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKLOAD, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": {LABEL_ENABLED: "true", **labels},
+                    "annotations": {str(k): v for k, v in TEMPLATE_ANNOTATIONS.items()},
+                },
+                "spec": {
+                    "containers": [{"name": "main", "image": IMAGE}],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        },
+    }
+
+
+class Load:
+    """Scripts every placed pod of the Deployment at ``sm`` percent of its GPU, rewriting the fake GPU file
+    as pods come and go (a thread, every half second)."""
+
+    def __init__(self, cluster: Cluster, sm: int) -> None:
+        self.cluster, self.sm = cluster, sm
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._written = ""
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.cluster.set_gpu_faults({})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a pod deleted under us: the next round sees the new list
+                self._write()
+            self._stop.wait(0.5)
+
+    def _write(self) -> None:
+        script = []
+        for pod in self.cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"app={WORKLOAD}").items:
+            if pod.status.phase != "Running" or not (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION):
+                continue
+            for g in allocation_of(pod).gpus:
+                script.append(
+                    {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": self.sm, "vramMiB": 512}
+                )
+        text = fake_nvml_yaml(self.cluster.gpus, {}, usage=script)
+        if text != self._written:
+            self.cluster.write_fake_nvml(text)
+            self._written = text
+
+
+@pytest.fixture(scope="module")
+def scaled(cluster: Cluster) -> Iterator[Cluster]:
+    """tf-metrics registered (the HPA reads gpu_tflops through it), the namespace and the profile."""
+    cluster.start_metrics_api()
+    cluster.namespace(NAMESPACE)
+    apply(cluster.admin, [PROFILE], NAMESPACE)
+    try:
+        yield cluster
+    finally:
+        AppsV1Api(cluster.admin).delete_namespaced_deployment(WORKLOAD, NAMESPACE, propagation_policy="Foreground")
+        eventually(
+            "the Deployment's pods gone",
+            lambda: not cluster.core.list_namespaced_pod(NAMESPACE).items,
+            90,
+        )
+        cluster.stop_metrics_api()
+
+
+def replicas_now(apps: AppsV1Api) -> int:
+    return int(apps.read_namespaced_deployment_scale(WORKLOAD, NAMESPACE).spec.replicas or 0)
+
+
+def running(core: CoreV1Api) -> list[Any]:
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={WORKLOAD}").items
+    return [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+
+
+def workload_status(cluster: Cluster) -> dict[str, Any]:
+    obj = CustomObjectsApi(cluster.admin).get_namespaced_custom_object(
+        CRD_GROUP, CRD_VERSION, NAMESPACE, PLURAL_WORKLOAD, WORKLOAD
+    )
+    return dict(obj.get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or () if c["type"] == kind), None)
+
+
+def events_of(core: CoreV1Api, pod: str) -> list[str]:
+    found = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={pod}").items
+    return [e.reason for e in found]
+
+
+def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
+    cluster, core, apps = scaled, scaled.core, AppsV1Api(scaled.admin)
+    hpas = AutoscalingV2Api(cluster.admin)
+    apps.create_namespaced_deployment(NAMESPACE, deployment())
+    first = eventually("the first replica running", lambda: running(core) or None, 90)[0]
+    name, uid = first.metadata.name, first.metadata.uid
+    (grant,) = allocation_of(first).gpus
+    assert (grant.tflops_request, grant.tflops_limit) == (10_000, 20_000)
+    seen_replicas: list[int] = [1]
+    seen_limits: list[int] = []
+
+    def watch() -> None:
+        now = replicas_now(apps)
+        if now != seen_replicas[-1]:
+            seen_replicas.append(now)
+        for pod in running(core):
+            seen_limits.extend(g.tflops_limit for g in allocation_of(pod).gpus)
+
+    with Load(cluster, HIGH_SM):
+        # Limits: pressed on, raised in place to 3 × the request, not beyond.
+        def raised() -> Any:
+            watch()
+            pod = core.read_namespaced_pod(name, NAMESPACE)
+            return pod if allocation_of(pod).gpus[0].tflops_limit == 30_000 else None
+
+        pod = eventually("the first pod's TFLOPS limit raised to 30", raised, 30)
+        assert pod.metadata.uid == uid and pod.status.container_statuses[0].restart_count == 0
+        # The device plugin rewrote the container's live limit file (docs/live-limits.md) in place.
+        live = eventually("the live limit file at 30 TFLOPS", lambda: live_limit(uid, grant.uuid, 30_000), 15)
+        assert live["generation"] >= 2 and live["gpus"][grant.uuid]["smPercent"] == 10  # ceil(30 / 312 × 100)
+        assert "AtMaxRatio" in events_of(core, name) or "LimitsRaised" in events_of(core, name)
+
+        # Replicas: the owned HPA scales 1 → 2 → 3, one step at a time.
+        hpa = eventually(
+            "the autoscaler's HPA",
+            lambda: hpas.read_namespaced_horizontal_pod_autoscaler(f"tf-{WORKLOAD}", NAMESPACE),
+            30,
+        )
+        assert hpa.spec.scale_target_ref.name == WORKLOAD and hpa.spec.max_replicas == AUTOSCALER_MAX_REPLICAS
+        assert hpa.spec.metrics[0].pods.metric.name == "gpu_tflops"
+
+        def three() -> bool:
+            watch()
+            return len(running(core)) == AUTOSCALER_MAX_REPLICAS
+
+        eventually("3 replicas running", three, 90, 0.5)
+
+        # Requests: after 8 s of history the workload recommends 20 TFLOPS (capped at the limit) ...
+        def recommending() -> Any:
+            watch()
+            status = workload_status(cluster)
+            return status if (status.get("autoScaling") or {}).get("requests", {}).get("tflopsRequest") else None
+
+        status = eventually("a requests recommendation", recommending, 60, 0.5)
+        assert status["autoScaling"]["requests"]["tflopsRequest"] == "20"
+        assert (condition(status, "RequestsAutoSet") or {}).get("reason") == "CappedByLimit"
+        # ... and a replica created from now on is admitted with it.
+        victim = running(core)[0].metadata.name
+        core.delete_namespaced_pod(victim, NAMESPACE, grace_period_seconds=0)
+
+        def replacement() -> Any:
+            watch()
+            fresh = [
+                p
+                for p in running(core)
+                if p.metadata.name != victim and p.metadata.creation_timestamp.timestamp() > time.time() - 60
+            ]
+            for p in fresh:
+                req = resolved.decode(p.metadata.annotations[SystemAnnotation.RESOLVED_REQUEST])
+                if req.auto_requests:
+                    return p, req
+            return None
+
+        new_pod, req = eventually("a replica admitted with the recommended request", replacement, 60, 0.5)
+        assert req.tflops_request == 20_000 and "autoSetRequests" in req.auto_requests
+        assert allocation_of(new_pod).gpus[0].tflops_request == 20_000
+        assert max(seen_replicas) == AUTOSCALER_MAX_REPLICAS
+        assert all(b - a == 1 for a, b in itertools.pairwise(seen_replicas) if b > a)
+
+    with Load(cluster, LOW_SM):
+        # Limits back to the admitted 20.
+        def lowered() -> bool:
+            watch()
+            return bool(running(core)) and all(allocation_of(p).gpus[0].tflops_limit <= 20_000 for p in running(core))
+
+        eventually("every limit back at its admitted value", lowered, 30, 0.5)
+
+        # The histograms were checkpointed; an extender restarted now recommends from them at once, where
+        # empty histograms would wait 8 s (aggregationPeriod) of new history, deciding WaitingForHistory.
+        maps = core.list_namespaced_config_map(deploy.system_namespace(), label_selector=CHECKPOINTS)
+        assert [(m.metadata.annotations or {}).get(f"{DOMAIN}/workload") for m in maps.items if m.metadata] == [
+            f"{NAMESPACE}/{WORKLOAD}"
+        ]
+        cluster.ours.pop("tf-extender").stop()  # SIGTERM: it releases the extender's Lease
+        cluster.start_extender()
+        decisions = eventually(
+            "the restarted extender's requests decisions", lambda: requests_decisions(cluster), 30, 0.3
+        )
+        assert "WaitingForHistory" not in decisions and "NoSamples" not in decisions, decisions
+
+        # Replicas back to 1, one step at a time.
+        def one() -> bool:
+            watch()
+            return replicas_now(apps) == 1
+
+        eventually("scaled back to 1 replica", one, 90, 0.5)
+        up = seen_replicas.index(max(seen_replicas))
+        downs = seen_replicas[up:]
+        assert downs[-1] == 1 and all(a - b == 1 for a, b in itertools.pairwise(downs)), seen_replicas
+    # Never above maxRatioToRequests × request: 3 × 10 (the first replicas) or 3 × 20 (the recommended ones).
+    assert max(seen_limits) <= 60_000 and 30_000 in seen_limits
+    status = workload_status(cluster)
+    assert condition(status, "LimitsAutoSet") is not None and condition(status, "ReplicasAutoSet") is not None
+
+
+def live_limit(uid: str, gpu: str, milli: int) -> dict[str, Any] | None:
+    """The container's limits.json on the node, once it holds ``milli`` TFLOPS for ``gpu``."""
+    path = LIVE_LIMITS / uid / "main" / "limits.json"
+    doc = json.loads(path.read_text()) if path.exists() else None
+    return doc if doc and doc["gpus"][gpu]["milliTflopsLimit"] == milli else None
+
+
+def requests_decisions(cluster: Cluster) -> dict[str, float] | None:
+    """The requests layer's decisions so far by reason, from the extender's /metrics; None before its first."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.extender_public_port}/metrics", timeout=5).read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tf_autoscaler_decisions_total" and sample.labels.get("layer") == "requests":
+                found[sample.labels["reason"]] = sample.value
+    return found or None
