@@ -13,7 +13,10 @@ TensorFusionWorkload; then
 what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
 hand is admitted by the kubelet but the device plugin refuses to start it); and QoS preemption on
 fragmented GPUs: the node's four GPUs each hold a high and a low pod, a critical pod fits the node's
-totals but no single GPU, and the extender evicts one low pod and runs the critical one in its place.
+totals but no single GPU, and the extender evicts one low pod and runs the critical one in its place;
+and autoscaling: a Deployment with autoSetLimits, autoSetRequests and autoSetReplicas under a scripted
+load gets its TFLOPS limit raised in place, is scaled out by the HPA the autoscaler owns, admits a new
+replica with the recommended request, and comes back down when the load drops.
 Everything is stopped before it returns.
 """
 
@@ -25,13 +28,27 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes.client import ApiException, CustomObjectsApi
+from kubernetes.client import ApiException, AppsV1Api, CustomObjectsApi
 
 from vgpu.contract import allocation, usage
-from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
 
 from . import deploy
+from .autoscaling import (
+    HIGH_SM,
+    LIVE_LIMITS,
+    LOW_SM,
+    NAMESPACE,
+    PROFILE,
+    WORKLOAD,
+    Load,
+    condition,
+    deployment,
+    replicas_now,
+    running,
+    workload_status,
+)
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml, gpus
 from .kube import apply, bind_by_hand, events_for, eventually, wait_running
@@ -116,6 +133,7 @@ def run(keep: bool) -> None:
         print(table(eventually("workload status", workload_statuses, timeout=30)))
         isolation(cluster, namespace)
         preemption(cluster)
+        autoscaling(cluster)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
 
@@ -146,6 +164,77 @@ def preemption(cluster: Cluster) -> None:
         for line in events_for(cluster.core, ns, name):
             if line.startswith(("Preempted:", "GpuPreemption:")):
                 print(f"  {name}: {line}")
+
+
+def autoscaling(cluster: Cluster) -> None:
+    """A Deployment whose profile enables all three layers (tests/e2e/autoscaling.py), its pods' use scripted
+    at 31.2 TFLOPS each, then 3.1; prints what the autoscaler and the HPA it owns did."""
+    cluster.start_metrics_api()  # the HPA reads gpu_tflops through the custom metrics API
+    core, apps = cluster.core, AppsV1Api(cluster.admin)
+    cluster.namespace(NAMESPACE)
+    apply(cluster.admin, [PROFILE], NAMESPACE)
+    apps.create_namespaced_deployment(NAMESPACE, deployment())
+    first = eventually("the first replica", lambda: running(core) or None, timeout=90)[0]
+    name, uid = first.metadata.name, first.metadata.uid
+    print(f"\nautoscaling: Deployment {WORKLOAD} (10 TFLOPS request, 20 limit; maxRatioToRequests 3, HPA target")
+    print(f"50 % of what a limit may reach, 8 s aggregation) with its pods' use scripted at {HIGH_SM} % of an A100")
+    replicas = [1]
+
+    def follow() -> None:
+        now = replicas_now(apps)
+        if now != replicas[-1]:
+            replicas.append(now)
+
+    with Load(cluster, HIGH_SM):
+
+        def raised() -> Any:
+            follow()
+            pod = core.read_namespaced_pod(name, NAMESPACE)
+            return pod if allocation_of(pod).gpus[0].tflops_limit == 30_000 else None
+
+        pod = eventually("the limit raised", raised, timeout=60)
+        live = json.loads((LIVE_LIMITS / uid / "main" / "limits.json").read_text())
+        gpu = allocation_of(pod).gpus[0].uuid
+        restarts = pod.status.container_statuses[0].restart_count
+        print(f"  pod/{name}: TFLOPS limit 20 -> 30 in place (restarts: {restarts}); live limit file: "
+              f"{live['gpus'][gpu]['tflopsLimit']} TFLOPS, SM {live['gpus'][gpu]['smPercent']} %")  # fmt: skip
+        for line in events_for(core, NAMESPACE, name):
+            if line.startswith(("AtMaxRatio:", "LimitsRaised:")):
+                print(f"    {line}")
+
+        def recommended() -> Any:
+            follow()
+            requests = (workload_status(cluster).get("autoScaling") or {}).get("requests") or {}
+            return requests if requests.get("tflopsRequest") and len(running(core)) == 3 else None
+
+        requests = eventually("a recommendation and 3 replicas", recommended, timeout=90)
+        print(f"  HPA tf-{WORKLOAD} scaled the Deployment {' -> '.join(map(str, replicas))}")
+        reason = (condition(workload_status(cluster), "RequestsAutoSet") or {}).get("reason")
+        print(f"  workload status: requests recommended {requests['tflopsRequest']} TFLOPS ({reason})")
+        core.delete_namespaced_pod(running(core)[0].metadata.name, NAMESPACE, grace_period_seconds=0)
+
+        def admitted() -> Any:
+            follow()
+            for p in running(core):
+                text = (p.metadata.annotations or {}).get(SystemAnnotation.RESOLVED_REQUEST, "")
+                if "autoRequests" in text:
+                    return p
+            return None
+
+        fresh = eventually("a replica with the recommended request", admitted, timeout=60)
+        print(f"  new replica pod/{fresh.metadata.name} admitted with request "
+              f"{humanize_tflops(allocation_of(fresh).gpus[0].tflops_request)} TFLOPS")  # fmt: skip
+    print(f"  load dropped to {LOW_SM} % of an A100")
+    with Load(cluster, LOW_SM):
+
+        def settled() -> bool:
+            follow()
+            pods = running(core)
+            return replicas_now(apps) == 1 and all(allocation_of(p).gpus[0].tflops_limit <= 20_000 for p in pods)
+
+        eventually("back to one replica at its admitted limit", settled, timeout=90)
+        print(f"  limits back to 20 TFLOPS; HPA scaled {' -> '.join(map(str, replicas))}")
+    apps.delete_namespaced_deployment(WORKLOAD, NAMESPACE)
 
 
 def measured(cluster: Cluster, running: Sequence[Any]) -> None:

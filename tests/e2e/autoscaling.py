@@ -1,0 +1,150 @@
+"""A workload the autoscaler looks after, for the e2e scenario and the demo: its profile, its Deployment, and
+a scripted load that follows the pods as they come and go."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
+
+from vgpu.names import CRD_GROUP, CRD_VERSION, DOMAIN, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+
+from .cluster import Cluster
+from .fake_nodes import fake_nvml_yaml
+from .pods import IMAGE, allocation_of
+
+NAMESPACE = "e2e-autoscaling"
+WORKLOAD = "trainer"
+CHECKPOINTS = f"{DOMAIN}/autoscaler-checkpoint=true"
+LIVE_LIMITS = Path("/var/lib/tensor-fusion/limits")  # the device plugin's default --live-limits-dir
+HIGH_SM, LOW_SM = 10, 1  # percent of an A100's 312 TFLOPS: 31.2 and 3.12 TFLOPS
+PROFILE = {
+    "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+    "kind": "WorkloadProfile",
+    "metadata": {"name": "auto", "namespace": NAMESPACE},
+    "spec": {
+        "autoScalingConfig": {
+            "autoSetLimits": {
+                "enable": True,
+                "targetResource": "tflops",
+                "evaluationPeriod": "2s",
+                "maxRatioToRequests": "3.0",
+            },
+            "autoSetReplicas": {
+                "enable": True,
+                "targetTFlopsOfLimits": "50%",
+                "evaluationPeriod": "2s",
+                "scaleUpStep": "1",
+                "scaleDownStep": "1",
+                "scaleUpCoolDownTime": "0s",
+                "scaleDownCoolDownTime": "4s",
+            },
+            "autoSetRequests": {
+                "enable": True,
+                "targetResource": "tflops",
+                "aggregationPeriod": "8s",
+                "evaluationPeriod": "1s",
+            },
+        }
+    },
+}
+TEMPLATE_ANNOTATIONS = {
+    Annotation.TFLOPS_REQUEST: "10",
+    Annotation.TFLOPS_LIMIT: "20",
+    Annotation.VRAM_REQUEST: "1Gi",
+    Annotation.VRAM_LIMIT: "2Gi",
+    Annotation.WORKLOAD_PROFILE: "auto",
+    Annotation.WORKLOAD: WORKLOAD,
+    Annotation.GENERATE_WORKLOAD: "true",
+}
+
+
+def deployment() -> dict[str, Any]:
+    labels = {"app": WORKLOAD}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": WORKLOAD, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": {LABEL_ENABLED: "true", **labels},
+                    "annotations": {str(k): v for k, v in TEMPLATE_ANNOTATIONS.items()},
+                },
+                "spec": {
+                    "containers": [{"name": "main", "image": IMAGE}],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        },
+    }
+
+
+class Load:
+    """Scripts every placed pod of the Deployment at ``sm`` percent of its GPU, rewriting the fake GPU file
+    as pods come and go (a thread, every half second)."""
+
+    def __init__(self, cluster: Cluster, sm: int) -> None:
+        self.cluster, self.sm = cluster, sm
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._written = ""
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.cluster.set_gpu_faults({})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a pod deleted under us: the next round sees the new list
+                self._write()
+            self._stop.wait(0.5)
+
+    def _write(self) -> None:
+        script = []
+        for pod in self.cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"app={WORKLOAD}").items:
+            if pod.status.phase != "Running" or not (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION):
+                continue
+            for g in allocation_of(pod).gpus:
+                script.append(
+                    {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": self.sm, "vramMiB": 512}
+                )
+        text = fake_nvml_yaml(self.cluster.gpus, {}, usage=script)
+        if text != self._written:
+            self.cluster.write_fake_nvml(text)
+            self._written = text
+
+
+def replicas_now(apps: AppsV1Api) -> int:
+    return int(apps.read_namespaced_deployment_scale(WORKLOAD, NAMESPACE).spec.replicas or 0)
+
+
+def running(core: CoreV1Api) -> list[Any]:
+    pods = core.list_namespaced_pod(NAMESPACE, label_selector=f"app={WORKLOAD}").items
+    return [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+
+
+def workload_status(cluster: Cluster) -> dict[str, Any]:
+    obj = CustomObjectsApi(cluster.admin).get_namespaced_custom_object(
+        CRD_GROUP, CRD_VERSION, NAMESPACE, PLURAL_WORKLOAD, WORKLOAD
+    )
+    return dict(obj.get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or () if c["type"] == kind), None)
+
+
+def events_of(core: CoreV1Api, pod: str) -> list[str]:
+    found = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={pod}").items
+    return [e.reason for e in found]
