@@ -73,6 +73,7 @@ from scheduler_extender.objects import (
     pod_record,
     pod_ref,
     scheduled_pod,
+    uncounted,
 )
 from scheduler_extender.wire import ExtenderBindingArgs
 from vgpu.catalog import Catalog
@@ -274,14 +275,7 @@ class Binder:
             note = self._undo(ref, node, deadline, written=text)
             failed = f"could not list the allocations on {node} to confirm the placement of pod {ref.key}: {exc}"
             raise BindError(f"{failed}{note}", "read") from None
-        unseen = []
-        for pod in listed:
-            record = pod_record(pod)
-            alloc = record.allocation
-            if record.ref.uid == ref.uid or not record.holds_gpus or alloc is None or alloc.node != node:
-                continue
-            if counted.get(record.ref.uid) != alloc.gpus:
-                unseen.append(record.ref.key)
+        unseen = uncounted(listed, counted, node, ref.uid)
         if unseen:
             note = self._undo(ref, node, deadline, written=text)
             raise BindError(

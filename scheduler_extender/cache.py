@@ -274,6 +274,43 @@ class ClusterCache:
             self._nominated[ref.key] = Nomination(ref.uid, node, tuple(grants), qos, slots, expires_at)
             self._claim_nominations(node)
 
+    def resize(self, ref: PodRef, grants: Sequence[GpuGrant]) -> dict[str, tuple[GpuGrant, ...]] | None:
+        """Hold ``grants`` in place of the pod's allocation on its node (the autoscaler changing a running
+        pod's requests), when they fit beside everything else the node's ledger holds; the hold is a bind's
+        (no expiry) until :meth:`commit`, or until the watch delivers the allocation written for it. Also
+        how a resize is undone (the old grants, over the hold). Returns what the ledger then counts on the
+        node per pod UID (for the write-then-list check), or None, changing nothing, when it does not fit or
+        the pod holds no allocation (or only a filter's guess) here."""
+        with self.lock:
+            key = ref.key
+            entry, node = self._entry(key), self._entry_node.get(key)
+            base = None if node is None else self._base.get(node)
+            if entry is None or node is None or base is None or self._owner.get(key) != ref.uid:
+                return None
+            if key in self._tentative:
+                return None
+            try:
+                ledger = (
+                    self._ledger(node)
+                    .release(key)
+                    .reserve(key, base, grants, None, whole=entry.whole, qos=entry.qos, slots=entry.slots)
+                )
+            except LedgerRefusal:
+                return None
+            self._put(node, ledger)
+            self._note_since_listing(key)
+            self._refresh((node,))
+            return self.counted_on(node)
+
+    def reaccount(self, uid: str) -> None:
+        """Enter the pod's allocation as the watch last showed it again, over whatever this replica holds for
+        it (a resize's hold being undone); an allocation that does not fit is a conflict, accounted again when
+        room frees, as one the watch delivered."""
+        with self.lock:
+            record = self._records.get(uid)
+            if record is not None and record.allocation is not None:
+                self._account(record)
+
     def commit(self, key: str) -> bool:
         """Make a bind's reservation permanent. False, changing nothing, when the pod holds none any more:
         it went away while its bind ran (the watch released its hold), so there is nothing to keep."""

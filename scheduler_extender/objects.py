@@ -10,7 +10,7 @@ a corrupt annotation becomes an error message on the value (a node's ``inventory
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -21,7 +21,7 @@ from scheduler_extender.kubelet_devices import vgpu_device_ids
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
-from vgpu.contract.allocation import PodAllocation
+from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
 from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
@@ -296,6 +296,23 @@ def allocated_node_label(node: str) -> str:
 def allocated_on_selector(node: str) -> str:
     """The label selector of every pod allocated GPUs on ``node`` (by this version of the extender)."""
     return f"{LABEL_ALLOCATED_NODE}={allocated_node_label(node)}"
+
+
+def uncounted(
+    listed: Iterable[Mapping[str, Any]], counted: Mapping[str, tuple[GpuGrant, ...]], node: str, own: str
+) -> list[str]:
+    """The pods (keys) of ``listed`` — a consistent list of ``node``'s allocations, made after a write — whose
+    live allocation there differs from what ``counted`` (per UID) held when the write was decided: another
+    extender replica wrote them meanwhile. ``own`` (a UID) is the writer's own pod."""
+    unseen = []
+    for pod in listed:
+        record = pod_record(pod)
+        alloc = record.allocation
+        if record.ref.uid == own or not record.holds_gpus or alloc is None or alloc.node != node:
+            continue
+        if counted.get(record.ref.uid) != alloc.gpus:
+            unseen.append(record.ref.key)
+    return unseen
 
 
 def is_relevant(pod: Mapping[str, Any]) -> bool:

@@ -15,10 +15,10 @@ Every ``--autoscaler-interval`` seconds, while some pod enables a layer:
    device plugin on the node sees it and rewrites the live limit the enforcement backend reads, without a
    restart; docs/live-limits.md) and put an Event on the pod; a failed write is retried on the next pass
    (the decision is made again from the allocation then in force);
-4. **replicas**: own an ``autoscaling/v2`` HorizontalPodAutoscaler for the pods' controller
+4. **requests**: publish the recommendation in the workload's status (``report.py``); the webhook admits
+   new pods with it, and running pods move to it where their GPU has room (``resize.py``);
+5. **replicas**: own an ``autoscaling/v2`` HorizontalPodAutoscaler for the pods' controller
    (``hpa.py``), applied when it differs from what it should be;
-5. **requests**: publish the recommendation in the workload's status (``report.py``); the webhook admits
-   new pods with it;
 6. every ``--autoscaler-checkpoint-interval`` seconds, save each workload's histograms in a ConfigMap in
    the extender's namespace (VPA keeps its in VerticalPodAutoscalerCheckpoints); a new leader reads them
    back, so a restart does not throw away days of history.
@@ -26,8 +26,6 @@ Every ``--autoscaler-interval`` seconds, while some pod enables a layer:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -37,9 +35,10 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from scheduler_extender.autoscaler import hpa
+from scheduler_extender.autoscaler import checkpoints, hpa
 from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
-from scheduler_extender.autoscaler.report import autoscaling_status
+from scheduler_extender.autoscaler.report import CONDITIONS, autoscaling_status
+from scheduler_extender.autoscaler.resize import RequestResizer
 from scheduler_extender.binder import rfc3339
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
@@ -52,20 +51,13 @@ from vgpu.autoscale.evaluate import Autoscaler, Evaluation, LimitDecision, Workl
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import PodAllocation
 from vgpu.errors import DomainError
-from vgpu.names import DOMAIN, SystemAnnotation
+from vgpu.names import SystemAnnotation
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_LABEL: Final = f"{DOMAIN}/autoscaler-checkpoint"
-CHECKPOINT_KEY: Final = "checkpoint.json"
-WORKLOAD_ANNOTATION: Final = f"{DOMAIN}/workload"
 RUNNING: Final = "AutoscalerRunning"
 Report = tuple[dict[str, Any], tuple[Condition, ...]]
-
-
-def checkpoint_name(key: WorkloadKey) -> str:
-    """``tf-autoscaler-<digest>``: a ConfigMap name for any namespace/name pair."""
-    return "tf-autoscaler-" + hashlib.sha256(f"{key[0]}/{key[1]}".encode()).hexdigest()[:20]
+KEEP: Final[Report] = ({}, ())  # report(): nothing evaluated yet in this term, keep what the status says
 
 
 class AutoscalerController:
@@ -92,6 +84,7 @@ class AutoscalerController:
         self._state = Autoscaler()
         self._lock = threading.Lock()
         self._reports: dict[WorkloadKey, Report] = {}
+        self._passed = False  # a pass ran in this term as leader: the reports are this replica's
         self._last_changes: dict[WorkloadKey, dict[str, str]] = {}
         self._applied_hpa: dict[WorkloadKey, dict[str, Any]] = {}
         self._owners: dict[tuple[str, str], OwnerRef | None] = {}  # (namespace, ReplicaSet) → its controller
@@ -108,19 +101,30 @@ class AutoscalerController:
         )  # fmt: skip
         self.workloads = Gauge(f"{prefix}_workloads", "Workloads with a layer enabled.", registry=registry)
         self.pass_seconds = Histogram(f"{prefix}_pass_seconds", "Time one pass took.", registry=registry)
+        self._resizer = RequestResizer(
+            gateway, cache, events, lambda result: self.writes.labels("requests", result).inc()
+        )
 
     # --- the pass ----------------------------------------------------------------------------------
     def tick(self) -> None:
         if not self._ready() or not self._leading():
+            with self._lock:
+                self._passed = False
             self._checkpoints = None  # a new term reads them again: another leader may have written since
             self._restored.clear()
             return
         with self.pass_seconds.time():
             self._pass()
+        with self._lock:
+            self._passed = True
 
     def report(self, ref: ObjectRef) -> Report | None:
+        """The workload's autoscaling status; :data:`KEEP` until this replica's first pass as leader (a new
+        leader must not blank what its predecessor wrote in the seconds before it has evaluated anything)."""
         namespace, name = ref
         with self._lock:
+            if not self._passed:
+                return KEEP
             return None if namespace is None else self._reports.get((namespace, name))
 
     def _pass(self) -> None:
@@ -145,6 +149,11 @@ class AutoscalerController:
             self._apply_limits(key, evaluation.limits, now)
             hpa_name, problem = self._apply_replicas(key, item, evaluation)
             self._note_requests(key, evaluation, now)
+            no_room = 0
+            if item.workload.config.requests.enable:
+                done, no_room = self._resizer.apply(item.workload, evaluation.requests_tflops, evaluation.requests_vram)
+                if done:
+                    self._last_changes.setdefault(key, {})["requests"] = rfc3339(now)
             reports[key] = autoscaling_status(
                 item.workload,
                 evaluation,
@@ -152,6 +161,7 @@ class AutoscalerController:
                 replicas_problem=problem,
                 predictions=item.predictions,
                 last_changes=self._last_changes.get(key, {}),
+                no_room=no_room,
             )
         with self._lock:
             self._reports = reports
@@ -286,17 +296,11 @@ class AutoscalerController:
     def _restore(self, found: Mapping[WorkloadKey, Autoscaled]) -> None:
         if self._checkpoints is None:
             try:
-                maps = self._gateway.list_config_maps(self._namespace, f"{CHECKPOINT_LABEL}=true")
+                maps = self._gateway.list_config_maps(self._namespace, checkpoints.SELECTOR)
             except GatewayError as exc:
                 log.warning("autoscaler: cannot read checkpoints yet (histograms start empty): %s", exc)
                 return
-            self._checkpoints = {}
-            for cm in maps:
-                where = str(((cm.get("metadata") or {}).get("annotations") or {}).get(WORKLOAD_ANNOTATION) or "")
-                text = (cm.get("data") or {}).get(CHECKPOINT_KEY)
-                if "/" in where and isinstance(text, str):
-                    namespace, name = where.split("/", 1)
-                    self._checkpoints[(namespace, name)] = text
+            self._checkpoints = checkpoints.read(maps)
         for key, item in found.items():
             if key in self._restored:
                 continue
@@ -311,19 +315,8 @@ class AutoscalerController:
             doc = self._state.checkpoint(key)
             if doc is None:
                 continue
-            body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": checkpoint_name(key),
-                    "namespace": self._namespace,
-                    "labels": {CHECKPOINT_LABEL: "true", "app.kubernetes.io/managed-by": hpa.MANAGED_BY},
-                    "annotations": {WORKLOAD_ANNOTATION: f"{key[0]}/{key[1]}"},
-                },
-                "data": {CHECKPOINT_KEY: json.dumps(doc, separators=(",", ":"), sort_keys=True)},
-            }
             try:
-                self._gateway.upsert_config_map(self._namespace, body)
+                self._gateway.upsert_config_map(self._namespace, checkpoints.config_map(self._namespace, key, doc))
             except GatewayError as exc:
                 self.writes.labels("checkpoint", "api-error").inc()
                 log.warning("autoscaler: checkpoint of %s/%s not saved: %s", *key, exc)
@@ -362,6 +355,14 @@ def with_autoscaling(base: StatusOf, report: Callable[[ObjectRef], Report | None
         extra = report(ref)
         if extra is None:
             return status
+        if extra is KEEP:
+            stated = (workload.get("status") or {}).get("conditions") or ()
+            kept = tuple(
+                Condition(str(c["type"]), c.get("status") == "True", str(c.get("reason")), str(c.get("message") or ""))
+                for c in stated
+                if isinstance(c, Mapping) and c.get("type") in (*CONDITIONS, RUNNING)
+            )
+            return Status(status.fields, status.conditions + kept)
         fields, conditions = extra
         return Status({**status.fields, "autoScaling": fields}, status.conditions + conditions)
 

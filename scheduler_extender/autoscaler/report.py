@@ -6,15 +6,18 @@
 ``WaitingForHistory``, ``CoolingDown``, …) and whose message says why in numbers; a ``Prediction``
 condition is False (``NotImplemented``) while a layer's prediction block is enabled, since nothing
 predicts. The webhook reads ``status.autoScaling.requests``: its ``tflopsRequest`` / ``vramRequest`` are
-present only once the requests layer has a recommendation to give (enough history), and new pods of the
-workload are admitted with them.
+present only once the requests layer has a recommendation to give (enough history): new pods of the
+workload are admitted with them, running ones move to them where their GPU has room (``resize.py``), and
+``runningPodsWithoutRoom`` counts those that keep their own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
+from scheduler_extender.autoscaler.resize import NO_RECOMMENDATION
 from scheduler_extender.status import Condition
 from vgpu.autoscale.evaluate import Evaluation, LimitDecision, Workload
 from vgpu.autoscale.recommend import Decision, Reason
@@ -26,8 +29,6 @@ REPLICAS: Final = "ReplicasAutoSet"
 PREDICTION: Final = "Prediction"
 CONDITIONS: Final = (LIMITS, REQUESTS, REPLICAS, PREDICTION)
 MAX_PODS_SHOWN: Final = 20  # status.autoScaling.limits.pods: a status is no place for thousands of rows
-# A request decision with one of these has no recommendation to give: the webhook keeps the admitted request.
-_NO_RECOMMENDATION: Final = frozenset({Reason.WAITING_FOR_HISTORY, Reason.NO_SAMPLES, Reason.DISABLED})
 # Which limit decision speaks for the layer when pods differ: a change first, then a cap, then the rest.
 _RANK: Final = {
     Reason.LIMITS_RAISED: 0,
@@ -48,6 +49,7 @@ def autoscaling_status(
     replicas_problem: str | None,
     predictions: Sequence[str],
     last_changes: dict[str, str],
+    no_room: int = 0,
 ) -> tuple[dict[str, Any], tuple[Condition, ...]]:
     """``status.autoScaling`` and the layers' conditions; ``last_changes``: layer → when it last changed
     something (RFC 3339), kept by the controller."""
@@ -59,6 +61,10 @@ def autoscaling_status(
         conditions.append(_limits_condition(evaluation.limits))
     if config.requests.enable and evaluation.requests_tflops and evaluation.requests_vram:
         fields["requests"], condition = _requests(workload, evaluation.requests_tflops, evaluation.requests_vram)
+        if no_room:
+            fields["requests"]["runningPodsWithoutRoom"] = no_room
+            kept = f"; {no_room} running pods keep their requests: their GPU has no room for the recommendation"
+            condition = replace(condition, message=condition.message + kept)
         if "requests" in last_changes:
             fields["requests"]["lastChange"] = last_changes["requests"]
         conditions.append(condition)
@@ -133,7 +139,7 @@ def _requests(workload: Workload, tflops: Decision, vram: Decision) -> tuple[dic
         },
     }
     for key, decision, fmt in (("tflopsRequest", tflops, format_milli), ("vramRequest", vram, format_bytes)):
-        if decision.reason not in _NO_RECOMMENDATION:
+        if decision.reason not in NO_RECOMMENDATION:
             fields[key] = fmt(decision.value)
     speaker = tflops if tflops.reason is not Reason.DISABLED else vram
     fields["reason"] = speaker.reason.value

@@ -10,7 +10,7 @@ from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 
-from vgpu.names import CRD_GROUP, CRD_VERSION, DOMAIN, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
 from .cluster import Cluster
 from .fake_nodes import fake_nvml_yaml
@@ -18,7 +18,6 @@ from .pods import IMAGE, allocation_of
 
 NAMESPACE = "e2e-autoscaling"
 WORKLOAD = "trainer"
-CHECKPOINTS = f"{DOMAIN}/autoscaler-checkpoint=true"
 LIVE_LIMITS = Path("/var/lib/tensor-fusion/limits")  # the device plugin's default --live-limits-dir
 HIGH_SM, LOW_SM = 10, 1  # percent of an A100's 312 TFLOPS: 31.2 and 3.12 TFLOPS
 PROFILE = {

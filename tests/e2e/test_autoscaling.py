@@ -14,8 +14,9 @@ second) do the rest. Asserted:
 * replicas: the HPA the autoscaler owns scales the Deployment 1 → 2 → 3 (one step at a time, never above
   its maxReplicas of 3), and back to 1 once the load is gone, one step at a time after the cool-down;
 * requests: once 8 s of history exist, the workload's status recommends 20 TFLOPS (p90 of 31.2 × 1.15,
-  capped at the limit), and a replica the Deployment creates after that is admitted with it (its resolved
-  request says where from);
+  capped at the limit); running replicas move to it in place (their GPUs have room: ``RequestsResized``,
+  no restart), and a replica the Deployment creates after that is admitted with it (its resolved request
+  says where from);
 * the histograms are checkpointed to a ConfigMap, and an extender restarted from it recommends at once
   instead of waiting for history again.
 """
@@ -33,12 +34,12 @@ import pytest
 from kubernetes.client import AppsV1Api, AutoscalingV2Api
 from prometheus_client.parser import text_string_to_metric_families
 
+from scheduler_extender.autoscaler import checkpoints
 from vgpu.contract import resolved
-from vgpu.names import DOMAIN, SystemAnnotation
+from vgpu.names import SystemAnnotation
 
 from . import deploy
 from .autoscaling import (
-    CHECKPOINTS,
     HIGH_SM,
     LIVE_LIMITS,
     LOW_SM,
@@ -132,6 +133,23 @@ def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
         status = eventually("a requests recommendation", recommending, 60, 0.5)
         assert status["autoScaling"]["requests"]["tflopsRequest"] == "20"
         assert (condition(status, "RequestsAutoSet") or {}).get("reason") == "CappedByLimit"
+        # ... running replicas move to it in place (their GPUs have room), same containers ...
+        before = {p.metadata.uid for p in running(core)}
+
+        def resized_in_place() -> Any:
+            watch()
+            return next(
+                (
+                    p
+                    for p in running(core)
+                    if p.metadata.uid in before and allocation_of(p).gpus[0].tflops_request == 20_000
+                ),
+                None,
+            )
+
+        moved = eventually("a running replica's request moved to 20 in place", resized_in_place, 30, 0.5)
+        assert moved.status.container_statuses[0].restart_count == 0
+        assert "RequestsResized" in events_of(core, moved.metadata.name)
         # ... and a replica created from now on is admitted with it.
         victim = running(core)[0].metadata.name
         core.delete_namespaced_pod(victim, NAMESPACE, grace_period_seconds=0)
@@ -163,19 +181,6 @@ def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
 
         eventually("every limit back at its admitted value", lowered, 30, 0.5)
 
-        # The histograms were checkpointed; an extender restarted now recommends from them at once, where
-        # empty histograms would wait 8 s (aggregationPeriod) of new history, deciding WaitingForHistory.
-        maps = core.list_namespaced_config_map(deploy.system_namespace(), label_selector=CHECKPOINTS)
-        assert [(m.metadata.annotations or {}).get(f"{DOMAIN}/workload") for m in maps.items if m.metadata] == [
-            f"{NAMESPACE}/{WORKLOAD}"
-        ]
-        cluster.ours.pop("tf-extender").stop()  # SIGTERM: it releases the extender's Lease
-        cluster.start_extender()
-        decisions = eventually(
-            "the restarted extender's requests decisions", lambda: requests_decisions(cluster), 30, 0.3
-        )
-        assert "WaitingForHistory" not in decisions and "NoSamples" not in decisions, decisions
-
         # Replicas back to 1, one step at a time.
         def one() -> bool:
             watch()
@@ -185,8 +190,23 @@ def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
         up = seen_replicas.index(max(seen_replicas))
         downs = seen_replicas[up:]
         assert downs[-1] == 1 and all(a - b == 1 for a, b in itertools.pairwise(downs)), seen_replicas
+
+        # The histograms were checkpointed; an extender restarted now recommends from them at once, where
+        # empty histograms would wait 8 s (aggregationPeriod) of new history, deciding WaitingForHistory.
+        maps = core.list_namespaced_config_map(deploy.system_namespace(), label_selector=checkpoints.SELECTOR)
+        assert [
+            (m.metadata.annotations or {}).get(checkpoints.WORKLOAD_ANNOTATION) for m in maps.items if m.metadata
+        ] == [f"{NAMESPACE}/{WORKLOAD}"]
+        cluster.ours.pop("tf-extender").stop()  # SIGTERM: it releases the extender's Lease
+        cluster.start_extender()
+        decisions = eventually(
+            "the restarted extender's requests decisions", lambda: requests_decisions(cluster), 30, 0.3
+        )
+        assert "WaitingForHistory" not in decisions and "NoSamples" not in decisions, decisions
+
     # Never above maxRatioToRequests × request: 3 × 10 (the first replicas) or 3 × 20 (the recommended ones).
     assert max(seen_limits) <= 60_000 and 30_000 in seen_limits
+    # The restarted leader kept its predecessor's conditions until its own first pass, and has written its own.
     status = workload_status(cluster)
     assert condition(status, "LimitsAutoSet") is not None and condition(status, "ReplicasAutoSet") is not None
 

@@ -10,18 +10,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.autoscaler.controller import AutoscalerController, autoscaler_off, with_autoscaling
+from scheduler_extender.autoscaler.controller import KEEP, AutoscalerController, autoscaler_off, with_autoscaling
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.metrics_api.collector import Collector, Target
-from scheduler_extender.status import Status
+from scheduler_extender.status import Condition, Status
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import usage
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import Qos, SystemAnnotation
+from vgpu.names import LABEL_ALLOCATED_NODE, Qos, SystemAnnotation
+from vgpu.quantity import parse_milli
 
 NODE = "n1"
 AUTO: dict[str, Any] = {
@@ -46,6 +47,7 @@ def auto_pod(
     alloc = PodAllocation(pod_uid=uid, node=NODE, pool="default-pool", qos=Qos.MEDIUM, containers=("main",),
                           gpus=(grant,), bound_at="2026-01-01T00:00:00Z")  # fmt: skip
     pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION] = allocation_contract.encode(alloc)
+    pod["metadata"]["labels"][LABEL_ALLOCATED_NODE] = NODE
     pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     pod["metadata"]["resourceVersion"] = "7"
     if owner:
@@ -108,7 +110,10 @@ class World:
             clock=time.time, leading=lambda: self.leading, ready=lambda: True, registry=self.registry,
         )  # fmt: skip
 
-    def tick(self) -> None:
+    def tick(self, *, sync: bool = True) -> None:
+        """One pass; ``sync``: the cache first takes the API server's pods, as its informer would have."""
+        if sync:
+            self.cache.replace(Kind.POD, list(self.fake.objects[Kind.POD].values()))
         self.controller.tick()
         self.events.drain()
 
@@ -141,13 +146,13 @@ def test_nothing_is_written_by_a_replica_not_holding_the_lease(fake: FakeGateway
     world = World(fake, [auto_pod("a")], tflops=19_900, leading=False)
     world.tick()
     assert world.limit("a") == 20_000 and not fake.hpas and not fake.config_maps and not fake.events
-    assert world.controller.report(("default", "w")) is None
+    assert world.controller.report(("default", "w")) is KEEP  # nothing of its own to say: what is written stays
 
 
 def test_an_allocation_that_moved_since_the_decision_is_left_for_the_next_pass(fake: FakeGateway) -> None:
     world = World(fake, [auto_pod("a")], tflops=19_900)
     fake.put(Kind.POD, auto_pod("a", limit=25_000))  # the API server has news the cache has not seen
-    world.tick()
+    world.tick(sync=False)
     assert world.limit("a") == 25_000 and world.writes("limits", "stale") == 1 and world.writes("limits", "ok") == 0
 
 
@@ -222,6 +227,95 @@ def test_the_status_writer_gets_the_autoscalers_part_or_says_that_it_is_off(fake
     assert status.fields["replicas"] == 1 and status.fields["autoScaling"]["limits"]["raised"] == 1
     assert {c.type for c in status.conditions} == {"LimitsAutoSet", "ReplicasAutoSet"}
     assert with_autoscaling(lambda *_: base, world.controller.report)(("default", "other"), {}) == base
+    # A new leader, before its first pass, keeps the autoscaler's conditions its predecessor wrote.
+    written = {"status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "PodsHoldGPUs", "message": "old"},
+        {"type": "LimitsAutoSet", "status": "True", "reason": "AtMaxRatio", "message": "raised"},
+    ]}}  # fmt: skip
+    fresh = World(fake, [auto_pod("a")], tflops=19_900, leading=False)
+    kept = with_autoscaling(lambda *_: base, fresh.controller.report)(("default", "w"), written)
+    assert kept.conditions == (Condition("LimitsAutoSet", True, "AtMaxRatio", "raised"),)
+    assert "autoScaling" not in kept.fields
     off = with_autoscaling(lambda *_: base, autoscaler_off(world.cache, 4))(("default", "w"), {})
     (condition,) = off.conditions
     assert (condition.type, condition.status, condition.reason) == ("AutoscalerRunning", False, "Disabled")
+
+
+REQUESTS_ONLY = {"autoSetRequests": {"enable": True, "aggregationPeriod": "2s", "evaluationPeriod": "1s"}}
+
+
+def recommend(world: World, passes: int = 6) -> None:
+    """Enough passes (0.8 s apart) for the requests layer's 2 s of history."""
+    for _ in range(passes):
+        world.tick()
+        time.sleep(0.8)
+
+
+def request_of(world: World, name: str) -> tuple[int, int]:
+    pod = world.fake.pod("default", name)
+    g = allocation_contract.decode(pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION]).gpus[0]
+    return g.tflops_request, g.tflops_limit
+
+
+def test_a_running_pods_request_moves_to_the_recommendation_in_the_ledger_and_on_the_pod_together(
+    fake: FakeGateway,
+) -> None:
+    world = World(fake, [auto_pod("a", auto=REQUESTS_ONLY)], tflops=5_000)
+    recommend(world)
+    fields, _ = world.controller.report(("default", "w")) or ({}, ())
+    recommended = parse_milli(fields["requests"]["tflopsRequest"])
+    assert 5_750 <= recommended <= 6_100  # p90 of 5 TFLOPS × 1.15 (a bucket at most 5 % high)
+    assert request_of(world, "a") == (recommended, 20_000)  # lowered in place; the limit stays
+    (counted,) = world.cache.counted_on(NODE).values()
+    assert counted[0].tflops_request == recommended  # the ledger holds what the pod says
+    assert world.writes("requests", "ok") == 1
+    assert any(e.reason == "RequestsResized" and e.pod_name == "a" for e in fake.events)
+
+
+def test_a_raise_the_gpu_cannot_hold_leaves_the_running_pod_as_it_is_and_says_so(fake: FakeGateway) -> None:
+    hungry = auto_pod("a", auto=REQUESTS_ONLY)
+    # Another pod holds all but 17 TFLOPS of the 312 the GPU has: room for 7 more, not for the recommendation
+    # (30 TFLOPS used × 1.15, capped at the 20-TFLOPS limit: 10 more).
+    other = auto_pod("other", auto={}, owner=None)
+    text = other["metadata"]["annotations"][SystemAnnotation.ALLOCATION]
+    text = text.replace('"tflopsLimit":"20"', '"tflopsLimit":"295"').replace(
+        '"tflopsRequest":"10"', '"tflopsRequest":"295"'
+    )
+    other["metadata"]["annotations"][SystemAnnotation.ALLOCATION] = text
+    world = World(fake, [hungry, other], tflops=30_000)
+    world.pods = [hungry]  # only the autoscaled pod's use is scripted
+    recommend(world)
+    fields, conditions = world.controller.report(("default", "w")) or ({}, ())
+    assert fields["requests"]["tflopsRequest"] and fields["requests"]["runningPodsWithoutRoom"] == 1
+    assert request_of(world, "a") == (10_000, 20_000)
+    assert world.writes("requests", "no-room") >= 1 and world.writes("requests", "ok") == 0
+    requests = next(c for c in conditions if c.type == "RequestsAutoSet")
+    assert "1 running pods keep their requests: their GPU has no room" in requests.message
+
+
+class RacingGateway(FakeGateway):
+    """Another extender replica places a pod on the node right after the autoscaler's allocation write."""
+
+    def __init__(self, intruder: dict[str, Any]) -> None:
+        super().__init__()
+        self.intruder: dict[str, Any] | None = intruder
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Any, **kw: Any) -> None:
+        super().patch_pod_annotations(namespace, name, uid, changes, **kw)
+        if self.intruder is not None:
+            intruder, self.intruder = self.intruder, None
+            self.put(Kind.POD, intruder)
+
+
+def test_a_resize_that_meets_another_replicas_placement_is_undone(fake: FakeGateway) -> None:
+    intruder = auto_pod("intruder", auto={}, owner=None)
+    racing = RacingGateway(intruder)
+    world = World(racing, [auto_pod("a", auto=REQUESTS_ONLY)], tflops=5_000)
+    world.pods = [world.pods[0]]
+    recommend(world)
+    assert world.writes("requests", "conflict") == 1
+    # The first attempt was undone (the old allocation back on the pod); a later pass, counting the
+    # intruder now, resized it.
+    patches = [c for c in racing.calls if c.startswith("patch default/a")]
+    assert len(patches) >= 3, racing.calls
+    assert world.writes("requests", "ok") == 1

@@ -1,0 +1,157 @@
+"""autoSetRequests for running pods: move a pod's reservation to the recommendation where its GPU has room.
+
+New pods get the recommended requests at admission (the webhook). A running pod keeps its own, unless its
+GPU can hold the new ones beside everything else placed there — then its reservation in the ledger and its
+allocation on the pod change together, so no placement ever sees one without the other:
+
+1. the cache swaps the pod's entry for the new grants, under its lock, only if they fit (``cache.resize``);
+   from that moment every filter and bind of this replica counts the new figures;
+2. the allocation is patched, conditional on the pod's resourceVersion (the pod as it was read, still
+   carrying the allocation the decision was made from);
+3. the node's allocations are listed consistently and compared with what the ledger counted at step 1 —
+   the binder's write-then-list check: another extender replica that placed a pod there meanwhile from its
+   own cache is seen, and the resize is undone (the old allocation patched back, the old grants held again);
+   of two writers that missed each other, the later lister sees the earlier one's write;
+4. the hold is committed, and an Event on the pod says what changed.
+
+A lowering always fits; a raise the GPU cannot hold leaves the pod as it is (counted, and said in the
+workload's status). Failures at any step undo what was done and leave the next pass to try again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Final
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.events import EventRecorder
+from scheduler_extender.gateway import GatewayError, KubeGateway
+from scheduler_extender.objects import PodRef, allocated_on_selector, uncounted
+from vgpu.autoscale.config import Resource
+from vgpu.autoscale.evaluate import Workload
+from vgpu.autoscale.recommend import Decision, Reason
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract.allocation import PodAllocation
+from vgpu.errors import DomainError
+from vgpu.names import SystemAnnotation
+from vgpu.quantity import humanize_bytes, humanize_tflops
+
+log = logging.getLogger(__name__)
+
+RESIZED: Final = "RequestsResized"  # the pod's Event
+# A request decision with one of these has no recommendation to give: nothing is stamped or resized.
+NO_RECOMMENDATION: Final = frozenset({Reason.WAITING_FOR_HISTORY, Reason.NO_SAMPLES, Reason.DISABLED})
+
+
+def recommended(decision: Decision | None) -> int | None:
+    """The request a decision recommends, or None when it has none to give (yet)."""
+    return None if decision is None or decision.reason in NO_RECOMMENDATION else decision.value
+
+
+def resized(alloc: PodAllocation, tflops: int | None, vram: int | None) -> PodAllocation | None:
+    """``alloc`` with each grant's requests set to the recommendation (limits raised to them where lower);
+    None when nothing would change (whole-GPU grants have no request to move)."""
+    gpus = tuple(
+        replace(
+            g,
+            tflops_request=tflops if tflops is not None else g.tflops_request,
+            tflops_limit=max(g.tflops_limit, tflops or 0),
+            vram_request=vram if vram is not None else g.vram_request,
+            vram_limit=max(g.vram_limit, vram or 0),
+        )
+        for g in alloc.gpus
+    )
+    return None if gpus == alloc.gpus else replace(alloc, gpus=gpus)
+
+
+class RequestResizer:
+    """Applies a workload's request recommendation to its running pods, one pod at a time (see the module)."""
+
+    def __init__(
+        self, gateway: KubeGateway, cache: ClusterCache, events: EventRecorder, count: Callable[[str], None]
+    ) -> None:
+        """``count(result)``: one of ok, no-room, conflict, stale, api-error."""
+        self._gateway, self._cache, self._events, self._count = gateway, cache, events, count
+
+    def apply(self, workload: Workload, tflops: Decision | None, vram: Decision | None) -> tuple[int, int]:
+        """Resize what can be; returns (pods resized now, pods whose GPU has no room for the recommendation)."""
+        targets = {
+            Resource.TFLOPS: recommended(tflops) if workload.config.requests.target.covers(Resource.TFLOPS) else None,
+            Resource.VRAM: recommended(vram) if workload.config.requests.target.covers(Resource.VRAM) else None,
+        }
+        if targets[Resource.TFLOPS] is None and targets[Resource.VRAM] is None:
+            return 0, 0
+        done = no_room = 0
+        for member in workload.members:
+            record = self._cache.record(member.uid)
+            alloc = None if record is None else record.allocation
+            if record is None or alloc is None or record.terminal or record.deleting:
+                continue
+            new = resized(alloc, targets[Resource.TFLOPS], targets[Resource.VRAM])
+            if new is None:
+                continue
+            outcome = self._one(record.ref, alloc, new)
+            self._count(outcome)
+            done += outcome == "ok"
+            no_room += outcome == "no-room"
+        return done, no_room
+
+    def _one(self, ref: PodRef, old: PodAllocation, new: PodAllocation) -> str:
+        counted = self._cache.resize(ref, new.gpus)
+        if counted is None:
+            return "no-room"
+        try:
+            pod = self._gateway.get_pod(ref.namespace, ref.name)
+        except GatewayError as exc:
+            return self._undo(ref, old, None, "api-error", f"cannot read the pod: {exc}")
+        meta = (pod or {}).get("metadata") or {}
+        written = (meta.get("annotations") or {}).get(SystemAnnotation.ALLOCATION)
+        if pod is None or meta.get("uid") != ref.uid or written is None:
+            return self._undo(ref, old, None, "stale", "the pod is gone")
+        try:
+            if allocation_contract.decode(written) != old:
+                return self._undo(ref, old, None, "stale", "its allocation changed since the decision")
+        except DomainError:
+            return self._undo(ref, old, None, "stale", "its allocation is unreadable")
+        text = allocation_contract.encode(new)
+        try:
+            self._gateway.patch_pod_annotations(
+                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: text},
+                resource_version=str(meta.get("resourceVersion") or "") or None,
+            )  # fmt: skip
+        except GatewayError as exc:
+            return self._undo(ref, old, None, "conflict" if exc.status == 409 else "api-error", str(exc))
+        try:
+            others = uncounted(self._gateway.list_pods(allocated_on_selector(old.node)), counted, old.node, ref.uid)
+        except GatewayError as exc:
+            return self._undo(ref, old, text, "api-error", f"cannot list the node's allocations: {exc}")
+        if others:
+            why = f"another extender placed {', '.join(sorted(others))} on {old.node} meanwhile"
+            return self._undo(ref, old, text, "conflict", why)
+        self._cache.commit(ref.key)
+        before, after = old.gpus[0], new.gpus[0]
+        self._events.normal(
+            ref,
+            RESIZED,
+            f"autoSetRequests: requests per GPU {humanize_tflops(before.tflops_request)} TFLOPS / "
+            f"{humanize_bytes(before.vram_request)} -> {humanize_tflops(after.tflops_request)} TFLOPS / "
+            f"{humanize_bytes(after.vram_request)}, in place (the GPU had room)",
+        )
+        return "ok"
+
+    def _undo(self, ref: PodRef, old: PodAllocation, written: str | None, outcome: str, why: str) -> str:
+        """Put the old allocation back on the pod (when the new one was written) and in the ledger."""
+        log.info("autoscaler: requests of pod %s not resized this pass: %s", ref.key, why)
+        if written is not None:
+            try:
+                self._gateway.patch_pod_annotations(
+                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: allocation_contract.encode(old)}
+                )
+            except GatewayError as exc:  # the new one stays on the pod, and the ledger keeps counting it
+                log.error("autoscaler: could not put pod %s's allocation back: %s", ref.key, exc)
+                self._cache.commit(ref.key)
+                return outcome
+        self._cache.reaccount(ref.uid)
+        return outcome
