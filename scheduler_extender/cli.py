@@ -1,5 +1,5 @@
 """``tfctl``: the command line for people — check a request, browse the catalog, plan capacity, explain a pod,
-show GPU use (``top``).
+show GPU use (``top``) and the autoscaler's decisions (``autoscale``).
 
 Each subcommand reads files and prints; the decisions come from ``vgpu`` (and, for later
 subcommands, from the same scheduling core the extender runs), so what the CLI says is what the
@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import yaml
 
-from scheduler_extender import explain_client, planning, top
+from scheduler_extender import autoscale_view, explain_client, planning, top
 from vgpu.catalog_file import CatalogFileError
 from vgpu.catalog_file import load as load_catalog
 from vgpu.contract import resolved
@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfctl",
         description="the command line for people: check a request, browse the catalog, plan capacity, explain a pod, "
-        "show GPU use",
+        "show GPU use and the autoscaler's decisions",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version(DISTRIBUTION)}")
     parser.add_argument(
@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     planning.add_subcommand(sub)
     explain_client.add_subcommand(sub)
     top.add_subcommand(sub)
+    autoscale_view.add_subcommand(sub)
     return parser
 
 

@@ -161,8 +161,8 @@ class KubeGateway(Protocol):
         ...
 
     # --- the autoscaler's (scheduler_extender/autoscaler) -------------------------------------------
-    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
-        """An apps/v1 ReplicaSet (to find the Deployment that owns a pod's ReplicaSet), or None."""
+    def get_controller(self, kind: str, namespace: str, name: str) -> RawObject | None:
+        """An apps/v1 ReplicaSet, Deployment or StatefulSet (a pod's controller and what owns it), or None."""
         ...
 
     def list_endpoint_slices(self, namespace: str, service: str) -> Sequence[RawObject]:

@@ -87,7 +87,8 @@ class AutoscalerController:
         self._passed = False  # a pass ran in this term as leader: the reports are this replica's
         self._last_changes: dict[WorkloadKey, dict[str, str]] = {}
         self._applied_hpa: dict[WorkloadKey, dict[str, Any]] = {}
-        self._owners: dict[tuple[str, str], OwnerRef | None] = {}  # (namespace, ReplicaSet) → its controller
+        # (namespace, controller kind, name, UID, workload) → what the HPA scales, or why nothing
+        self._targets: dict[tuple[str, str, str, str, str], tuple[OwnerRef | None, str | None]] = {}
         self._checkpoints: dict[WorkloadKey, str] | None = None  # read once per leadership
         self._restored: set[WorkloadKey] = set()
         self._next_checkpoint = 0.0
@@ -239,9 +240,9 @@ class AutoscalerController:
             return None, None
         if item.owner is None:
             return None, "the workload's pods have no controller (bare pods): there is no scale to set"
-        target = self._scale_target(workload.namespace, item.owner)
+        target, refused = self._scale_target(workload.namespace, item.owner, workload.name)
         if target is None:
-            return None, f"cannot read {item.owner.kind} {workload.namespace}/{item.owner.name}'s controller yet"
+            return None, refused
         body, clamped = hpa.manifest(
             workload.namespace,
             workload.name,
@@ -263,18 +264,38 @@ class AutoscalerController:
         problem = "; ".join(clamped) or None
         return name, problem
 
-    def _scale_target(self, namespace: str, owner: OwnerRef) -> OwnerRef | None:
-        if owner.kind != "ReplicaSet":
-            return owner
-        cached = (namespace, owner.name)
-        if cached not in self._owners:
+    def _scale_target(self, namespace: str, owner: OwnerRef, workload: str) -> tuple[OwnerRef | None, str | None]:
+        """What the HPA may scale for pods controlled by ``owner``: the ReplicaSet's Deployment (or the
+        StatefulSet, or a bare ReplicaSet) — only when it is the object the pods name and its own template
+        opts in (``hpa.opted_in``); else None and why. Read once per controller and workload."""
+        cached = (namespace, owner.kind, owner.name, owner.uid, workload)
+        if cached in self._targets:
+            return self._targets[cached]
+        if owner.kind not in hpa.SCALABLE:
+            found: tuple[OwnerRef | None, str | None] = (
+                None,
+                f"the pods' controller is a {owner.kind}; the autoscaler scales {', '.join(hpa.SCALABLE)} only",
+            )
+        else:
             try:
-                rs = self._gateway.get_replica_set(namespace, owner.name)
+                found = self._read_target(namespace, owner, workload)
             except GatewayError as exc:
-                log.info("autoscaler: cannot read ReplicaSet %s/%s: %s", namespace, owner.name, exc)
-                return None
-            self._owners[cached] = controller_of(rs) if rs is not None else None
-        return hpa.scale_target(owner, self._owners[cached])
+                return None, f"cannot read {owner.kind} {namespace}/{owner.name} yet: {exc}"
+        self._targets[cached] = found
+        return found
+
+    def _read_target(self, namespace: str, owner: OwnerRef, workload: str) -> tuple[OwnerRef | None, str | None]:
+        obj = self._gateway.get_controller(owner.kind, namespace, owner.name)
+        if obj is None:
+            return None, f"{owner.kind} {namespace}/{owner.name} does not exist"
+        target, above = owner, controller_of(obj) if owner.kind == "ReplicaSet" else None
+        if above is not None:  # the pods' ReplicaSet must be the one named, and its Deployment scales
+            problem = hpa.opted_in(obj, owner, workload)
+            if problem or above.kind != "Deployment":
+                return None, problem or f"ReplicaSet {owner.name} is controlled by a {above.kind}, not a Deployment"
+            target, obj = above, self._gateway.get_controller("Deployment", namespace, above.name) or {}
+        problem = hpa.opted_in(obj, target, workload)
+        return (None, problem) if problem else (target, None)
 
     def _forget_hpas(self, found: Mapping[WorkloadKey, Autoscaled]) -> None:
         """Delete the HPAs of workloads whose live pods no longer enable the replicas layer (an HPA of a

@@ -16,17 +16,19 @@ fields map onto ``autoscaling/v2`` one to one:
 
 HPA bounds ``periodSeconds`` to 1–1800 and ``stabilizationWindowSeconds`` to 0–3600; a longer value is
 clamped and the clamp is named in the workload's status. The HPA is owned by its scale target, so it goes
-when the Deployment goes.
+when the Deployment goes. Only Deployments, StatefulSets and bare ReplicaSets whose own pod template opts in
+are scaled (:func:`opted_in`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import ceil
 from typing import Any, Final
 
 from scheduler_extender.objects import OwnerRef
 from vgpu.autoscale.config import ReplicasConfig, ReplicaStep
-from vgpu.names import DOMAIN, GpuMetric
+from vgpu.names import DOMAIN, LABEL_ENABLED, Annotation, GpuMetric
 from vgpu.quantity import format_milli
 
 API_VERSION: Final = "autoscaling/v2"
@@ -35,6 +37,7 @@ MANAGED_BY: Final = "tensor-fusion-autoscaler"  # the HPAs' app.kubernetes.io/ma
 LABEL_WORKLOAD: Final = f"{DOMAIN}/workload"
 MAX_PERIOD_S: Final = 1800
 MAX_WINDOW_S: Final = 3600
+SCALABLE: Final = ("Deployment", "StatefulSet", "ReplicaSet")  # apps/v1 kinds the autoscaler scales
 
 
 def hpa_name(workload: str) -> str:
@@ -110,7 +113,22 @@ def manifest(
     return body, tuple(clamped)
 
 
-def scale_target(owner: OwnerRef, replica_set_owner: OwnerRef | None) -> OwnerRef:
-    """What the HPA scales for a pod's controller: a ReplicaSet's own controller (its Deployment) when it has
-    one, else the controller itself (a StatefulSet, or anything else with a scale subresource)."""
-    return replica_set_owner if owner.kind == "ReplicaSet" and replica_set_owner is not None else owner
+def opted_in(target: Mapping[str, Any], ref: OwnerRef, workload: str) -> str | None:
+    """Why ``target`` (the object ``ref`` names, as read) may not be scaled for ``workload``; None when it may.
+
+    A pod's ``ownerReferences`` are written by whoever creates the pod — a tenant allowed only to create
+    pods could name any Deployment of its namespace as its controller. So the autoscaler scales only an
+    object that is that very object (same UID) and whose own pod template opts in: labelled
+    ``tensor-fusion.ai/enabled`` and naming the same workload. Only someone who may write the Deployment
+    can make it so."""
+    meta = target.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        return f"{ref.kind} {ref.name} is not the one the pods name as their controller (UID differs)"
+    template = ((target.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    labels, annotations = template.get("labels") or {}, template.get("annotations") or {}
+    if labels.get(LABEL_ENABLED) != "true" or annotations.get(Annotation.WORKLOAD) != workload:
+        return (
+            f"{ref.kind} {ref.name}'s pod template does not opt in: it must be labelled {LABEL_ENABLED}=true and "
+            f"name workload {workload!r} ({Annotation.WORKLOAD}); pods naming it as their controller are not enough"
+        )
+    return None

@@ -370,13 +370,13 @@ class KubernetesGateway:
         _call(f"patch {plural}/status {where}", lambda: _drained(patch()))
 
     # --- the autoscaler's ----------------------------------------------------------------------------
-    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
-        return _absent_is_none(
-            f"get replicaset {namespace}/{name}",
-            lambda: self.apps.read_namespaced_replica_set(
-                name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
-            ),
-        )
+    def get_controller(self, kind: str, namespace: str, name: str) -> RawObject | None:
+        read = {
+            "ReplicaSet": self.apps.read_namespaced_replica_set,
+            "Deployment": self.apps.read_namespaced_deployment,
+            "StatefulSet": self.apps.read_namespaced_stateful_set,
+        }[kind]
+        return _absent_is_none(f"get {kind} {namespace}/{name}", lambda: read(name, namespace, **_RAW))
 
     def list_endpoint_slices(self, namespace: str, service: str) -> Sequence[RawObject]:
         return _items(

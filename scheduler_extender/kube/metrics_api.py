@@ -1,10 +1,11 @@
-"""The Kubernetes reads of ``tf-metrics`` and ``tfctl top``, with the official client.
+"""The Kubernetes reads of ``tf-metrics``, ``tfctl top`` and ``tfctl autoscale``, with the official client.
 
 tf-metrics finds the device plugins through their Service's EndpointSlices, lists the pods a label
 selector chooses, reads the API server's front-proxy configuration and asks SubjectAccessReviews;
 ``tfctl top`` lists GPU pods and nodes and reads the custom metrics API through the API server (a raw
-GET: its answer's status matters, not only its body). Errors are the extender gateway's
-:class:`~scheduler_extender.gateway.GatewayError`, with the HTTP status where there is one.
+GET: its answer's status matters, not only its body); ``tfctl autoscale`` lists TensorFusionWorkloads.
+Errors are the extender gateway's :class:`~scheduler_extender.gateway.GatewayError`, with the HTTP status
+where there is one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib3.exceptions import HTTPError
 
 from scheduler_extender.gateway import GatewayError, RawObject
 from scheduler_extender.kube.gateway import CALL_TIMEOUT, LIST_TIMEOUT, SERVICE_NAME_LABEL, _call, _json, api_client
+from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD
 
 
 class MetricsCluster:
@@ -27,6 +29,7 @@ class MetricsCluster:
         self.core = client.CoreV1Api(api)
         self.discovery = client.DiscoveryV1Api(api)
         self.authorization = client.AuthorizationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
     @classmethod
     def connect(cls, kubeconfig: str | None) -> MetricsCluster:
@@ -74,6 +77,19 @@ class MetricsCluster:
             LIST_TIMEOUT,
         )
         return _items(listed)
+
+    def workloads(self, namespace: str | None) -> list[RawObject]:
+        """The TensorFusionWorkloads of ``namespace`` (None: every namespace)."""
+
+        def listing() -> RawObject:
+            options: dict[str, Any] = {"_preload_content": False, "_request_timeout": LIST_TIMEOUT}
+            if namespace is None:
+                return _json(self.custom.list_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, **options))
+            return _json(
+                self.custom.list_namespaced_custom_object(CRD_GROUP, CRD_VERSION, namespace, PLURAL_WORKLOAD, **options)
+            )
+
+        return _items(_call(f"list {PLURAL_WORKLOAD} in {namespace or 'every namespace'}", listing, LIST_TIMEOUT))
 
     def config_map(self, namespace: str, name: str) -> RawObject:
         return _call(

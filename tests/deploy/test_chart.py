@@ -264,8 +264,10 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         | triples(tf, "tensorfusionworkloads/status", "patch")
         | triples(tf, "gpupools", "list")
         | triples(tf, "gpupools/status", "patch")
-        # the autoscaler (scheduler_extender/autoscaler/): a pod's ReplicaSet → its Deployment, and its HPAs
+        # the autoscaler (scheduler_extender/autoscaler/): a pod's controller (opted in?), and its HPAs
         | triples("apps", "replicasets", "get")
+        | triples("apps", "deployments", "get")
+        | triples("apps", "statefulsets", "get")
         | triples("autoscaling", "horizontalpodautoscalers", "get", "list", "create", "update", "delete")
     )
     # ... and in the release namespace only: the plugins' EndpointSlices and its checkpoint ConfigMaps.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ from .autoscaling import (
     running,
     workload_status,
 )
-from .cluster import AUTOSCALER_MAX_REPLICAS, Cluster
+from .cluster import AUTOSCALER_MAX_REPLICAS, VENV_BIN, Cluster
 from .kube import apply, eventually
 from .pods import allocation_of
 
@@ -131,6 +132,23 @@ def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
             return status if (status.get("autoScaling") or {}).get("requests", {}).get("tflopsRequest") else None
 
         status = eventually("a requests recommendation", recommending, 60, 0.5)
+        # tfctl autoscale shows the same decisions, read from the workload's status.
+        assert cluster.cp is not None
+        shown = subprocess.run(
+            [
+                str(VENV_BIN / "tfctl"),
+                "autoscale",
+                "-n",
+                NAMESPACE,
+                "--kubeconfig",
+                str(cluster.cp.kubeconfig("admin")),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert shown.returncode == 0, shown.stderr
+        (row,) = [line for line in shown.stdout.splitlines() if line.startswith(NAMESPACE)]
+        assert WORKLOAD in row and "-> 20 CappedByLimit" in row and f"hpa/tf-{WORKLOAD}" in row, shown.stdout
         assert status["autoScaling"]["requests"]["tflopsRequest"] == "20"
         assert (condition(status, "RequestsAutoSet") or {}).get("reason") == "CappedByLimit"
         # ... running replicas move to it in place (their GPUs have room), same containers ...

@@ -73,7 +73,7 @@ class FakeGateway:
         self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
         self.before_list: Callable[[], None] | None = None  # runs once before the next pod list (interleaving)
         self.protected: set[str] = set()  # "namespace/name" of pods a PodDisruptionBudget keeps (eviction: 429)
-        self.replica_sets: dict[tuple[str, str], RawObject] = {}
+        self.controllers: dict[tuple[str, str, str], RawObject] = {}  # (kind, namespace, name)
         self.endpoint_slices: list[RawObject] = []
         self.hpas: dict[tuple[str, str], RawObject] = {}
         self.config_maps: dict[tuple[str, str], RawObject] = {}
@@ -308,9 +308,9 @@ class FakeGateway:
             self.status_patches.append((plural, name, copy.deepcopy(body)))
 
     # --- the autoscaler's ------------------------------------------------------------------------
-    def get_replica_set(self, namespace: str, name: str) -> RawObject | None:
-        self._maybe_fail("replicasets")
-        return copy.deepcopy(self.replica_sets.get((namespace, name)))
+    def get_controller(self, kind: str, namespace: str, name: str) -> RawObject | None:
+        self._maybe_fail("controllers")
+        return copy.deepcopy(self.controllers.get((kind, namespace, name)))
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[RawObject]:
         self._maybe_fail("endpointslices")

@@ -21,7 +21,7 @@ from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_no
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import usage
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import LABEL_ALLOCATED_NODE, Qos, SystemAnnotation
+from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, Annotation, Qos, SystemAnnotation
 from vgpu.quantity import parse_milli
 
 NODE = "n1"
@@ -86,14 +86,19 @@ class World:
 
     def __init__(self, fake: FakeGateway, pods: list[dict[str, Any]], tflops: int, *, leading: bool = True) -> None:
         self.fake, self.pods, self.tflops, self.leading = fake, pods, tflops, leading
-        fake.replica_sets[("default", "rs-1")] = {
-            "metadata": {
-                "name": "rs-1",
-                "ownerReferences": [
-                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": "dep", "uid": "dep-uid", "controller": True}
-                ],
-            }
-        }
+        template = {"metadata": {"labels": {LABEL_ENABLED: "true"}, "annotations": {Annotation.WORKLOAD: "w"}}}
+        dep_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "dep", "uid": "dep-uid", "controller": True}
+        fake.controllers.setdefault(
+            ("ReplicaSet", "default", "rs-1"),
+            {
+                "metadata": {"name": "rs-1", "uid": "rs-uid", "ownerReferences": [dep_ref]},
+                "spec": {"template": template},
+            },
+        )
+        fake.controllers.setdefault(
+            ("Deployment", "default", "dep"),
+            {"metadata": {"name": "dep", "uid": "dep-uid"}, "spec": {"template": template}},
+        )
         for p in pods:
             fake.put(Kind.POD, p)
         self.cache = ClusterCache(default_pool="default-pool", gate=HandoffGate(ttl=60))
@@ -187,6 +192,31 @@ def test_replicas_go_through_an_hpa_on_the_deployment_applied_once_and_removed_w
     world.cache.replace(Kind.POD, world.pods)
     world.tick()
     assert not fake.hpas and "delete hpa default/tf-w" in fake.calls
+
+
+@pytest.mark.parametrize(
+    ("deployment", "why"),
+    [
+        ({"metadata": {"uid": "dep-uid"}, "spec": {"template": {}}}, "Deployment dep's pod template does not opt in"),
+        (
+            {"metadata": {"uid": "another"}, "spec": {"template": {"metadata": {"labels": {LABEL_ENABLED: "true"},
+                                                                                "annotations": {Annotation.WORKLOAD: "w"}}}}},
+            "Deployment dep is not the one the pods name as their controller (UID differs)",
+        ),
+    ],
+)  # fmt: skip
+def test_a_deployment_is_scaled_only_when_its_own_template_opts_in(
+    fake: FakeGateway, deployment: dict[str, Any], why: str
+) -> None:
+    # A tenant allowed only to create pods names someone's Deployment as its pods' controller.
+    fake.controllers[("Deployment", "default", "dep")] = {"metadata": {"name": "dep", **deployment["metadata"]},
+                                                          "spec": deployment["spec"]}  # fmt: skip
+    world = World(fake, [auto_pod("a")], tflops=5_000)
+    world.tick()
+    assert not fake.hpas
+    _, conditions = world.controller.report(("default", "w")) or ({}, ())
+    replicas = next(c for c in conditions if c.type == "ReplicasAutoSet")
+    assert (replicas.status, replicas.reason) == (False, "NoScaleTarget") and why in replicas.message
 
 
 def test_bare_pods_have_no_scale_and_the_status_says_so(fake: FakeGateway) -> None:
