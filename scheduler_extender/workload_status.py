@@ -7,7 +7,8 @@ condition, ``Ready``: True when every desired pod holds its GPUs, False while so
 is ``spec.replicas`` when set (TensorFusion's worker count, which its CRD says local-GPU mode
 ignores), else the live pods that name the workload. False says why: ``PodsPending`` names the
 first few pods still waiting for GPUs, ``ReplicasMissing`` says fewer pods exist than
-``spec.replicas`` asks for. Everything comes from the cache (``ClusterCache.workload_pods``); a
+``spec.replicas`` asks for. A ``StandaloneWorkerMode`` condition (False, ``NotImplemented``) says that
+field is recorded only. Everything comes from the cache (``ClusterCache.workload_pods``); a
 pod's workload is the one its resolved request names.
 
 Pure; ``status.py`` lists the workloads, compares and patches (the leader only).
@@ -22,6 +23,7 @@ from scheduler_extender.objects import PodRecord, WorkloadPod
 from scheduler_extender.status import NOTHING, READY, Condition, ObjectRef, Reserved, Status, StatusOf, reserved_by
 
 NAMED_PENDING: Final = 5  # pods a PodsPending message names; the rest are counted
+STANDALONE_WORKER: Final = "StandaloneWorkerMode"
 
 
 def _workload_of(record: PodRecord) -> ObjectRef | None:
@@ -61,6 +63,22 @@ def workload_ready(holding: int, waiting: Sequence[str], replicas: int | None) -
     return Condition(READY, False, "ReplicasMissing", f"{held}; no other pod names this workload")
 
 
+def standalone_worker(spec: Mapping[str, Any]) -> tuple[Condition, ...]:
+    """A False ``StandaloneWorkerMode`` condition while the spec sets it: the field is kept (TensorFusion's
+    interface) but nothing runs a separate worker, which admission also warns about — never silence."""
+    if spec.get("standaloneWorkerMode") is not True:
+        return ()
+    return (
+        Condition(
+            STANDALONE_WORKER,
+            False,
+            "NotImplemented",
+            "standaloneWorkerMode is recorded only: every pod uses its granted GPU from its own containers "
+            "(there is no separate worker to run or skip)",
+        ),
+    )
+
+
 def workload_statuses(records: Iterable[PodRecord], waiting: Iterable[WorkloadPod]) -> StatusOf:
     """What each TensorFusionWorkload's status should say, given the pods holding GPUs and those waiting."""
     totals = workload_totals(records)
@@ -73,6 +91,7 @@ def workload_statuses(records: Iterable[PodRecord], waiting: Iterable[WorkloadPo
         spec = workload.get("spec")
         replicas = desired_replicas(spec if isinstance(spec, Mapping) else {})
         ready = workload_ready(held.pods, pending.get(ref, []), replicas)
-        return Status({"replicas": held.pods, **held.allocated_fields()}, (ready,))
+        unkept = standalone_worker(spec if isinstance(spec, Mapping) else {})
+        return Status({"replicas": held.pods, **held.allocated_fields()}, (ready, *unkept))
 
     return status_of

@@ -122,6 +122,12 @@ def test_a_workload_status_has_its_totals_and_ready_from_its_own_pods() -> None:
     status = status_of(("team-a", "idle"), {"spec": {}})
     assert status.fields == {"replicas": 0, "allocatedTflops": "0", "allocatedVram": "0"}
     assert [c.reason for c in status.conditions] == ["NoPods"]
+    # A field nothing acts on is named in the status as well as at admission.
+    status = status_of(("team-a", "idle"), {"spec": {"standaloneWorkerMode": True}})
+    assert [(c.type, c.status, c.reason) for c in status.conditions] == [
+        ("Ready", True, "NoPods"),
+        ("StandaloneWorkerMode", False, "NotImplemented"),
+    ]
 
 
 def waiting_names(cache: ClusterCache) -> list[str]:
