@@ -28,9 +28,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TF_EXTENDER_", env_ignore_empty=True, extra="ignore", frozen=True)
 
     policy: PlacementPolicy = Field(
-        PlacementPolicy.BINPACK,
-        description="Default placement policy: binpack fills busy GPUs first, spread prefers empty ones, "
-        "fragmentation minimises the GPU capacity stranded for the pod mix it learns online. "
+        PlacementPolicy.FRAGMENTATION,
+        description="Default placement policy: fragmentation (the default) minimises the GPU capacity stranded "
+        "for the pod mix it learns online, binpack fills busy GPUs first, spread prefers empty ones. "
         "A pod may override it with the placement-policy annotation.",
     )
     keep_top_nodes: int = Field(

@@ -73,7 +73,7 @@ def test_help_names_every_flags_variable_and_default(
 @pytest.mark.parametrize(
     ("read", "shown"),
     [
-        (extender_settings, "(env TF_EXTENDER_POLICY, default: binpack)"),
+        (extender_settings, "(env TF_EXTENDER_POLICY, default: fragmentation)"),
         (extender_settings, "(env TF_EXTENDER_LEASE_NAMESPACE, default: none)"),
         (extender_settings, '(env TF_EXTENDER_URL_PREFIX, default: "")'),
         (extender_settings, "--log-level {debug,info,warning,error}"),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.placement.baselines import FGD, BestFit, typical_shapes
 from benchmarks.placement.floor import arrived_prefix, floor_unallocated
+from benchmarks.placement.pinned import label, pin
 from benchmarks.placement.protocol import Curve, curve, prepare
 from benchmarks.placement.traces import (
     MILLI,
@@ -109,10 +110,18 @@ class TaskResult:
     floor130: float
 
 
-def run_task(traces: Path, trace: str, seed: int, policies: Sequence[str]) -> TaskResult:
-    """Every policy on one (trace, seed), plus the floor of that pod sequence."""
+def run_task(
+    traces: Path, trace: str, seed: int, policies: Sequence[str], pinning: tuple[float, int] | None = None
+) -> TaskResult:
+    """Every policy on one (trace, seed), plus the floor of that pod sequence.
+
+    ``pinning`` (share, seed) replays the model-pinned variant of the trace (:mod:`.pinned`) instead.
+    """
     nodes = read_nodes(traces / NODE_FILE)
     pods = read_pods(pod_file(traces, trace))
+    if pinning is not None:
+        pods = pin(pods, nodes, *pinning)
+        trace = label(trace, *pinning)
     gpus = sum(n.gpus for n in nodes)
     runs = []
     for name in policies:

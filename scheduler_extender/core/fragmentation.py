@@ -13,25 +13,34 @@ FGD where the openb replay showed FGD losing capacity (see ``benchmarks/placemen
 - **GPU-weighted mix.** Each shape weighs by the GPU capacity it asks for, not by its pod count:
   a stranded 8-GPU pod costs eight GPUs, a stranded tenth-of-a-GPU pod a tenth.
 - **Learned online.** The mix is counted from committed pods (``observe``), not a histogram fixed
-  in advance; before the first observation the pod being placed stands for the mix.
+  in advance; before the first refresh the pod being placed stands for the mix.
 - **Both dimensions.** A shape can use a GPU only if its compute *and* its memory fit, and a node
-  only if its CPU, memory, model and node affinity admit the shape.
+  only if its CPU and memory admit the shape.
+- **Pinned demand counts only where it may run.** The mix is learned by size (:class:`Shape`); where
+  each size's pods may run (GPU model, node affinity: :class:`Eligibility`) is learned beside it.
+  A node's fragmentation is the expectation over the pods its model and labels admit: a pod pinned
+  to other models neither uses nor strands its GPUs. (Counting such pods as stranding *all* idle
+  GPUs, as FGD does, pulls unconstrained pods onto the scarce models that pinned pods need, and
+  splitting the mix by constraint pushed sizes out of the 64 kept: ``benchmarks/placement/README.md``.)
 - **Joint fill.** The cutting-stock LP of the observed fractional sizes prices GPU space
   (:mod:`scheduler_extender.core.cutting_stock`); a pod that spoils a pattern the optimal packing
   needs (a 470 in an 810's room) adds the LP value it loses, in GPUs, to its growth.
 - **Float scores.** No integer truncation; equal scores are left to kube-scheduler's tie-break.
 
-The learned mix changes the scores, so the policy exposes ``revision``, bumped whenever the mix
-is refreshed (when the number of observed pods doubles, then every ``REFRESH_EVERY``); callers
-that cache scores by node state (the replay) drop them then. Fragmentation is memoised per node
-state and mix revision, so scoring a node costs O(shapes × distinct GPU states) once per state.
+The learned mix changes the scores, so the policy exposes ``revision``, bumped whenever a refresh
+is adopted (due when the number of observed pods doubles, then every ``REFRESH_EVERY``); callers
+that cache scores by node state (the replay) drop them then. A refresh is split so that its costly
+part (the LP, up to ~1 s) can leave the request path: :meth:`FragmentationPolicy.take` copies the
+counts, the pure :func:`learn` builds a :class:`Learned`, :meth:`FragmentationPolicy.adopt` swaps it
+in. Fragmentation is memoised per node state inside each :class:`Learned`, so scoring a node costs
+O(shapes × distinct GPU states) once per state.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import exp
 from typing import Any, Final
 
@@ -45,7 +54,7 @@ from vgpu.names import PlacementPolicy
 
 NAME: Final = PlacementPolicy.FRAGMENTATION.value
 COVERAGE: Final = 0.95  # shapes kept: the largest covering this share of the GPU demand (FGD: of pods)
-MAX_SHAPES: Final = 64  # and never more, to bound the per-node cost
+MAX_SHAPES: Final = 64  # and never more, to bound the per-node cost (also: eligibility classes per shape)
 FIRST_REFRESH: Final = 8
 REFRESH_EVERY: Final = 4096
 MEMO_LIMIT: Final = 200_000  # node states whose fragmentation is remembered (~40 MB at most)
@@ -53,7 +62,7 @@ MEMO_LIMIT: Final = 200_000  # node states whose fragmentation is remembered (~4
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """What the mix counts of a pod: its GPU demand and what decides where it may run."""
+    """What the mix counts of a pod's size: its GPU demand, CPU and memory."""
 
     gpu_count: int
     tflops: int
@@ -61,28 +70,72 @@ class Shape:
     whole: bool
     cpu: int
     memory: int
+
+
+@dataclass(frozen=True, slots=True)
+class Eligibility:
+    """Where a pod may run apart from its size: the GPU model it asks for and its node affinity."""
+
     gpu_model: str | None
     affinity: str  # repr of the node affinity ("None" for none): the identity of the constraint
+
+
+FREE: Final = Eligibility(None, "None")
+
+
+@dataclass(frozen=True, slots=True)
+class _Class:
+    gpu_model: str | None
+    affinity: Mapping[str, Any] | None
+    share: float  # of the shape's pods
 
 
 @dataclass(frozen=True, slots=True)
 class _Weighted:
     shape: Shape
     weight: float  # this shape's share of the mix's GPU demand
-    affinity: Mapping[str, Any] | None
+    classes: tuple[_Class, ...]  # who among its pods may run where; () = anywhere
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """A copy of what ``observe`` counted, taken on the caller's thread: the input of :func:`learn`."""
+
+    revision: int  # the revision the learned mix will carry
+    counts: Mapping[Shape, int]
+    per_pod: Mapping[Shape, float]  # GPUs per pod of the shape, on the GPUs it first got
+    classes: Mapping[tuple[Shape, Eligibility], int]
+    constraints: Mapping[Eligibility, Mapping[str, Any] | None]
+    cpu_per_gpu: float
+    memory_per_gpu: float
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """One refresh's result, replaced as a whole (one reference swap) so readers never see half of it.
+
+    The memo tables live here too: a new mix starts with empty ones, and a reader holding the old
+    object keeps a consistent view until it returns.
+    """
+
+    revision: int = 0
+    mix: tuple[_Weighted, ...] = ()
+    cpu_per_gpu: float = 0.0  # the mix's CPU (memory) per GPU: what an idle GPU will need to be used
+    memory_per_gpu: float = 0.0
+    prices: Prices | None = None  # cutting-stock duals of the fractional sizes
+    memo: dict[tuple[object, ...], float] = field(default_factory=dict)  # node state → fragmentation
+    scores: dict[str, tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float]]] = field(
+        default_factory=dict
+    )
+    eligible: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)  # node labels → shares
 
 
 def shape_of(demand: Demand) -> Shape:
-    return Shape(
-        demand.gpu_count,
-        demand.tflops,
-        demand.vram,
-        demand.whole_gpu,
-        demand.cpu,
-        demand.memory,
-        demand.gpu_model,
-        repr(demand.node_affinity),
-    )
+    return Shape(demand.gpu_count, demand.tflops, demand.vram, demand.whole_gpu, demand.cpu, demand.memory)
+
+
+def eligibility_of(demand: Demand) -> Eligibility:
+    return Eligibility(demand.gpu_model, repr(demand.node_affinity))
 
 
 def gpu_demand(shape: Shape, gpu: GpuState) -> float:
@@ -121,56 +174,109 @@ def _groups(node: NodeState) -> tuple[list[_GpuGroup], float]:
     return [(t, v, fresh, int(n), x) for (t, v, fresh), (n, x) in seen.items()], total
 
 
+def learn(observed: Observed) -> Learned:
+    """The mix, its CPU/memory per GPU and the cutting-stock prices: the costly half of a refresh.
+
+    Pure and self-contained, so that the extender can run it away from the request path.
+    """
+    kept: list[tuple[Shape, int]] = []
+    covered = 0.0
+    per_pod = observed.per_pod
+    total = sum(n * per_pod[s] for s, n in observed.counts.items())
+    by_shape: dict[Shape, list[tuple[Eligibility, int]]] = {}
+    for (shape, eligibility), k in observed.classes.items():
+        by_shape.setdefault(shape, []).append((eligibility, k))
+    for shape, n in sorted(observed.counts.items(), key=lambda kv: -kv[1] * per_pod[kv[0]]):
+        if covered >= COVERAGE * total or len(kept) >= MAX_SHAPES:
+            break
+        kept.append((shape, n))
+        covered += n * per_pod[shape]
+    mass = sum(n * per_pod[s] for s, n in kept)
+    mix = tuple(_Weighted(s, n * per_pod[s] / mass, _classes(observed, by_shape[s])) for s, n in kept)
+    return Learned(
+        observed.revision, mix, observed.cpu_per_gpu, observed.memory_per_gpu, _price(observed.counts, per_pod)
+    )
+
+
+def _classes(observed: Observed, classes: list[tuple[Eligibility, int]]) -> tuple[_Class, ...]:
+    """A shape's eligibility classes with their share of its pods; () when all of them may run anywhere."""
+    if len(classes) == 1 and classes[0][0] == FREE:
+        return ()
+    n = sum(k for _, k in classes)
+    top = sorted(classes, key=lambda kv: -kv[1])[:MAX_SHAPES]
+    return tuple(_Class(e.gpu_model, observed.constraints[e], k / n) for e, k in top)
+
+
+def _price(counts: Mapping[Shape, int], per_pod: Mapping[Shape, float]) -> Prices | None:
+    """Cutting-stock duals of the observed fractional sizes (per GPU, in thousandths of a GPU)."""
+    sizes: Counter[int] = Counter()
+    for shape, n in counts.items():
+        if shape.whole:
+            continue
+        size = round(CAPACITY * per_pod[shape] / shape.gpu_count)
+        if 0 < size < CAPACITY:
+            sizes[size] += n * shape.gpu_count
+    kept = dict(sizes.most_common(MAX_SHAPES))
+    return prices(kept) if kept else None
+
+
 class FragmentationPolicy:
-    """Least growth of expected stranded GPU capacity, against the online-learned mix of pod shapes."""
+    """Least growth of expected stranded GPU capacity, against the online-learned mix of pod shapes.
+
+    ``deferred`` (set by whoever owns the policy, before use): ``observe`` only counts, and a due
+    refresh waits for someone to :meth:`take` the observations, :func:`learn` from them and
+    :meth:`adopt` the result — the extender does this on a background thread. Otherwise (the replay,
+    tests) ``observe`` refreshes inline when due.
+    """
 
     __slots__ = (
-        "_affinities",
+        "_classes",
+        "_constraints",
         "_counts",
-        "_cpu_per_gpu",
         "_demand",
         "_gpus_seen",
         "_last_demand",
         "_last_shape",
-        "_memo",
-        "_memory_per_gpu",
-        "_mix",
+        "_learned",
         "_models",
         "_observed",
-        "_prices",
         "_refreshed",
-        "_scores",
         "_used",
-        "revision",
+        "deferred",
     )
 
     def __init__(self) -> None:
         self._counts: Counter[Shape] = Counter()
-        self._affinities: dict[Shape, Mapping[str, Any] | None] = {}
+        self._classes: Counter[tuple[Shape, Eligibility]] = Counter()  # pods per (shape, where it may run)
+        self._constraints: dict[Eligibility, Mapping[str, Any] | None] = {}
         self._demand: dict[Shape, float] = {}  # GPUs per pod of the shape, on the GPUs it first got
         self._observed = 0
         self._refreshed = 0
         self._used = [0.0, 0.0]  # CPU and memory of every observed pod, CPU-only ones included
         self._gpus_seen = 0.0  # GPUs those pods asked for
-        self._cpu_per_gpu = 0.0  # the mix's CPU (memory) per GPU: what an idle GPU will need to be used
-        self._memory_per_gpu = 0.0
-        self._mix: tuple[_Weighted, ...] = ()
-        self._prices: Prices | None = None  # cutting-stock duals of the fractional sizes
-        self._memo: dict[tuple[object, ...], float] = {}  # node state → fragmentation
-        self._scores: dict[str, tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float]]] = {}
+        self._learned = Learned()
         self._last_demand: Demand | None = None
         self._last_shape: Shape | None = None
         self._models: dict[tuple[str, str], bool] = {}
-        self.revision = 0
+        self.deferred = False
 
     @property
     def name(self) -> str:
         return NAME
 
     @property
+    def revision(self) -> int:
+        """Bumped by every adopted refresh; callers that cache scores by node state drop them then."""
+        return self._learned.revision
+
+    @property
     def mix(self) -> tuple[tuple[Shape, float], ...]:
         """The shapes currently scored against and their weights (for reports and tests)."""
-        return tuple((w.shape, w.weight) for w in self._mix)
+        return tuple((w.shape, w.weight) for w in self._learned.mix)
+
+    def pinned_share(self) -> float:
+        """The share of the mix's GPU demand restricted to some nodes (model or node affinity)."""
+        return sum(w.weight * sum(c.share for c in w.classes if c.gpu_model or c.affinity) for w in self._learned.mix)
 
     # --- learning ------------------------------------------------------------------------------
     def observe(self, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> None:  # noqa: ARG002
@@ -180,58 +286,72 @@ class FragmentationPolicy:
         if demand.gpu_count <= 0 or not gpus:
             return  # CPU-only pods take no GPU: they matter through the CPU they use, not as a shape
         shape = shape_of(demand)
-        per_pod = self._demand.setdefault(shape, gpu_demand(shape, gpus[0]))
+        eligibility = eligibility_of(demand)
+        self._constraints.setdefault(eligibility, demand.node_affinity)  # written before the counts that
+        per_pod = self._demand.setdefault(shape, gpu_demand(shape, gpus[0]))  # refer to them (see take)
+        self._classes[(shape, eligibility)] += 1
         self._gpus_seen += per_pod
         self._counts[shape] += 1
-        self._affinities.setdefault(shape, demand.node_affinity)
         self._observed += 1
-        due = max(FIRST_REFRESH, min(2 * self._refreshed, self._refreshed + REFRESH_EVERY))
-        if self._observed >= due:
-            self._refresh()
+        if not self.deferred and self.due:
+            observed = self.take()
+            if observed is not None:
+                self.adopt(learn(observed))
 
-    def _refresh(self) -> None:
-        kept: list[tuple[Shape, int]] = []
-        covered = 0.0
-        demand = self._demand
-        total = sum(n * demand[s] for s, n in self._counts.items())
-        for shape, n in sorted(self._counts.items(), key=lambda kv: -kv[1] * demand[kv[0]]):
-            if covered >= COVERAGE * total or len(kept) >= MAX_SHAPES:
-                break
-            kept.append((shape, n))
-            covered += n * demand[shape]
-        mass = sum(n * self._demand[s] for s, n in kept)
-        self._mix = tuple(_Weighted(s, n * self._demand[s] / mass, self._affinities[s]) for s, n in kept)
-        self._cpu_per_gpu = self._used[0] / self._gpus_seen
-        self._memory_per_gpu = self._used[1] / self._gpus_seen
-        self._prices = self._price()
+    @property
+    def due(self) -> bool:
+        """Whether enough pods were observed since the last refresh (their count doubled, or +REFRESH_EVERY)."""
+        return self._observed >= max(FIRST_REFRESH, min(2 * self._refreshed, self._refreshed + REFRESH_EVERY))
+
+    def take(self) -> Observed | None:
+        """A copy of the counts for :func:`learn` when a refresh is due (cheap: O(shapes)), else None.
+
+        Safe beside a concurrent ``observe``: each table is copied by one ``dict()`` (a single C call,
+        which no other Python thread interleaves), the counts first, so every shape in the copy
+        already has its per-pod demand, classes and constraints; a pod counted mid-copy goes to the
+        next refresh.
+        """
+        if not self.due:
+            return None
         self._refreshed = self._observed
-        self._memo.clear()
-        self._scores.clear()
-        self.revision += 1
+        counts = dict(self._counts)
+        return Observed(
+            self._learned.revision + 1,
+            counts,
+            dict(self._demand),
+            dict(self._classes),
+            dict(self._constraints),
+            self._used[0] / self._gpus_seen,
+            self._used[1] / self._gpus_seen,
+        )
 
-    def _price(self) -> Prices | None:
-        """Cutting-stock duals of the observed fractional sizes (per GPU, in thousandths of a GPU)."""
-        sizes: Counter[int] = Counter()
-        for shape, n in self._counts.items():
-            if shape.whole:
-                continue
-            size = round(CAPACITY * self._demand[shape] / shape.gpu_count)
-            if 0 < size < CAPACITY:
-                sizes[size] += n * shape.gpu_count
-        kept = dict(sizes.most_common(MAX_SHAPES))
-        return prices(kept) if kept else None
+    def adopt(self, learned: Learned) -> None:
+        """Score against ``learned`` from now on (one reference swap; a stale result is ignored)."""
+        if learned.revision > self._learned.revision:
+            self._learned = learned
 
     # --- fragmentation -------------------------------------------------------------------------
-    def _admits(self, w: _Weighted, node: NodeState) -> bool:
-        """Whether the node's CPU, memory, model and node affinity admit the shape at all."""
-        s = w.shape
+    def _fits(self, s: Shape, node: NodeState) -> bool:
+        """Whether the node's free CPU and memory admit the shape at all."""
         if node.cpu_free is not None and node.cpu_free < s.cpu:
             return False
-        if node.memory_free is not None and node.memory_free < s.memory:
+        return node.memory_free is None or node.memory_free >= s.memory
+
+    def _eligible(self, learned: Learned, mix: tuple[_Weighted, ...], node: NodeState) -> tuple[float, ...]:
+        """Per mix entry, the share of its pods that the node's GPU model and labels admit."""
+        key: tuple[object, ...] = (tuple(sorted(node.labels.items())), tuple(sorted({g.model for g in node.gpus})))
+        memo = learned.eligible if mix is learned.mix else None
+        hit = None if memo is None else memo.get(key)
+        if hit is None:
+            hit = tuple(1.0 if not w.classes else sum(c.share for c in w.classes if self._admits(c, node)) for w in mix)
+            if memo is not None:
+                memo[key] = hit
+        return hit
+
+    def _admits(self, c: _Class, node: NodeState) -> bool:
+        if c.gpu_model is not None and not any(self._model_ok(c.gpu_model, g.model) for g in node.gpus):
             return False
-        if s.gpu_model is not None and not any(self._model_ok(s.gpu_model, g.model) for g in node.gpus):
-            return False
-        return w.affinity is None or node_affinity_matches(w.affinity, node.name, node.labels)
+        return c.affinity is None or node_affinity_matches(c.affinity, node.name, node.labels)
 
     def _model_ok(self, requested: str, product: str) -> bool:
         hit = self._models.get((requested, product))
@@ -240,21 +360,33 @@ class FragmentationPolicy:
         return hit
 
     def fragmentation(self, node: NodeState, mix: tuple[_Weighted, ...] | None = None) -> float:
-        """Expected idle GPUs of the node that a pod drawn from the mix could not use, plus starved GPUs."""
-        learned = mix is None
+        """Expected idle GPUs of the node that a pod drawn from the mix could not use, plus starved GPUs.
+
+        The expectation is over the pods that may run on the node at all (its GPU model and labels
+        admit them): a pod pinned elsewhere neither uses nor strands this node's GPUs.
+        """
+        return self._fragmentation(self._learned, node, mix)
+
+    def _fragmentation(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> float:
         key: tuple[object, ...] = ()
-        if learned:
+        if mix is None:
+            mix = learned.mix
             key = _state_key(node)
-            hit = self._memo.get(key)
+            hit = learned.memo.get(key)
             if hit is not None:
                 return hit
         groups, total = _groups(node)
         value = 0.0
         if total > 0.0:
-            for w in self._mix if mix is None else mix:
+            mass = 0.0
+            for w, share in zip(mix, self._eligible(learned, mix, node), strict=True):
+                if share <= 0.0:
+                    continue
+                weight = w.weight * share
+                mass += weight
                 s = w.shape
-                if not self._admits(w, node):
-                    value += w.weight * total
+                if not self._fits(s, node):
+                    value += weight * total
                     continue
                 usable = 0
                 stranded = 0.0
@@ -263,28 +395,29 @@ class FragmentationPolicy:
                         usable += n
                     else:
                         stranded += x
-                value += w.weight * (stranded if usable >= s.gpu_count else total)
-            value += self._starved(node, total)
-        if learned:
-            if len(self._memo) >= MEMO_LIMIT:
-                self._memo.clear()  # a long-lived extender sees unboundedly many states
-            self._memo[key] = value
+                value += weight * (stranded if usable >= s.gpu_count else total)
+            value = value / mass if mass > 0.0 else total  # no pod of the mix may use it: all idle is stranded
+            value += self._starved(learned, node, total)
+        if key:
+            if len(learned.memo) >= MEMO_LIMIT:
+                learned.memo.clear()  # a long-lived extender sees unboundedly many states
+            learned.memo[key] = value
         return value
 
-    def _starved(self, node: NodeState, total: float) -> float:
+    def _starved(self, learned: Learned, node: NodeState, total: float) -> float:
         """Idle GPUs that the node's free CPU (or memory) cannot feed at the mix's CPU (memory) per GPU."""
         worst = 0.0
-        if self._cpu_per_gpu > 0 and node.cpu_free is not None:
-            worst = max(worst, total - node.cpu_free / self._cpu_per_gpu)
-        if self._memory_per_gpu > 0 and node.memory_free is not None:
-            worst = max(worst, total - node.memory_free / self._memory_per_gpu)
+        if learned.cpu_per_gpu > 0 and node.cpu_free is not None:
+            worst = max(worst, total - node.cpu_free / learned.cpu_per_gpu)
+        if learned.memory_per_gpu > 0 and node.memory_free is not None:
+            worst = max(worst, total - node.memory_free / learned.memory_per_gpu)
         return worst
 
-    def _delta(self, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> float:
+    def _delta(self, learned: Learned, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> float:
         """Growth of fragmentation, in GPUs, if the pod takes ``gpus`` on ``node``."""
         mix = None
-        if not self._mix and demand.gpu_count > 0:  # nothing learned yet: the pod stands for the mix
-            mix = (_Weighted(shape_of(demand), 1.0, demand.node_affinity),)
+        if not learned.mix and demand.gpu_count > 0:  # nothing learned yet: the pod stands for the mix
+            mix = (_Weighted(shape_of(demand), 1.0, ()),)  # and may run here: the node passed the filter
         chosen = {g.uuid for g in gpus}
         after = NodeState(
             name=node.name,
@@ -295,23 +428,23 @@ class FragmentationPolicy:
             memory_free=None if node.memory_free is None else node.memory_free - demand.memory,
             slots_used=node.slots_used + demand.slots * len(gpus),
         )
-        growth = self.fragmentation(after, mix) - self.fragmentation(node, mix)
-        if self._prices is not None and not demand.whole_gpu:
+        growth = self._fragmentation(learned, after, mix) - self._fragmentation(learned, node, mix)
+        if learned.prices is not None and not demand.whole_gpu:
             for g in gpus:
                 share = gpu_demand(shape_of(demand), g) / demand.gpu_count
-                growth += self._prices.loss(round(CAPACITY * share), round(CAPACITY * idle(g)))
+                growth += learned.prices.loss(round(CAPACITY * share), round(CAPACITY * idle(g)))
         return growth
 
-    def _best(self, demand: Demand, node: NodeState) -> tuple[float, tuple[GpuState, ...]] | None:
+    def _best(self, learned: Learned, demand: Demand, node: NodeState) -> tuple[float, tuple[GpuState, ...]] | None:
         """The least growth and the GPUs that achieve it (among equals: fullest GPU, then lowest index)."""
         fitting = sorted(fitting_gpus(demand, node), key=lambda g: (idle(g), g.index))
         if len(fitting) < demand.gpu_count:
             return None
         if demand.gpu_count == 0:
-            return self._delta(demand, node, ()), ()
+            return self._delta(learned, demand, node, ()), ()
         if demand.gpu_count > 1 or demand.whole_gpu:
             gpus = tuple(fitting[: demand.gpu_count])
-            return self._delta(demand, node, gpus), gpus
+            return self._delta(learned, demand, node, gpus), gpus
         best: tuple[float, tuple[GpuState, ...]] | None = None
         tried: set[tuple[int, int, int]] = set()
         for g in fitting:
@@ -319,7 +452,7 @@ class FragmentationPolicy:
             if state in tried:
                 continue  # an identical GPU earlier in the order gives the same growth
             tried.add(state)
-            d = self._delta(demand, node, (g,))
+            d = self._delta(learned, demand, node, (g,))
             if best is None or d < best[0]:
                 best = (d, (g,))
         return best
@@ -332,21 +465,22 @@ class FragmentationPolicy:
         shape. The extender's snapshot reuses the objects of unchanged nodes, so a warm /prioritize
         pays an identity check per node instead of O(shapes × GPUs).
         """
+        learned = self._learned
         shape = self._last_shape
         if demand is not self._last_demand or shape is None:
             shape = shape_of(demand)
             self._last_demand, self._last_shape = demand, shape
-        entry = self._scores.get(node.name)
+        entry = learned.scores.get(node.name)
         if entry is None or entry[0] is not node.gpus or entry[1] != (node.cpu_free, node.memory_free):
-            entry = self._scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {})
+            entry = learned.scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {})
         hit = entry[2].get(shape)
         if hit is None:
-            best = self._best(demand, node)
+            best = self._best(learned, demand, node)
             hit = entry[2][shape] = 0.0 if best is None else 1.0 / (1.0 + exp(min(best[0], 700.0)))
         return hit
 
     def choose_gpus(self, demand: Demand, node: NodeState) -> tuple[GpuState, ...]:
-        best = self._best(demand, node)
+        best = self._best(self._learned, demand, node)
         return () if best is None else best[1]
 
 

@@ -6,9 +6,10 @@ policy sees only nodes that passed the filter, narrowed to the pod's eligible GP
 (:func:`scheduler_extender.core.fit.eligible_node`), and returns a raw float so nothing is lost
 to kube-scheduler's 0–10 until the very end (:mod:`scheduler_extender.core.scoring`).
 
-``binpack`` (the default) fills the fullest node first and, inside it, the fitting GPU with the
-least room left (gpushare's best fit): it keeps whole GPUs and whole nodes free for big pods.
-``spread`` is the mirror image, for latency-sensitive pods that want a quiet GPU.
+``binpack`` fills the fullest node first and, inside it, the fitting GPU with the least room left
+(gpushare's best fit): it keeps whole GPUs and whole nodes free for big pods. ``spread`` is the
+mirror image, for latency-sensitive pods that want a quiet GPU. The extender's default is
+``fragmentation`` (:mod:`scheduler_extender.core.fragmentation`, registered when imported).
 Policies are created by name from a :class:`PolicyRegistry`; :class:`Policies` keeps one live
 instance per name (a learning policy's ``observe`` state lives there) and honours the per-pod override.
 """
@@ -144,19 +145,32 @@ REGISTRY.register(PlacementPolicy.SPREAD.value, Spread)
 
 
 class Policies:
-    """One live instance per policy name, the configured default, and the per-pod override."""
+    """One live instance per policy name, the configured default, and the per-pod override.
 
-    __slots__ = ("_instances", "_registry", "default")
+    ``on_create`` sees every instance as it is made, before any use (the extender hands learning
+    policies to its background refresher there).
+    """
 
-    def __init__(self, default: str = PlacementPolicy.BINPACK.value, registry: PolicyRegistry = REGISTRY) -> None:
+    __slots__ = ("_instances", "_on_create", "_registry", "default")
+
+    def __init__(
+        self,
+        default: str,
+        registry: PolicyRegistry = REGISTRY,
+        on_create: Callable[[Policy], None] | None = None,
+    ) -> None:
         self._registry = registry
+        self._on_create = on_create
         self._instances: dict[str, Policy] = {}
         self.default = self.get(default)  # fails fast on a misconfigured name
 
     def get(self, name: str) -> Policy:
         policy = self._instances.get(name)
         if policy is None:
-            policy = self._instances[name] = self._registry.create(name)
+            policy = self._registry.create(name)
+            if self._on_create is not None:
+                self._on_create(policy)
+            policy = self._instances.setdefault(name, policy)
         return policy
 
     def for_demand(self, demand: Demand) -> Policy:

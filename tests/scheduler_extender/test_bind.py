@@ -295,7 +295,9 @@ def test_bind_metrics_count_outcomes_and_gate_waits(run: Callable[..., Running],
 def test_fragmentation_policy_scores_binds_and_learns_from_commits(
     run: Callable[..., Running], fake: FakeGateway
 ) -> None:
-    """The benchmark's policy runs in the extender as configured, and learns from every committed bind."""
+    """The benchmark's policy runs in the extender as configured, and learns from every committed bind.
+
+    Its refresh runs on the app's background refresher, not inside a bind."""
     fake.auto_receipt = True  # play the device plugin, so the node's hand-off gate opens after each bind
     fake.put(Kind.NODE, make_node("n1", gpus=8, vram=80 * GI, tflops=300_000))
     fake.put(Kind.NODE, make_node("n2", gpus=8, vram=80 * GI, tflops=300_000))
@@ -312,7 +314,9 @@ def test_fragmentation_policy_scores_binds_and_learns_from_commits(
     for name in names:
         assert app.post("/bind", bind_body(name, "n1")) == {"Error": ""}
     assert allocation(fake, "p7") is not None
-    assert len(policy.mix) == 1 and policy.revision == 1  # type: ignore[attr-defined]
+    assert policy.deferred  # type: ignore[attr-defined]
+    wait_for(lambda: policy.revision == 1, what="the background refresh")  # type: ignore[attr-defined]
+    assert len(policy.mix) == 1  # type: ignore[attr-defined]
 
 
 def test_a_pod_left_allocated_but_unbound_by_a_dead_extender_binds_on_retry(

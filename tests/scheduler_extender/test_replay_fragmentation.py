@@ -6,11 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler_extender.core.fragmentation import FragmentationPolicy
+from scheduler_extender.core.affinity import REQUIRED
+from scheduler_extender.core.fragmentation import FragmentationPolicy, Learned, learn
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.placement import place
 from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
+from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
 
 MIB = 1024 * 1024
 
@@ -126,3 +128,52 @@ def test_scores_stay_in_the_unit_interval_and_unfit_nodes_score_zero() -> None:
     policy = learned((demand(1000), 5))
     assert 0.0 < policy.score(demand(1000), node("n", [0, 300])) < 1.0
     assert policy.score(demand(1000, 2), node("n", [0, 300])) == 0.0
+
+
+def on(name: str, model: str, used: list[int]) -> NodeState:
+    """A node of GPU model ``model`` (labelled as the replay labels them)."""
+    gpus = tuple(replace(gpu(i, u), uuid=f"{name}-g{i}", model=model) for i, u in enumerate(used))
+    return NodeState(name=name, pool="p", labels={MODEL_LABEL: model}, gpus=gpus, cpu_free=64_000, memory_free=1 << 40)
+
+
+def pinned(milli: int, *models: str) -> Demand:
+    """A pod that may run only on nodes of ``models`` (a required node affinity, as openb's gpu_spec)."""
+    expression = {"key": MODEL_LABEL, "operator": "In", "values": list(models)}
+    return replace(demand(milli), node_affinity={REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}})
+
+
+def test_pods_pinned_elsewhere_neither_use_nor_strand_a_nodes_gpus() -> None:
+    # the only pods that may run on a V100 node are the 1000s: its 600-free GPU strands all of them
+    policy = learned((demand(1000), 10), (pinned(300, "T4"), 22))  # 32 pods: refreshed at the last one
+    assert policy.fragmentation(on("v", "V100", [400])) == pytest.approx(0.6)
+    assert policy.fragmentation(on("t", "T4", [400])) == pytest.approx(0.6 * 10 / 16.6)  # 6.6 of 16.6 GPUs: 300s
+    assert policy.pinned_share() == pytest.approx(6.6 / 16.6)
+
+
+def test_unconstrained_pods_are_not_pulled_onto_the_model_that_few_pods_are_pinned_to() -> None:
+    # most pinned demand goes to G2; counting it as stranding the scarce V100's GPUs made V100 look
+    # like the best home for every unconstrained pod, until the V100-pinned pods found it full
+    policy = learned((demand(500), 20), (pinned(500, "G2"), 20), (pinned(500, "V100"), 2))
+    d = demand(500)
+    assert policy.score(d, on("v", "V100", [0, 0])) == pytest.approx(policy.score(d, on("g", "G2", [0, 0])))
+
+
+def test_the_mix_is_counted_by_size_whatever_the_pods_are_pinned_to() -> None:
+    models = ("T4", "G2", "P100", "V100M16", "V100M32")
+    policy = learned(*((pinned(milli, m), 3) for milli in (100, 200, 300) for m in models))
+    assert len(policy.mix) == 3  # three sizes, not fifteen (size, model) shapes crowding the 64 kept
+
+
+def test_a_deferred_policy_counts_in_observe_and_learns_only_when_told() -> None:
+    policy = FragmentationPolicy()
+    policy.deferred = True
+    for _ in range(8):
+        policy.observe(demand(500), node("x", [0]), (gpu(0),))
+    assert policy.revision == 0 and policy.mix == () and policy.due
+    observed = policy.take()
+    assert observed is not None and not policy.due and policy.take() is None
+    learned_mix = learn(observed)
+    policy.adopt(learned_mix)
+    assert policy.revision == 1 and len(policy.mix) == 1
+    policy.adopt(Learned())  # an older result arriving late is ignored
+    assert policy.revision == 1

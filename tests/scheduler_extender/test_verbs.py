@@ -131,7 +131,7 @@ def test_non_cache_form_judges_nodes_the_watch_has_not_delivered(
 def test_keep_top_nodes_passes_only_the_best(run: Callable[..., Running], cluster: FakeGateway) -> None:
     cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
     cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
-    app = run(keep_top_nodes=1)
+    app = run(keep_top_nodes=1, policy="binpack")
     reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2"))
     assert reply["NodeNames"] == ["big2"]  # binpack: the fuller node
     assert "not among the 1 best" in reply["FailedNodes"]["big"]
@@ -164,7 +164,7 @@ def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
     cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
     cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
     pod = make_pod("p", gpu_request(vram=4 * GI))
-    binpack = run()
+    binpack = run(policy="binpack")
     assert binpack.post("/prioritize", args(pod, "big", "big2")) == [
         {"Host": "big", "Score": 0},
         {"Host": "big2", "Score": 10},
@@ -332,7 +332,7 @@ def test_local_gpu_affinity_does_not_cross_namespaces(run: Callable[..., Running
     member = allocated_pod("train-0", "home", grant("home", 0, 4 * GI), namespace="team-a")
     member["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST] = resolved_contract.encode(local)
     fake.put(Kind.POD, member)
-    app = run()
+    app = run(policy="binpack")
 
     def scores(namespace: str) -> dict[str, int]:
         reply = app.post("/prioritize", args(make_pod("train-1", local, namespace=namespace), "home", "away"))

@@ -1,0 +1,112 @@
+"""``python -m benchmarks.placement.stranding``: where the idle GPUs are when a policy loses capacity.
+
+The table says *how much* is unallocated at arrived = 100 %; this says *where* and *whose* — the
+experiment behind the pinned-demand finding in ``README.md``. For one (trace, pin share, seed) it
+replays each policy up to arrived = 100 % and reports, per GPU model: the GPUs, the share of them
+idle, and the GPU demand dropped so far split into pods pinned to the model and unconstrained pods.
+For ``ours`` it also reports how much of the pinned demand the learned mix still sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.placement import traces as openb
+from benchmarks.placement.pinned import pin
+from benchmarks.placement.protocol import prepare
+from benchmarks.placement.suite import MAX_PODS, policy_factory
+from scheduler_extender.core.fragmentation import FragmentationPolicy
+from scheduler_extender.core.fragmentation import idle as idle_of
+from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
+from vgpu.catalog import builtin
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRow:
+    model: str
+    gpus: int
+    idle_pct: float  # of the model's GPUs, at arrived = 100 %
+    dropped_pinned: float  # GPUs of demand pinned to (a set containing) this model that found no room
+    dropped_free: float  # GPUs of unconstrained demand dropped (reported on the row "any")
+
+
+def stranding(
+    traces: Path, trace: str, share: float, pin_seed: int, seed: int, policy: str
+) -> tuple[list[ModelRow], float]:
+    """Per-model idle share and dropped demand at arrived = 100 %, and the pinned share of the mix seen."""
+    nodes = openb.read_nodes(traces / openb.NODE_FILE)
+    pods = pin(openb.read_pods(openb.pod_file(traces, trace)), nodes, share, pin_seed)
+    capacity = sum(n.gpus for n in nodes) * openb.MILLI
+    work = prepare(pods, len(nodes), capacity, seed)
+    factory, config = policy_factory(policy, pods)
+    engine = Replay(
+        Cluster([openb.to_node_state(n) for n in nodes], work.ranks, MAX_PODS),
+        factory(),
+        builtin(),
+        ReplayConfig(selection=config.selection, keep=config.keep, max_pods=MAX_PODS),
+    )
+    dropped: dict[str, float] = defaultdict(float)
+    arrived = 0
+    for i, pod in enumerate(work.pods):
+        if arrived + pod.gpu_request > capacity:
+            break
+        arrived += pod.gpu_request
+        if engine.submit(openb.to_demand(pod, f"openb/{pod.name}-{i}")).node is None:
+            for m in pod.gpu_spec or ("any",):
+                dropped[m] += pod.gpu_request / openb.MILLI / max(1, len(pod.gpu_spec))
+    gpus: dict[str, int] = defaultdict(int)
+    idle: dict[str, float] = defaultdict(float)
+    for n in engine.cluster.nodes:
+        model = n.gpus[0].model if n.gpus else "-"
+        gpus[model] += len(n.gpus)
+        idle[model] += sum(idle_of(g) for g in n.gpus)
+    rows = [
+        ModelRow(m, gpus[m], 100.0 * idle[m] / gpus[m], dropped.get(m, 0.0), 0.0)
+        for m in sorted(gpus, key=lambda m: gpus[m])
+    ]
+    rows.append(
+        ModelRow("any", sum(gpus.values()), 100.0 * sum(idle.values()) / sum(gpus.values()), 0.0, dropped["any"])
+    )
+    seen = 0.0
+    if isinstance(engine.policy, FragmentationPolicy):
+        seen = engine.policy.pinned_share()
+    return rows, seen
+
+
+def render(policy: str, rows: Sequence[ModelRow], seen: float) -> str:
+    lines = [
+        f"### {policy}"
+        + (f" (pinned share of the learned mix: {100 * seen:.1f} %)" if policy.startswith("ours") else ""),
+        "",
+        "| model | GPUs | idle % | dropped pinned GPUs | dropped unconstrained GPUs |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.model} | {r.gpus} | {r.idle_pct:.1f} | {r.dropped_pinned:.1f} | {r.dropped_free:.1f} |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.placement.stranding", description=__doc__)
+    parser.add_argument("--traces", type=Path, default=openb.DEFAULT_TRACES)
+    parser.add_argument("--trace", default="default")
+    parser.add_argument("--pin-share", type=float, default=0.33)
+    parser.add_argument("--pin-seed", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=43)
+    parser.add_argument("--policies", default="fgd,ours")
+    args = parser.parse_args(argv)
+    print(f"{args.trace}, pin share {args.pin_share}, pin seed {args.pin_seed}, seed {args.seed}, arrived = 100 %\n")
+    for name in args.policies.split(","):
+        rows, seen = stranding(args.traces, args.trace, args.pin_share, args.pin_seed, args.seed, name)
+        print(render(name, rows, seen) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
