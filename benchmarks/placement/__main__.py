@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pinned", action="store_true", help=f"the pinned family: --pin-share {_SHARES}")
     parser.add_argument("--pin-seed", type=_ints, default=[7], help="comma-separated seeds of the pinned variants")
+    parser.add_argument(
+        "--pin-skew", type=float, default=1.0,
+        help="models drawn with weight (GPUs that could host the pod) ** skew: 1 proportional, 0 uniform",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     if not (args.traces / NODE_FILE).is_file():
@@ -63,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hardware: {describe()}")
     print(MAPPING_NOTE)
     shares = list(SHARES) if args.pinned else args.pin_share
-    pinnings: list[tuple[float, int] | None] = [(x, p) for x in shares for p in args.pin_seed] if shares else [None]
+    pinnings: list[tuple[float, int, float] | None] = (
+        [(x, p, args.pin_skew) for x in shares for p in args.pin_seed] if shares else [None]
+    )
     print(f"traces {traces}, seeds {seeds}, policies {list(policies)}, jobs {args.jobs}", flush=True)
     if shares:
         print(f"pinned variants: shares {shares} × pin seeds {args.pin_seed} (benchmarks/placement/pinned.py)")

@@ -11,7 +11,8 @@ demand is plausible for the GPUs it has and no pod is pinned where it can never 
 probability :data:`LIST_SHARE` a second such model is added, giving a ``|`` list as openb writes
 it (``V100M16|V100M32``). Everything random comes from ``random.Random(seed)`` over the
 name-sorted pods, so a (trace, share, seed) is the same variant on every machine; the protocol's
-own seed then orders and inflates it as usual.
+own seed then orders and inflates it as usual. ``--pin-skew 0`` draws the models uniformly instead (a
+second, harsher family: the scarce models get as many pins as the plentiful ones).
 """
 
 from __future__ import annotations
@@ -36,18 +37,24 @@ def hosts(pod: TracePod, nodes: Sequence[TraceNode]) -> dict[str, int]:
     return out
 
 
-def _draw(rng: random.Random, weights: dict[str, int]) -> str:
+def _draw(rng: random.Random, weights: dict[str, float]) -> str:
     models = sorted(weights)
     return rng.choices(models, weights=[weights[m] for m in models])[0]
 
 
-def pin(pods: Sequence[TracePod], nodes: Sequence[TraceNode], share: float, seed: int) -> list[TracePod]:
-    """The trace with ``share`` of its GPU pods pinned to one model or two (name-sorted order)."""
+def pin(
+    pods: Sequence[TracePod], nodes: Sequence[TraceNode], share: float, seed: int, skew: float = 1.0
+) -> list[TracePod]:
+    """The trace with ``share`` of its GPU pods pinned to one model or two (name-sorted order).
+
+    ``skew`` shapes where the pins go: a model is drawn with weight (GPUs that could host the pod) ** skew —
+    1 in proportion to each model's GPUs (the family's default), 0 uniformly over the models that could host
+    the pod, which piles pinned demand onto the scarce models far beyond their share of the GPUs."""
     rng = random.Random(seed)
     out = sorted(pods, key=lambda p: p.name)
     gpu_pods = [i for i, p in enumerate(out) if p.num_gpu > 0 and p.gpu_milli > 0]
     for i in sorted(rng.sample(gpu_pods, round(share * len(gpu_pods)))):
-        weights = hosts(out[i], nodes)
+        weights = {m: g**skew for m, g in hosts(out[i], nodes).items()}
         if not weights:
             continue  # fits no node at all: nothing to pin it to
         models = {_draw(rng, weights)}
@@ -57,6 +64,6 @@ def pin(pods: Sequence[TracePod], nodes: Sequence[TraceNode], share: float, seed
     return out
 
 
-def label(trace: str, share: float, seed: int) -> str:
-    """The row name of a variant in reports: ``default+pin25/7``."""
-    return f"{trace}+pin{round(100 * share)}/{seed}"
+def label(trace: str, share: float, seed: int, skew: float = 1.0) -> str:
+    """The row name of a variant in reports: ``default+pin25/7`` (``default+pin25/7^0`` when skewed)."""
+    return f"{trace}+pin{round(100 * share)}/{seed}" + ("" if skew == 1.0 else f"^{skew:g}")

@@ -111,11 +111,11 @@ class TaskResult:
 
 
 def run_task(
-    traces: Path, trace: str, seed: int, policies: Sequence[str], pinning: tuple[float, int] | None = None
+    traces: Path, trace: str, seed: int, policies: Sequence[str], pinning: tuple[float, int, float] | None = None
 ) -> TaskResult:
     """Every policy on one (trace, seed), plus the floor of that pod sequence.
 
-    ``pinning`` (share, seed) replays the model-pinned variant of the trace (:mod:`.pinned`) instead.
+    ``pinning`` (share, seed, skew) replays the model-pinned variant of the trace (:mod:`.pinned`) instead.
     """
     nodes = read_nodes(traces / NODE_FILE)
     pods = read_pods(pod_file(traces, trace))
