@@ -47,6 +47,7 @@ from scheduler_extender.pool_status import pool_statuses
 from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.refresh import Refresher
 from scheduler_extender.settings import Settings
+from scheduler_extender.shown import ShownPods
 from scheduler_extender.status import StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
@@ -149,11 +150,13 @@ def build(
         hold=settings.preemption_hold,
         on_result=lambda result: metrics.preemptions.labels(result).inc(),
     )
+    shown = ShownPods()
     verbs = Verbs(
         cache,
         catalog,
         policies,
         events,
+        shown,
         keep_top_nodes=settings.keep_top_nodes,
         reservation_ttl=settings.reservation_ttl,
         on_unschedulable=lambda reason: metrics.unschedulable.labels(reason).inc(),
@@ -166,6 +169,7 @@ def build(
         gate,
         catalog,
         policies,
+        shown,
         handoff_wait=settings.handoff_wait,
         bind_timeout=settings.bind_timeout,
         clock=clock,

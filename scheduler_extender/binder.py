@@ -18,7 +18,9 @@ bind answers an Error: if the Binding lands, the pod is bound with its GPUs; if 
 scheduler's next bind of the pod finds the allocation on the unbound pod and undoes it first.
 Every API call gets a timeout cut from the bind's deadline (deadline.py), so a bind answers within
 ``bind_timeout`` while the API server is stalled. GPU pods and plain pods post their Binding through
-the same step.
+the same step. A GPU pod that kube-scheduler showed filter or prioritize unbound and unallocated is not
+read again (shown.py): the allocation patch is conditional on the resourceVersion of that copy, and a 409
+on it undoes the bind's steps and starts it over from a fresh read, as if there had been no copy.
 
 Two extender replicas may bind the same pod at once (a rolling restart, a drain, a leader change:
 the old kube-scheduler's binds still run). The API server is the only arbiter they share, so the two
@@ -75,6 +77,7 @@ from scheduler_extender.objects import (
     scheduled_pod,
     uncounted,
 )
+from scheduler_extender.shown import ShownPods
 from scheduler_extender.wire import ExtenderBindingArgs
 from vgpu.catalog import Catalog
 from vgpu.contract import allocation as allocation_contract
@@ -87,6 +90,10 @@ ALLOCATION = SystemAnnotation.ALLOCATION.value
 # Seconds beyond ``bind_timeout`` after its boundAt before another writer's allocation on an unbound pod
 # counts as abandoned: the replicas' clocks may differ by this much.
 CLOCK_SLACK = 5.0
+
+
+class ChangedSinceShown(Exception):
+    """The pod is no longer the copy kube-scheduler showed (the allocation's conditional write said 409)."""
 
 
 class BindError(Exception):
@@ -119,6 +126,7 @@ class Binder:
         gate: HandoffGate,
         catalog: Catalog,
         policies: Policies,
+        shown: ShownPods,
         *,
         handoff_wait: float,
         bind_timeout: float,
@@ -130,6 +138,7 @@ class Binder:
         self.gate = gate
         self.catalog = catalog
         self.policies = policies
+        self.shown = shown
         self.handoff_wait = handoff_wait
         self.bind_timeout = bind_timeout
         self.clock = clock
@@ -165,6 +174,12 @@ class Binder:
                 self._binding.discard(ref.uid)
 
     def _bind(self, ref: PodRef, node: str, deadline: Deadline) -> BindOutcome:
+        shown = self.shown.take(ref.uid)
+        if shown is not None and _unclaimed_gpu_pod(shown):
+            try:
+                return self._bind_unclaimed(ref, node, shown, None, deadline, shown=True)
+            except ChangedSinceShown:
+                pass  # the pod changed after kube-scheduler's copy: read it and bind as without one
         pod = self._fetch(ref, deadline)
         record = pod_record(pod)
         if record.node_name is not None:
@@ -187,6 +202,13 @@ class Binder:
             pod = self._fetch(ref, deadline)
             if pod_record(pod).node_name is not None or pod_record(pod).allocation is not None:
                 raise BindError(_contended(ref), "conflict")
+        return self._bind_unclaimed(ref, node, pod, removed, deadline, shown=False)
+
+    def _bind_unclaimed(
+        self, ref: PodRef, node: str, pod: RawObject, removed: PodAllocation | None, deadline: Deadline, *, shown: bool
+    ) -> BindOutcome:
+        """Bind ``pod``, unbound and without an allocation as read (``shown``: as kube-scheduler sent it, which
+        only the allocation's conditional write confirms: :class:`ChangedSinceShown` when it does not)."""
         wanted = scheduled_pod(pod)
         if not wanted.is_gpu_pod:
             self._post_binding(ref, node, deadline)
@@ -213,7 +235,7 @@ class Binder:
             bound_at=rfc3339(self.clock()),
         )
         text = allocation_contract.encode(allocation)
-        self._write_allocation(ref, node, pod, text, deadline)
+        self._write_allocation(ref, node, pod, text, deadline, shown=shown)
         self._arbitrate(ref, node, counted, text, deadline)
         self._post_binding(
             ref, node, deadline, written=text, undo=lambda: self._undo(ref, node, deadline, written=text)
@@ -222,9 +244,12 @@ class Binder:
         self._bound(ref, node, demand, placement)
         return BindOutcome(allocation, waited)
 
-    def _write_allocation(self, ref: PodRef, node: str, pod: RawObject, text: str, deadline: Deadline) -> None:
+    def _write_allocation(
+        self, ref: PodRef, node: str, pod: RawObject, text: str, deadline: Deadline, *, shown: bool
+    ) -> None:
         """Write the allocation on the pod as read (resourceVersion precondition); once more after a 409 that
-        hid no other bind. Raises BindError having undone what this bind did, and nothing else."""
+        hid no other bind. Raises BindError having undone what this bind did, and nothing else; after a 409
+        on the copy kube-scheduler ``shown``, ChangedSinceShown having undone it (the pod was not read)."""
         with self._lock:
             self._written[ref.uid] = text  # before the call: an unanswered write may have landed
         for attempt in range(2):
@@ -246,6 +271,9 @@ class Binder:
                     raise BindError(
                         f"could not record the GPU allocation on pod {ref.key}: {exc}{note}", "annotate"
                     ) from None
+                if shown:
+                    self._undo(ref, node, deadline, written=None)
+                    raise ChangedSinceShown from None
             try:
                 pod = self._fetch(ref, deadline)
             except BindError:
@@ -453,6 +481,14 @@ def _contended(ref: PodRef) -> str:
 def _allocation_text(pod: RawObject) -> str:
     """The allocation annotation exactly as written on the pod ("" when absent)."""
     return str(((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION) or "")
+
+
+def _unclaimed_gpu_pod(pod: RawObject) -> bool:
+    """Whether a GPU pod, as shown, is unbound and without an allocation, with a resourceVersion for the
+    allocation's write to be conditional on (a copy without one is never used)."""
+    record = pod_record(pod)
+    unclaimed = record.node_name is None and record.allocation is None and not _allocation_text(pod)
+    return unclaimed and _resource_version(pod) is not None and scheduled_pod(pod).is_gpu_pod
 
 
 def _resource_version(pod: RawObject) -> str | None:

@@ -225,6 +225,13 @@ class ClusterCache:
         with self.lock:
             return Counter(self._pending.values())
 
+    def handing_over(self, ref: PodRef) -> set[str]:
+        """Nodes about to hand GPUs over to a pod other than ``ref``: another pod holds a tentative reservation
+        there (the node the scheduler most likely binds it to) or the node's hand-off gate."""
+        with self.lock:
+            likely = {self._entry_node[k] for k in self._tentative if k != ref.key and k in self._entry_node}
+        return likely | self.gate.busy_nodes(ref.uid)
+
     def tentative_count(self) -> int:
         with self.lock:
             return len(self._tentative)

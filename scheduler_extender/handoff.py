@@ -146,6 +146,16 @@ class HandoffGate:
         with self._cond:
             return tuple(self._holds.get(node, {}).values())
 
+    def busy_nodes(self, uid: str) -> set[str]:
+        """Nodes whose gate a pod other than ``uid`` holds (within the TTL): a bind of ``uid`` there would wait."""
+        with self._cond:
+            now = self.clock()
+            return {
+                node
+                for node, holds in self._holds.items()
+                if any(h.uid != uid and h.since + self.ttl > now for h in holds.values())
+            }
+
     def held_nodes(self) -> int:
         with self._cond:
             return len(self._holds)

@@ -30,6 +30,7 @@ from scheduler_extender.core.summary import leading_reason, summarize
 from scheduler_extender.events import REASON_FAILED, EventRecorder
 from scheduler_extender.memo import NodeMemo
 from scheduler_extender.objects import ScheduledPod, scheduled_pod
+from scheduler_extender.shown import ShownPods
 from scheduler_extender.wire import (
     ExtenderArgs,
     ExtenderFilterResult,
@@ -88,6 +89,7 @@ class Verbs:
         catalog: Catalog,
         policies: Policies,
         events: EventRecorder,
+        shown: ShownPods,
         *,
         keep_top_nodes: int,
         reservation_ttl: float,
@@ -97,11 +99,13 @@ class Verbs:
     ) -> None:
         """``on_unschedulable``: a GPU pod failed every offered node, with the reason code that rejected the
         most of them; ``on_stuck``: the same, with the nodes whose reason may pass (the extender's own
-        preemption); ``on_preempting``: the preempt verb named GPU victims for the pod."""
+        preemption); ``on_preempting``: the preempt verb named GPU victims for the pod. ``shown`` keeps
+        each GPU pod as kube-scheduler sent it, for its bind."""
         self.cache = cache
         self.catalog = catalog
         self.policies = policies
         self.events = events
+        self.shown = shown
         self.keep_top_nodes = keep_top_nodes
         self.reservation_ttl = reservation_ttl
         self.on_unschedulable = on_unschedulable
@@ -121,6 +125,7 @@ class Verbs:
             message = pod.request_error or "invalid GPU request"
             self.events.warn(pod.ref, REASON_FAILED, message)
             return filter_reply(nodes, (), {}, dict.fromkeys(nodes.names, message))
+        self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
         result = self._filter(pod, demand, snapshot, nodes.names)
@@ -146,10 +151,19 @@ class Verbs:
         pod = scheduled_pod(args.Pod) if args.Pod is not None else None
         if pod is None or pod.request is None:
             return dict.fromkeys(nodes.names, 0)
+        assert args.Pod is not None
+        self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
         raw = self._score(pod, demand, snapshot, nodes.names)
-        scores = to_extender_scores(raw)
+        busy = self.cache.handing_over(pod.ref) & raw.keys()
+        if busy and len(busy) < len(raw):
+            # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
+            # the other fitting nodes rank above it (1-10, it 0), so a burst spreads over nodes free now.
+            raw = {n: score for n, score in raw.items() if n not in busy}
+            scores = {n: max(1, score) for n, score in to_extender_scores(raw).items()}
+        else:
+            scores = to_extender_scores(raw)
         best = top_nodes(raw, 1)
         if best:
             self._reserve_tentatively(pod, demand, snapshot, best[0])

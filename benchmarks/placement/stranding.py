@@ -36,11 +36,11 @@ class ModelRow:
 
 
 def stranding(
-    traces: Path, trace: str, share: float, pin_seed: int, seed: int, policy: str
+    traces: Path, trace: str, share: float, pin_seed: int, seed: int, policy: str, skew: float = 1.0
 ) -> tuple[list[ModelRow], float]:
     """Per-model idle share and dropped demand at arrived = 100 %, and the pinned share of the mix seen."""
     nodes = openb.read_nodes(traces / openb.NODE_FILE)
-    pods = pin(openb.read_pods(openb.pod_file(traces, trace)), nodes, share, pin_seed)
+    pods = pin(openb.read_pods(openb.pod_file(traces, trace)), nodes, share, pin_seed, skew)
     capacity = sum(n.gpus for n in nodes) * openb.MILLI
     work = prepare(pods, len(nodes), capacity, seed)
     factory, config = policy_factory(policy, pods)
@@ -100,10 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-seed", type=int, default=7)
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument("--policies", default="fgd,ours")
+    parser.add_argument("--pin-skew", type=float, default=1.0, help="as in python -m benchmarks.placement")
     args = parser.parse_args(argv)
-    print(f"{args.trace}, pin share {args.pin_share}, pin seed {args.pin_seed}, seed {args.seed}, arrived = 100 %\n")
+    print(
+        f"{args.trace}, pin share {args.pin_share}, pin seed {args.pin_seed}, pin skew {args.pin_skew:g},"
+        f" seed {args.seed}, arrived = 100 %\n"
+    )
     for name in args.policies.split(","):
-        rows, seen = stranding(args.traces, args.trace, args.pin_share, args.pin_seed, args.seed, name)
+        rows, seen = stranding(args.traces, args.trace, args.pin_share, args.pin_seed, args.seed, name, args.pin_skew)
         print(render(name, rows, seen) + "\n", flush=True)
     return 0
 

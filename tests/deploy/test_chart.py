@@ -78,7 +78,8 @@ def test_scheduler_config_routes_our_pods_to_the_extender() -> None:
 
 def test_standalone_config_equals_the_charts_apart_from_the_placeholders() -> None:
     chart, alone = chart_scheduler_config(), standalone_scheduler_config()
-    assert alone["clientConnection"] == {"kubeconfig": "__KUBECONFIG__"}
+    assert alone["clientConnection"].pop("kubeconfig") == "__KUBECONFIG__"
+    assert alone["clientConnection"] == chart["clientConnection"] == {"qps": 1000, "burst": 2000}
     assert alone["extenders"][0]["urlPrefix"] == "http://127.0.0.1:__EXTENDER_VERBS_PORT__/extender"
     assert chart["extenders"][0]["urlPrefix"] == f"http://127.0.0.1:{EXTENDER_VERBS_PORT}/extender"
     assert alone.pop("leaderElection") == {"leaderElect": False}  # one kube-scheduler, nothing to elect

@@ -60,9 +60,15 @@ TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their nam
 
 @dataclass
 class Cluster(AbstractContextManager["Cluster"]):
-    """``with Cluster(gpus=...) as c:`` gives a running cluster; leaving the block stops everything."""
+    """``with Cluster(gpus=...) as c:`` gives a running cluster; leaving the block stops everything.
+
+    ``kubelet=False``: no kubelet node and no device plugin (only kubelet-less nodes, as the throughput
+    benchmark wants: benchmarks/throughput.py); ``scheduler_client``: kube-scheduler's API client QPS and
+    burst instead of the shipped ones."""
 
     gpus: tuple[FakeGpu, ...]
+    kubelet: bool = True
+    scheduler_client: tuple[float, int] | None = None
     keep_root: bool = False
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tf-e2e-")))
     cp: ControlPlane | None = None
@@ -101,8 +107,10 @@ class Cluster(AbstractContextManager["Cluster"]):
         self.ensure_pool(DEFAULT_POOL)
         self._start_webhook()
         self.start_extender()
-        self.cp.start_scheduler(self.kubeconfigs["extender"], self.extender_verbs_port)
+        self.cp.start_scheduler(self.kubeconfigs["extender"], self.extender_verbs_port, self.scheduler_client)
         assert self.cp.pki is not None
+        if not self.kubelet:
+            return
         pool_label = {LABEL_NODE_POOL: DEFAULT_POOL}  # how an operator puts a node in a pool
         self.node = KubeletNode(REAL_NODE, bin_dir, self.root / "node", node_kubeconfig, self.cp.pki.ca_crt, pool_label)
         self.node.start()

@@ -191,9 +191,13 @@ class ControlPlane:
         )
         wait_until("kube-controller-manager port", lambda: tcp_listening(port), 60, self.procs)
 
-    def start_scheduler(self, kubeconfig: Path, extender_verbs_port: int) -> None:
-        """kube-scheduler with THE configuration from deploy/, as the given identity: the cluster's own."""
-        self.scheduler = self.add_scheduler("kube-scheduler", deploy.scheduler_config(kubeconfig, extender_verbs_port))
+    def start_scheduler(
+        self, kubeconfig: Path, extender_verbs_port: int, client: tuple[float, int] | None = None
+    ) -> None:
+        """kube-scheduler with THE configuration from deploy/, as the given identity: the cluster's own
+        (``client``: its API client's QPS and burst instead of the shipped ones)."""
+        config = deploy.scheduler_config(kubeconfig, extender_verbs_port, client)
+        self.scheduler = self.add_scheduler("kube-scheduler", config)
 
     def add_scheduler(self, name: str, config: dict[str, Any]) -> Scheduler:
         """One more kube-scheduler, running ``config`` (a KubeSchedulerConfiguration), with its own config

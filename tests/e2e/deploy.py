@@ -114,14 +114,18 @@ def service(name_suffix: str) -> dict[str, Any]:
     return found
 
 
-def scheduler_config(kubeconfig: Path, verbs_port: int) -> dict[str, Any]:
-    """The shipped KubeSchedulerConfiguration with its two placeholders filled in, and nothing else."""
+def scheduler_config(kubeconfig: Path, verbs_port: int, client: tuple[float, int] | None = None) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration with its two placeholders filled in, and nothing else — but
+    for ``client``, (QPS, burst) of kube-scheduler's API client in place of the shipped ones (the
+    throughput benchmark's knob: benchmarks/throughput.py)."""
     text = SCHEDULER_CONFIG.read_text()
     for placeholder in ("__KUBECONFIG__", "__EXTENDER_VERBS_PORT__"):
         if placeholder not in text:
             raise LookupError(f"{SCHEDULER_CONFIG} lacks the placeholder {placeholder}")
     text = text.replace("__KUBECONFIG__", str(kubeconfig)).replace("__EXTENDER_VERBS_PORT__", str(verbs_port))
     config: dict[str, Any] = yaml.safe_load(text)
+    if client is not None:
+        config["clientConnection"] |= {"qps": client[0], "burst": client[1]}
     return config
 
 

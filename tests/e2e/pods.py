@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.client import CoreV1Api
@@ -57,11 +57,16 @@ def hand_over(plugin: CoreV1Api, pod: Any) -> None:
     """Write the receipt the device plugin writes once the kubelet admitted ``pod`` (a kubelet-less node
     has none), with the plugin's identity (``plugin``): the pod's containers got their devices, which frees
     the node's hand-off gate for the next bind (scheduler_extender/HANDOFF.md, "Release")."""
-    at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    devices = tuple((c.name, (f"vgpu-{i}",)) for i, c in enumerate(pod.spec.containers))
-    receipt = allocation.Handoff(pod_uid=pod.metadata.uid, node=pod.spec.node_name, devices=devices, at=at)
-    body = {"metadata": {"annotations": {allocation.HANDOFF_KEY: allocation.encode_handoff(receipt)}}}
+    body = receipt_patch(pod.metadata.uid, pod.spec.node_name, [c.name for c in pod.spec.containers])
     plugin.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body)
+
+
+def receipt_patch(uid: str, node: str, containers: Sequence[str]) -> dict[str, Any]:
+    """The merge patch of :func:`hand_over`'s receipt for the pod ``uid`` bound to ``node``."""
+    at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    devices = tuple((name, (f"vgpu-{i}",)) for i, name in enumerate(containers))
+    receipt = allocation.Handoff(pod_uid=uid, node=node, devices=devices, at=at)
+    return {"metadata": {"annotations": {allocation.HANDOFF_KEY: allocation.encode_handoff(receipt)}}}
 
 
 def allocation_of(pod: Any) -> allocation.PodAllocation:

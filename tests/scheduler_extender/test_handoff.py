@@ -108,6 +108,18 @@ def test_other_nodes_and_the_same_pod_are_not_blocked() -> None:
     assert gate.acquire("n1", "a", "default/a", 0.01) < 0.01  # a retried bind of the holder itself
 
 
+def test_busy_nodes_are_those_another_pod_holds_within_the_ttl() -> None:
+    now = [1000.0]
+    gate = HandoffGate(ttl=60, clock=lambda: now[0])
+    gate.observe(record("a", node="n1", bound_at=now[0]))
+    now[0] += 30
+    gate.acquire("n2", "b", "default/b", 0)
+    assert gate.busy_nodes("c") == {"n1", "n2"}
+    assert gate.busy_nodes("a") == {"n2"}  # a pod's own hold does not make its node busy for it
+    now[0] += 40
+    assert gate.busy_nodes("c") == {"n2"}  # a's hold is past the TTL
+
+
 def test_an_in_flight_bind_is_not_released_by_a_stale_event() -> None:
     gate = HandoffGate(ttl=60)
     gate.acquire("n1", "a", "default/a", 0.01)

@@ -173,6 +173,29 @@ def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
     assert spread.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2"))[0]["Score"] == 10
 
 
+def test_prioritize_ranks_a_node_handing_gpus_to_another_pod_below_the_free_ones(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """a is likely bound to 'big' (its tentative reservation): b's bind there would wait at the node's gate."""
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
+    app = run(policy="binpack")
+    a, b = make_pod("a", gpu_request(vram=4 * GI)), make_pod("b", gpu_request(vram=4 * GI))
+    assert app.post("/prioritize", args(a, "big", "big2")) == [
+        {"Host": "big", "Score": 10},
+        {"Host": "big2", "Score": 10},
+    ]
+    # binpack alone would rank 'big', fuller by a's hold, first
+    assert app.post("/prioritize", args(b, "big", "big2")) == [
+        {"Host": "big", "Score": 0},
+        {"Host": "big2", "Score": 10},
+    ]
+    assert app.post("/prioritize", args(a, "big", "big2"))[0] == {"Host": "big", "Score": 10}  # its own hold
+    # no free node: the policy's scores stand, and a bind waits at the gate
+    assert app.post("/prioritize", args(make_pod("c", gpu_request(vram=4 * GI)), "big")) == [
+        {"Host": "big", "Score": 10}
+    ]
+
+
 def preempt_args(pod: dict[str, Any], victims: dict[str, list[str]]) -> dict[str, Any]:
     return {
         "Pod": pod,

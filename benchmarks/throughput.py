@@ -1,0 +1,298 @@
+"""Scheduling throughput: GPU pods against plain pods through the same kube-scheduler (issue 14).
+
+WHY: decision latency (extender_latency.py) says nothing about how many pods per second reach a node.
+The extender adds API writes to every GPU pod's bind (the allocation, the write-then-list check, the
+Binding) and a per-node hand-off gate, and kube-scheduler's own client limits can hide all of it. This
+measures pods/s end to end, on the e2e tier's real kube-apiserver and kube-scheduler (v1.36.2) with the
+real tf-webhook and tf-extender, so the ratio GPU/plain is the figure the issue's "Done when" names.
+
+How: the e2e cluster (tests/e2e/cluster.py) without its kubelet node, kube-scheduler running the shipped
+KubeSchedulerConfiguration with only its client QPS/burst replaced (``--qps/--burst``, or the shipped
+ones with ``--shipped-qps``); kubelet-less 8×A100 nodes (tests/e2e/fake_nodes.py), added in parallel.
+Per node count, three cases in one namespace, emptied between them:
+- B: plain pods (no GPU) through the same scheduler profile (schedulerName tensor-fusion-scheduler);
+- A: GPU pods of one shape (10 TFLOPS, 2 GiB), the placement policy ``--policy`` (binpack by default,
+  as the issue measured: a burst then targets one node and meets its hand-off gate);
+- C: GPU pods of all-different shapes (the VRAM request differs by 1 MiB per pod: every decision cold).
+Pods are created as fast as a pool of threads can; the figure is pods / (first create → last bound), the
+binding times taken from a watch. With ``--receipts`` a thread pool writes the device plugin's hand-off
+receipt (tests/e2e/pods.py receipt_patch, with the plugin's identity) on each GPU pod as soon as the watch
+shows it bound with its allocation, as the plugin does once the kubelet admitted the pod; without it, a
+node's gate frees only at the extender's ``handoff_ttl``. Also printed per case: the CPU each process spent
+per pod and the extender's bind outcomes.
+
+    .venv/bin/python -m benchmarks.throughput                              # 200 and 1,000 nodes, 1000/2000
+    .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --runs 2
+    .venv/bin/python -m benchmarks.throughput --shipped-qps
+
+Needs what the e2e tier needs (root, the cached Kubernetes binaries); run it under the tier's lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+from kubernetes.watch.watch import iter_resp_lines
+
+from benchmarks.hardware import describe
+from scheduler_extender.kube.gateway import api_client
+from tests.e2e.cluster import Cluster
+from tests.e2e.fake_nodes import add_fake_node, gpus
+from tests.e2e.kube import emptied
+from tests.e2e.pods import IMAGE, gpu_pod, receipt_patch
+from vgpu.contract import allocation
+from vgpu.names import DEFAULT_POOL, SCHEDULER_NAME, Annotation
+
+NAMESPACE = "bench-throughput"
+GPUS_PER_NODE = 8
+CREATORS = 8  # threads creating pods
+HANDS = 4  # threads writing receipts
+WARM_UP = 50  # pods per case before the measured runs at each node count
+BOUND_TIMEOUT = 300.0  # seconds a case may take before it is reported unfinished
+PROCESSES = ("kube-apiserver", "kube-scheduler", "tf-extender", "tf-webhook", "etcd")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "containers": [{"name": "main", "image": IMAGE}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def shaped_pod(policy: str, vram: Callable[[int], str]) -> Callable[[str, int], dict[str, Any]]:
+    def build(name: str, i: int) -> dict[str, Any]:
+        share = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: vram(i), Annotation.PLACEMENT_POLICY: policy}
+        return gpu_pod(name, share)
+
+    return build
+
+
+def cases(policy: str) -> dict[str, Callable[[str, int], dict[str, Any]]]:
+    """Case letter -> pod builder (name, index)."""
+    return {
+        "B": lambda name, _: plain_pod(name),
+        "A": shaped_pod(policy, lambda _: "2Gi"),
+        "C": shaped_pod(policy, lambda i: f"{2048 + i}Mi"),
+    }
+
+
+def drained(response: Any) -> None:
+    """Read an unparsed response to its end and give its connection back to the pool (the answer is not
+    deserialised into the client's models: that would cost the benchmark's process more than the pod)."""
+    response.drain_conn()
+    response.release_conn()
+
+
+@dataclass
+class Recorder:
+    """Watches the namespace from ``since``: when each pod was first seen bound (monotonic clock); with a
+    ``plugin`` client, hands each GPU pod over (the device plugin's receipt) once it is bound."""
+
+    core: CoreV1Api
+    plugin: CoreV1Api | None
+    since: str
+    bound: dict[str, float] = field(default_factory=dict)
+    failures: list[BaseException] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
+        self.hands = ThreadPoolExecutor(HANDS, thread_name_prefix="bench-receipts")
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=15)
+        self.hands.shutdown(wait=True)
+
+    def _run(self) -> None:
+        version = self.since
+        try:
+            while not self.done.is_set():
+                for pod in self._events(version):
+                    version = pod["metadata"]["resourceVersion"]
+                    self._seen(pod, time.monotonic())
+        except Exception as exc:  # reported with the case
+            self.failures.append(exc)
+
+    def _events(self, version: str) -> Iterator[dict[str, Any]]:
+        response = self.core.list_namespaced_pod(NAMESPACE, watch=True, resource_version=version, timeout_seconds=2,
+                                                 _preload_content=False, _request_timeout=15)  # fmt: skip
+        try:
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                event = json.loads(line)
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    yield event["object"]
+        finally:
+            response.release_conn()
+
+    def _seen(self, pod: dict[str, Any], now: float) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        node = spec.get("nodeName")
+        if not node or meta["name"] in self.bound:
+            return
+        self.bound[meta["name"]] = now
+        if self.plugin is not None and allocation.KEY in (meta.get("annotations") or {}):
+            containers = [c["name"] for c in spec["containers"]]
+            self.hands.submit(self._hand_over, meta["name"], receipt_patch(meta["uid"], node, containers))
+
+    def _hand_over(self, name: str, body: dict[str, Any]) -> None:
+        assert self.plugin is not None
+        try:
+            drained(self.plugin.patch_namespaced_pod(name, NAMESPACE, body, _preload_content=False))
+        except Exception as exc:
+            self.failures.append(exc)
+
+
+@dataclass(frozen=True)
+class Result:
+    case: str
+    pods: int
+    bound: int
+    seconds: float
+    cpu_ms_per_pod: dict[str, float]
+    binds: dict[str, float]
+
+    @property
+    def rate(self) -> float | None:
+        return self.pods / self.seconds if self.bound == self.pods else None
+
+
+class Bench:
+    def __init__(self, cluster: Cluster, receipts: bool) -> None:
+        assert cluster.cp is not None
+        self.cluster = cluster
+        self.admin = api_client(str(cluster.cp.kubeconfig("admin")), pool_size=CREATORS + 2)
+        self.plugin = api_client(str(cluster.kubeconfigs["device-plugin"]), pool_size=HANDS + 2)
+        self.core = CoreV1Api(self.admin)
+        self.receipts = receipts
+        self.nodes = 0
+        cluster.namespace(NAMESPACE)
+
+    def grow(self, nodes: int) -> None:
+        """Add kubelet-less 8×A100 nodes up to ``nodes``; wait until the extender has every inventory."""
+        names = [f"bench-{i:05d}" for i in range(self.nodes, nodes)]
+        add = lambda name: add_fake_node(self.admin, self.plugin, name, gpus(name, GPUS_PER_NODE), DEFAULT_POOL)  # noqa: E731
+        with ThreadPoolExecutor(CREATORS) as pool:
+            list(pool.map(add, names))
+        self.nodes = nodes
+        deadline = time.monotonic() + 120
+        while self._extender_nodes() < nodes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the extender saw {self._extender_nodes()} of {nodes} nodes after 120 s")
+            time.sleep(0.5)
+        print(f"{nodes} nodes ready", flush=True)
+
+    def _metrics(self) -> list[str]:
+        url = f"http://127.0.0.1:{self.cluster.extender_public_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode()).splitlines()
+
+    def _extender_nodes(self) -> int:
+        capacity = ("tf_extender_node_tflops{", 'kind="capacity"')
+        return sum(1 for line in self._metrics() if line.startswith(capacity[0]) and capacity[1] in line)
+
+    def _binds(self) -> dict[str, float]:
+        prefix = 'tf_extender_binds_total{result="'
+        found = [line[len(prefix) :].split('"} ') for line in self._metrics() if line.startswith(prefix)]
+        return {result: float(value) for result, value in found}
+
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each process of the cluster named in PROCESSES."""
+        seconds = {}
+        for proc in self.cluster.all_procs():
+            if proc.name in PROCESSES and proc.alive():
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                seconds[proc.name] = (int(fields[11]) + int(fields[12])) / TICKS
+        return seconds
+
+    def run(self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int) -> Result:
+        names = [f"{case.lower()}-{i:05d}" for i in range(pods)]
+        since = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
+        recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since)
+        cpu, binds = self._cpu(), self._binds()
+
+        def create(i: int) -> None:
+            drained(self.core.create_namespaced_pod(NAMESPACE, build(names[i], i), _preload_content=False))
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(CREATORS) as pool:
+            list(pool.map(create, range(pods)))
+        while len(recorder.bound) < pods and time.monotonic() - started < BOUND_TIMEOUT and not recorder.failures:
+            time.sleep(0.1)
+        recorder.stop()
+        if recorder.failures:
+            raise RuntimeError(f"case {case}: {recorder.failures[0]!r}")
+        seconds = max(recorder.bound.values(), default=started) - started
+        after, binds_after = self._cpu(), self._binds()
+        per_pod = {name: round((after[name] - cpu.get(name, 0)) * 1000 / pods, 1) for name in after}
+        outcome = {k: v - binds.get(k, 0) for k, v in binds_after.items() if v - binds.get(k, 0)}
+        emptied(self.core, NAMESPACE)
+        time.sleep(2)  # the extender's and the scheduler's caches see the deletions
+        return Result(case, pods, len(recorder.bound), seconds, per_pod, outcome)
+
+
+def ratio(part: float | None, whole: float | None) -> str:
+    return f"{part / whole:.2f}" if part and whole else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", default="200,1000", help="node counts, ascending (default 200,1000)")
+    parser.add_argument("--pods", type=int, default=500, help="pods per case (default 500)")
+    parser.add_argument("--qps", type=float, default=1000, help="kube-scheduler's client QPS (default 1000)")
+    parser.add_argument("--burst", type=int, default=2000, help="kube-scheduler's client burst (default 2000)")
+    parser.add_argument("--shipped-qps", action="store_true", help="kube-scheduler's client QPS/burst as shipped")
+    parser.add_argument("--receipts", action="store_true", help="write the device plugin's receipt on bound pods")
+    parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
+    parser.add_argument("--cases", default="BAC", help="which cases, in order (default BAC)")
+    args = parser.parse_args()
+    counts = sorted(int(n) for n in args.nodes.split(","))
+    client = None if args.shipped_qps else (args.qps, args.burst)
+    qps = "shipped" if client is None else f"{args.qps:g}/{args.burst}"
+    print(f"hardware: {describe()}")
+    print(f"kube-scheduler client QPS/burst {qps}; {args.pods} pods per case; receipts {args.receipts}; "
+          f"policy {args.policy}")  # fmt: skip
+    builders = cases(args.policy)
+    rows = []
+    with Cluster(gpus=(), kubelet=False, scheduler_client=client) as cluster:
+        bench = Bench(cluster, args.receipts)
+        for nodes in counts:
+            bench.grow(nodes)
+            for case in args.cases:  # warm-up, not reported: first calls, connections, the memo's first keys
+                bench.run(case, builders[case], WARM_UP)
+            for run in range(1, args.runs + 1):
+                results = {case: bench.run(case, builders[case], args.pods) for case in args.cases}
+                for r in results.values():
+                    rate = f"{r.rate:.0f} pods/s" if r.rate else f"unfinished: {r.bound}/{r.pods} bound"
+                    print(f"{nodes} nodes run {run} {r.case}: {rate} ({r.seconds:.1f} s); CPU ms/pod "
+                          f"{r.cpu_ms_per_pod}; binds {r.binds}", flush=True)  # fmt: skip
+                rates = {case: r.rate for case, r in results.items()}
+                rows.append((nodes, run, rates))
+    print(f"\n| nodes | QPS/burst | receipts | run | {' | '.join(f'{c} pods/s' for c in args.cases)} | A/B | C/B |")
+    print(f"|---|---|---|---|{'---|' * len(args.cases)}---|---|")
+    for nodes, run, rates in rows:
+        cells = " | ".join(f"{rates[c]:.0f}" if rates[c] else "-" for c in args.cases)
+        a_b, c_b = ratio(rates.get("A"), rates.get("B")), ratio(rates.get("C"), rates.get("B"))
+        print(f"| {nodes:,} | {qps} | {'yes' if args.receipts else 'no'} | {run} | {cells} | {a_b} | {c_b} |")
+
+
+if __name__ == "__main__":
+    main()
