@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import scheduler_extender.core.fragmentation  # noqa: F401  (registers the fragmentation policy)
 from scheduler_extender import routes
-from scheduler_extender.autoscaler.controller import AutoscalerController, autoscaler_off, with_autoscaling
+from scheduler_extender.autoscaler.controller import AutoscalerController, Report, autoscaler_off, with_autoscaling
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.core.policy import Policies
@@ -48,7 +48,7 @@ from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.refresh import Refresher
 from scheduler_extender.settings import Settings
 from scheduler_extender.shown import ShownPods
-from scheduler_extender.status import StatusKind, StatusWriter
+from scheduler_extender.status import ObjectRef, StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import workload_statuses
@@ -222,12 +222,15 @@ def build(
         registry=metrics.registry,
     )
     running = settings.autoscaler_interval > 0
-    report = autoscaler.report if running else autoscaler_off(cache, settings.autoscaler_max_replicas)
+
+    def report() -> Callable[[ObjectRef], Report | None]:  # once per status pass
+        return autoscaler.report if running else autoscaler_off(cache, settings.autoscaler_max_replicas)
+
     status_writer = StatusWriter(
         gateway,
         (
             StatusKind(
-                PLURAL_WORKLOAD, True, lambda: with_autoscaling(workload_statuses(*cache.workload_pods()), report)
+                PLURAL_WORKLOAD, True, lambda: with_autoscaling(workload_statuses(*cache.workload_pods()), report())
             ),
             StatusKind(PLURAL_GPU_POOL, False, lambda: pool_statuses(cache.nodes(), cache.records())),
         ),

@@ -30,7 +30,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -38,19 +37,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from scheduler_extender.autoscaler import checkpoints, hpa
 from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
 from scheduler_extender.autoscaler.report import CONDITIONS, autoscaling_status
-from scheduler_extender.autoscaler.resize import RequestResizer
+from scheduler_extender.autoscaler.resize import RequestResizer, read_allocation
 from scheduler_extender.binder import rfc3339
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import GatewayError, KubeGateway
 from scheduler_extender.metrics_api.collector import Collector
+from scheduler_extender.metrics_api.samples import sampled
 from scheduler_extender.objects import OwnerRef, PodRef, controller_of
 from scheduler_extender.status import Condition, ObjectRef, Status, StatusOf
 from vgpu import metric_names
 from vgpu.autoscale.evaluate import Autoscaler, Evaluation, LimitDecision, WorkloadKey, samples_of
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import PodAllocation
-from vgpu.errors import DomainError
 from vgpu.names import SystemAnnotation
 
 log = logging.getLogger(__name__)
@@ -137,10 +136,9 @@ class AutoscalerController:
                 self._reports = {}
             return
         self._collector.poll()
-        documents = [(d, _unix(d.sampled_at)) for d in self._collector.documents]
-        self._state.feed(
-            samples_of((d, t) for d, t in documents if t is not None), (a.workload for a in found.values())
-        )
+        # The collector holds only documents whose sampledAt it could read (samples.sampled).
+        documents = ((d, sampled(d).at) for d in self._collector.documents)
+        self._state.feed(samples_of(documents), (a.workload for a in found.values()))
         self._restore(found)
         now = self._clock()
         reports = {}
@@ -193,20 +191,16 @@ class AutoscalerController:
                 self._last_changes.setdefault(key, {})["limits"] = rfc3339(now)
 
     def _write_limits(self, namespace: str, name: str, changes: list[LimitDecision]) -> bool:
+        ref = PodRef(namespace=namespace, name=name, uid=changes[0].pod_uid)
         try:
-            pod = self._gateway.get_pod(namespace, name)
+            read = read_allocation(self._gateway, ref)
         except GatewayError as exc:
             self.writes.labels("limits", "api-error").inc()
             log.warning("autoscaler: cannot read pod %s/%s to change its limits: %s", namespace, name, exc)
             return False
-        meta = (pod or {}).get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(SystemAnnotation.ALLOCATION)
-        if pod is None or raw is None or meta.get("uid") != changes[0].pod_uid:
+        if read is None:
             return False
-        try:
-            current = allocation_contract.decode(raw)
-        except DomainError:
-            return False
+        current, version = read
         updated = _with_limits(current, changes)
         if updated is None:  # the allocation moved since the decision: decide again next pass
             self.writes.labels("limits", "stale").inc()
@@ -217,14 +211,13 @@ class AutoscalerController:
                 name,
                 current.pod_uid,
                 {SystemAnnotation.ALLOCATION: allocation_contract.encode(updated)},
-                resource_version=str(meta.get("resourceVersion") or "") or None,
+                resource_version=version,
             )
         except GatewayError as exc:
             self.writes.labels("limits", "conflict" if exc.status == 409 else "api-error").inc()
             log.info("autoscaler: limits of pod %s/%s not changed this pass: %s", namespace, name, exc)
             return False
         self.writes.labels("limits", "ok").inc()
-        ref = PodRef(namespace=namespace, name=name, uid=current.pod_uid)
         for d in changes:
             for decision in (d.tflops, d.vram):
                 if decision.changed:
@@ -360,14 +353,6 @@ def _with_limits(alloc: PodAllocation, changes: list[LimitDecision]) -> PodAlloc
     return None if by_gpu else replace(alloc, gpus=tuple(gpus))
 
 
-def _unix(rfc3339_time: str) -> float | None:
-    try:
-        when = datetime.fromisoformat(rfc3339_time)
-    except ValueError:
-        return None
-    return when.timestamp() if when.tzinfo is not None else None
-
-
 def with_autoscaling(base: StatusOf, report: Callable[[ObjectRef], Report | None]) -> StatusOf:
     """The workload status writer's ``status_of`` with the autoscaler's part added."""
 
@@ -392,13 +377,14 @@ def with_autoscaling(base: StatusOf, report: Callable[[ObjectRef], Report | None
 
 def autoscaler_off(cache: ClusterCache, max_replicas: int) -> Callable[[ObjectRef], Report | None]:
     """The report of an extender running without its autoscaler (``--autoscaler-interval 0``): every workload
-    whose pods enable a layer says, in a False ``AutoscalerRunning`` condition, that nothing acts on it."""
+    whose pods enable a layer says, in a False ``AutoscalerRunning`` condition, that nothing acts on it.
+    Made once per status pass: the autoscaled workloads are read from the cache once, not per workload."""
+    found = autoscaled(cache.records(), (), max_replicas=max_replicas)
 
     def report(ref: ObjectRef) -> Report | None:
         namespace, name = ref
         if namespace is None:
             return None
-        found = autoscaled(cache.records(), (), max_replicas=max_replicas)
         if (namespace, name) not in found:
             return None
         return {}, (

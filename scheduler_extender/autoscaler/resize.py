@@ -45,6 +45,21 @@ RESIZED: Final = "RequestsResized"  # the pod's Event
 NO_RECOMMENDATION: Final = frozenset({Reason.WAITING_FOR_HISTORY, Reason.NO_SAMPLES, Reason.DISABLED})
 
 
+def read_allocation(gateway: KubeGateway, ref: PodRef) -> tuple[PodAllocation, str | None] | None:
+    """The pod's allocation as the API server has it now, with the resourceVersion it was read at (for a
+    conditional write); None when the pod is gone, is another pod of that name, or carries no readable
+    allocation. A failed read raises GatewayError."""
+    pod = gateway.get_pod(ref.namespace, ref.name)
+    meta = (pod or {}).get("metadata") or {}
+    written = (meta.get("annotations") or {}).get(SystemAnnotation.ALLOCATION)
+    if pod is None or meta.get("uid") != ref.uid or written is None:
+        return None
+    try:
+        return allocation_contract.decode(written), str(meta.get("resourceVersion") or "") or None
+    except DomainError:
+        return None
+
+
 def recommended(decision: Decision | None) -> int | None:
     """The request a decision recommends, or None when it has none to give (yet)."""
     return None if decision is None or decision.reason in NO_RECOMMENDATION else decision.value
@@ -103,23 +118,18 @@ class RequestResizer:
         if counted is None:
             return "no-room"
         try:
-            pod = self._gateway.get_pod(ref.namespace, ref.name)
+            read = read_allocation(self._gateway, ref)
         except GatewayError as exc:
             return self._undo(ref, old, None, "api-error", f"cannot read the pod: {exc}")
-        meta = (pod or {}).get("metadata") or {}
-        written = (meta.get("annotations") or {}).get(SystemAnnotation.ALLOCATION)
-        if pod is None or meta.get("uid") != ref.uid or written is None:
-            return self._undo(ref, old, None, "stale", "the pod is gone")
-        try:
-            if allocation_contract.decode(written) != old:
-                return self._undo(ref, old, None, "stale", "its allocation changed since the decision")
-        except DomainError:
-            return self._undo(ref, old, None, "stale", "its allocation is unreadable")
+        if read is None:
+            return self._undo(ref, old, None, "stale", "the pod is gone, or carries no readable allocation")
+        current, version = read
+        if current != old:
+            return self._undo(ref, old, None, "stale", "its allocation changed since the decision")
         text = allocation_contract.encode(new)
         try:
             self._gateway.patch_pod_annotations(
-                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: text},
-                resource_version=str(meta.get("resourceVersion") or "") or None,
+                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: text}, resource_version=version,
             )  # fmt: skip
         except GatewayError as exc:
             return self._undo(ref, old, None, "conflict" if exc.status == 409 else "api-error", str(exc))

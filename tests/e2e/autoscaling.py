@@ -4,6 +4,7 @@ a scripted load that follows the pods as they come and go."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,12 @@ class Load:
         if text != self._written:
             self.cluster.write_fake_nvml(text)
             self._written = text
+
+
+def live_limits(uid: str) -> dict[str, Any] | None:
+    """The Deployment's container's limits.json the device plugin wrote on the node (docs/live-limits.md)."""
+    path = LIVE_LIMITS / uid / "main" / "limits.json"
+    return dict(json.loads(path.read_text())) if path.exists() else None
 
 
 def replicas_now(apps: AppsV1Api) -> int:

@@ -37,7 +37,6 @@ from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_t
 from . import deploy
 from .autoscaling import (
     HIGH_SM,
-    LIVE_LIMITS,
     LOW_SM,
     NAMESPACE,
     PROFILE,
@@ -45,6 +44,7 @@ from .autoscaling import (
     Load,
     condition,
     deployment,
+    live_limits,
     replicas_now,
     running,
     workload_status,
@@ -193,7 +193,7 @@ def autoscaling(cluster: Cluster) -> None:
             return pod if allocation_of(pod).gpus[0].tflops_limit == 30_000 else None
 
         pod = eventually("the limit raised", raised, timeout=60)
-        live = json.loads((LIVE_LIMITS / uid / "main" / "limits.json").read_text())
+        live = live_limits(uid) or {}
         gpu = allocation_of(pod).gpus[0].uuid
         restarts = pod.status.container_statuses[0].restart_count
         print(f"  pod/{name}: TFLOPS limit 20 -> 30 in place (restarts: {restarts}); live limit file: "

@@ -24,7 +24,6 @@ second) do the rest. Asserted:
 from __future__ import annotations
 
 import itertools
-import json
 import subprocess
 import time
 import urllib.request
@@ -42,7 +41,6 @@ from vgpu.names import SystemAnnotation
 from . import deploy
 from .autoscaling import (
     HIGH_SM,
-    LIVE_LIMITS,
     LOW_SM,
     NAMESPACE,
     PROFILE,
@@ -51,6 +49,7 @@ from .autoscaling import (
     condition,
     deployment,
     events_of,
+    live_limits,
     replicas_now,
     running,
     workload_status,
@@ -231,8 +230,7 @@ def test_limits_replicas_and_requests_follow_the_load(scaled: Cluster) -> None:
 
 def live_limit(uid: str, gpu: str, milli: int) -> dict[str, Any] | None:
     """The container's limits.json on the node, once it holds ``milli`` TFLOPS for ``gpu``."""
-    path = LIVE_LIMITS / uid / "main" / "limits.json"
-    doc = json.loads(path.read_text()) if path.exists() else None
+    doc = live_limits(uid)
     return doc if doc and doc["gpus"][gpu]["milliTflopsLimit"] == milli else None
 
 
