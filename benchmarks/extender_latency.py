@@ -143,6 +143,7 @@ class StaticCluster:
     def __init__(self, nodes: int, pods: int) -> None:
         self.nodes, self.pods = nodes, pods
         self.stop = threading.Event()
+        self.lease_reads = 0
 
     def list(self, kind: Kind) -> Listing:
         gpus = self.nodes * GPUS_PER_NODE
@@ -156,6 +157,15 @@ class StaticCluster:
 
     def get_pod(self, namespace: str, name: str) -> RawObject | None:  # noqa: ARG002
         return None
+
+    def get_lease(self, namespace: str, name: str) -> RawObject:  # noqa: ARG002
+        """A lease another replica renews at every read: this one follows, so what is timed is the verbs
+        every replica serves, without the leader's background passes (status, autoscaler) beside them."""
+        self.lease_reads += 1
+        return {
+            "metadata": {"name": name, "resourceVersion": str(self.lease_reads)},
+            "spec": {"holderIdentity": "another-replica", "leaseDurationSeconds": 15},
+        }
 
     def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Mapping[str, str | None]) -> None:  # noqa: ARG002
         return None

@@ -2,8 +2,9 @@
 
 Allocate carries only device IDs (reference/device-plugin-api.md §7). The extender writes a
 :class:`~vgpu.contract.allocation.PodAllocation` on the pod before binding and keeps at most one pod
-per node in hand-off, so the pod is the one on this node that carries an allocation, has no hand-off
-receipt, is still active, and whose next unserved container asks for exactly this many devices.
+per node and Allocate size (device count) in hand-off, so the pod is the one on this node that carries
+an allocation, has no hand-off receipt, is still active, and whose next unserved container asks for
+exactly this many devices.
 Exactly one such pod is served; none or several is an error that says so (we never guess, unlike
 gpushare's oldest-pending match). A pod whose receipt already lists these exact IDs is served again
 (the kubelet re-allocates non-running containers after a node reboot). Every rule that makes an

@@ -217,7 +217,8 @@ class Binder:
             raise BindError(wanted.request_error or "invalid GPU request", "request")
         demand = demand_from_request(wanted.request, pod_key=ref.key, device_ids=wanted.device_ids)
         try:
-            waited = self.gate.acquire(node, ref.uid, ref.key, deadline.gate_wait(self.handoff_wait))
+            wait = deadline.gate_wait(self.handoff_wait)
+            waited = self.gate.acquire(node, ref.uid, ref.key, wait, wanted.allocate_sizes)
         except GateBusy as busy:
             raise BindError(str(busy), "gate") from None
         try:

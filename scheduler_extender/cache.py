@@ -225,12 +225,13 @@ class ClusterCache:
         with self.lock:
             return Counter(self._pending.values())
 
-    def handing_over(self, ref: PodRef) -> set[str]:
-        """Nodes about to hand GPUs over to a pod other than ``ref``: another pod holds a tentative reservation
-        there (the node the scheduler most likely binds it to) or the node's hand-off gate."""
+    def handing_over(self, ref: PodRef, sizes: frozenset[int] = frozenset()) -> set[str]:
+        """Nodes about to hand GPUs over to a pod other than ``ref`` (of Allocate ``sizes``): another pod holds
+        a tentative reservation there (the node the scheduler most likely binds it to) or the node's hand-off
+        gate for a size ``ref``'s bind would wait on."""
         with self.lock:
             likely = {self._entry_node[k] for k in self._tentative if k != ref.key and k in self._entry_node}
-        return likely | self.gate.busy_nodes(ref.uid)
+        return likely | self.gate.busy_nodes(ref.uid, sizes)
 
     def tentative_count(self) -> int:
         with self.lock:

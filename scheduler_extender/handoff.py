@@ -1,15 +1,19 @@
-"""The per-node hand-off gate: at most one pod per node between "allocation written" and "receipt seen".
+"""The per-node hand-off gate: between "allocation written" and "receipt seen", one pod per node and Allocate size.
 
-kubelet's Allocate tells the device plugin only device IDs, not which pod they are for (DESIGN §6).
-If two pods bound to one node were both waiting for Allocate, the plugin could not tell whose
-allocation to answer with. So bind for node N first takes N's gate, and the gate stays taken until
-the device plugin writes its hand-off receipt on the pod, the pod is deleted or finishes, or, as a
-last resort, ``ttl`` seconds after the allocation's ``bound_at``. Only a bound pod holds a gate (the
-kubelet admits nothing else); between annotation and Binding the bind itself holds it. Waiting is
-event-driven: the cache calls :meth:`HandoffGate.observe` on every pod change and waiters wake at once. A pod deleted
-before its receipt keeps the gate ``deletion_grace`` seconds more: the kubelet may still be admitting
-it, and a successor bound in that window could be matched to the dead pod's Allocate. The full rules are in
-``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from the same text.
+kubelet's Allocate tells the device plugin only device IDs, not which pod they are for (DESIGN §6); the
+plugin matches it to the pod in hand-off whose next container asks for exactly that many IDs. So two
+pods bound to one node may both be waiting for Allocate only when no Allocate could be for either: their
+*Allocate sizes* (the vGPU limits of their containers, :func:`~scheduler_extender.kubelet_devices.allocate_sizes`)
+are disjoint. A 1-GPU pod and a 2-GPU pod hand over at once; two 1-GPU pods one after the other. A pod
+whose sizes are unknown excludes every other. So bind for node N first takes N's gate for its sizes, and
+the gate stays taken until the device plugin writes its hand-off receipt on the pod, the pod is deleted
+or finishes, or, as a last resort, ``ttl`` seconds after the allocation's ``bound_at``. Only a bound pod
+holds a gate (the kubelet admits nothing else); between annotation and Binding the bind itself holds it.
+Waiting is event-driven: the cache calls :meth:`HandoffGate.observe` on every pod change and waiters wake
+at once. A pod deleted before its receipt keeps the gate ``deletion_grace`` seconds more: the kubelet may
+still be admitting it, and a successor bound in that window could be matched to the dead pod's Allocate.
+The full rules are in ``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from
+the same text.
 """
 
 from __future__ import annotations
@@ -47,6 +51,12 @@ class Hold:
     pod_key: str
     since: float  # wall-clock seconds
     in_flight: bool
+    sizes: frozenset[int] = frozenset()  # its Allocate sizes; empty: unknown, excludes every other pod
+
+
+def distinguishable(a: frozenset[int], b: frozenset[int]) -> bool:
+    """Whether the device plugin can tell every Allocate of one pod from every Allocate of the other."""
+    return bool(a) and bool(b) and not a & b
 
 
 def bound_at(text: str, default: float) -> float:
@@ -67,6 +77,7 @@ class HandoffGate:
         self._cond = threading.Condition()
         self._holds: dict[str, dict[str, Hold]] = {}
         self._node_of: dict[str, str] = {}
+        self._shared = 0  # gates taken beside another pod in hand-off of other Allocate sizes
 
     # --- fed by the cache ----------------------------------------------------------------------
     def observe(self, record: PodRecord) -> None:
@@ -97,7 +108,8 @@ class HandoffGate:
             node = record.allocation.node
             if self._node_of.get(uid, node) != node:
                 self._drop(uid)
-            self._set(node, Hold(uid, record.ref.key, bound_at(record.allocation.bound_at, self.clock()), False))
+            since = bound_at(record.allocation.bound_at, self.clock())
+            self._set(node, Hold(uid, record.ref.key, since, False, record.allocate_sizes))
             return
         current = self._current(uid)
         if current is None:
@@ -108,10 +120,11 @@ class HandoffGate:
             self._drop(uid)
 
     # --- used by bind ---------------------------------------------------------------------------
-    def acquire(self, node: str, uid: str, pod_key: str, wait: float) -> float:
-        """Take ``node``'s gate for pod ``uid``, waiting at most ``wait`` seconds. Returns seconds waited.
+    def acquire(self, node: str, uid: str, pod_key: str, wait: float, sizes: frozenset[int] = frozenset()) -> float:
+        """Take ``node``'s gate for pod ``uid`` of Allocate ``sizes``, waiting at most ``wait`` seconds while
+        a pod the device plugin could mistake for it holds it. Returns seconds waited.
 
-        Raises :class:`GateBusy` when another pod still holds it after ``wait``.
+        Raises :class:`GateBusy` when such a pod still holds it after ``wait``.
         """
         start = time.monotonic()
         with self._cond:
@@ -122,10 +135,12 @@ class HandoffGate:
                     if hold.since + self.ttl <= now:
                         log.warning("hand-off gate of %s: %s held it past the TTL; releasing", node, hold.pod_key)
                         self._drop(hold.uid)
-                blockers = [h for h in blockers if h.since + self.ttl > now]
+                beside = [h for h in blockers if h.since + self.ttl > now]
+                blockers = [h for h in beside if not distinguishable(h.sizes, sizes)]
                 waited = time.monotonic() - start
                 if not blockers:
-                    self._set(node, Hold(uid, pod_key, now, True))
+                    self._set(node, Hold(uid, pod_key, now, True, sizes))
+                    self._shared += bool(beside)
                     return waited
                 remaining = wait - waited
                 if remaining <= 0:
@@ -146,19 +161,28 @@ class HandoffGate:
         with self._cond:
             return tuple(self._holds.get(node, {}).values())
 
-    def busy_nodes(self, uid: str) -> set[str]:
-        """Nodes whose gate a pod other than ``uid`` holds (within the TTL): a bind of ``uid`` there would wait."""
+    def busy_nodes(self, uid: str, sizes: frozenset[int] = frozenset()) -> set[str]:
+        """Nodes where a bind of pod ``uid`` of Allocate ``sizes`` would wait: another pod the device plugin
+        could mistake for it holds the gate (within the TTL)."""
         with self._cond:
             now = self.clock()
             return {
                 node
                 for node, holds in self._holds.items()
-                if any(h.uid != uid and h.since + self.ttl > now for h in holds.values())
+                if any(
+                    h.uid != uid and h.since + self.ttl > now and not distinguishable(h.sizes, sizes)
+                    for h in holds.values()
+                )
             }
 
     def held_nodes(self) -> int:
         with self._cond:
             return len(self._holds)
+
+    def shared(self) -> int:
+        """How many times a bind took a gate while another pod, of other Allocate sizes, held it."""
+        with self._cond:
+            return self._shared
 
     # --- internals (caller holds the lock) --------------------------------------------------------
     def _current(self, uid: str) -> Hold | None:
@@ -177,7 +201,7 @@ class HandoffGate:
             return
         until = self.clock() + self.deletion_grace
         if current.since + self.ttl > until:  # expire through the TTL path, never later than the TTL would
-            self._set(self._node_of[uid], Hold(uid, current.pod_key, until - self.ttl, False))
+            self._set(self._node_of[uid], Hold(uid, current.pod_key, until - self.ttl, False, current.sizes))
 
     def _drop(self, uid: str) -> None:
         node = self._node_of.pop(uid, None)

@@ -46,6 +46,24 @@ def vgpu_device_ids(pod: Mapping[str, Any]) -> int | None:
     return held if asked else None
 
 
+def allocate_sizes(pod: Mapping[str, Any]) -> frozenset[int]:
+    """How many device IDs the kubelet's Allocate calls for this pod can carry: one call per container with
+    a vGPU limit (init containers included), each carrying that limit's count of IDs. The device plugin
+    matches an Allocate to a pod by that count (device_plugin/lookup.py), so pods whose sizes are disjoint
+    can be in hand-off on one node at once (HANDOFF.md)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return frozenset()
+    sizes = set()
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        for container in containers if isinstance(containers, list) else ():
+            count = _limit(container)
+            if count:
+                sizes.add(count)
+    return frozenset(sizes)
+
+
 def _limit(container: object) -> int | None:
     """The container's vGPU limit (what the kubelet reads), None when it has none or it is unreadable."""
     if not isinstance(container, Mapping):

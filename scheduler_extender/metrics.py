@@ -15,7 +15,7 @@ from importlib.metadata import version
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler_extender.cache import ClusterCache
@@ -84,7 +84,7 @@ class CapacityCollector(Collector):
         self.cache = cache
         self.gate = gate
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         per_node = {
             "tflops": GaugeMetricFamily(
                 f"{NS}_node_tflops", "TFLOPS per node: capacity and reserved", labels=["node", "pool", "kind"]
@@ -147,6 +147,11 @@ class CapacityCollector(Collector):
         )
         yield GaugeMetricFamily(
             f"{NS}_handoff_gates_held", "Nodes whose hand-off gate is held", value=self.gate.held_nodes()
+        )
+        yield CounterMetricFamily(
+            f"{NS}_handoff_gates_shared",
+            "Binds that took a node's hand-off gate beside another pod in hand-off there, of other Allocate sizes",
+            value=self.gate.shared(),
         )
         yield GaugeMetricFamily(
             f"{NS}_allocation_conflicts",

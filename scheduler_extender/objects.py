@@ -17,7 +17,7 @@ from typing import Any
 
 from scheduler_extender.core.demand import gpu_slots
 from scheduler_extender.core.model import GpuState, NodeState
-from scheduler_extender.kubelet_devices import vgpu_device_ids
+from scheduler_extender.kubelet_devices import allocate_sizes, vgpu_device_ids
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
@@ -57,6 +57,7 @@ class ScheduledPod:
     request_error: str | None  # the resolved-request annotation is present but corrupt
     request_text: str | None  # the annotation as written: equal texts mean equal requests
     device_ids: int | None = None  # vGPU device IDs its spec makes the kubelet hold (None: asks none)
+    allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -76,6 +77,7 @@ class PodRecord:
     receipt: bool  # the device plugin's hand-off receipt for this very pod is present
     workload: str | None = None  # from the resolved request: for local-GPU affinity
     slots: int = 1  # vGPU device IDs it holds on each GPU of its allocation
+    allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
     auto: AutoPod | None = None  # set when its resolved request turns an autoscaling layer on
 
     @property
@@ -177,6 +179,7 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         request_error=error,
         request_text=raw,
         device_ids=vgpu_device_ids(pod),
+        allocate_sizes=allocate_sizes(pod),
     )
 
 
@@ -218,6 +221,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         receipt=receipt,
         workload=_workload_of(ann),
         slots=slots,
+        allocate_sizes=allocate_sizes(pod) if alloc is not None else frozenset(),
         auto=_auto_of(pod, ann),
     )
 

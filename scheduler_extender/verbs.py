@@ -156,7 +156,7 @@ class Verbs:
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
         raw = self._score(pod, demand, snapshot, nodes.names)
-        busy = self.cache.handing_over(pod.ref) & raw.keys()
+        busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
         if busy and len(busy) < len(raw):
             # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
             # the other fitting nodes rank above it (1-10, it 0), so a burst spreads over nodes free now.

@@ -1,4 +1,5 @@
-"""The per-node hand-off gate: one pod in hand-off per node; waits end on receipt, deletion, finish or TTL."""
+"""The per-node hand-off gate: one pod in hand-off per node and Allocate size; waits end on receipt, deletion,
+finish or TTL."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from scheduler_extender.objects import PodRecord, PodRef
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import Qos
+from vgpu.names import RESOURCE_VGPU, Qos
+from vgpu.request import GpuRequest
 
 GRANT = GpuGrant(uuid="g", index=0, tflops_request=1, tflops_limit=1, vram_request=1, vram_limit=1, gpu_tflops=1)
 
@@ -28,6 +30,7 @@ def record(
     deleting: bool = False,
     bound_at: float | None = None,
     allocated: bool = True,
+    sizes: frozenset[int] = frozenset(),
 ) -> PodRecord:
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bound_at if bound_at is not None else time.time()))
     alloc = PodAllocation(
@@ -41,6 +44,7 @@ def record(
         allocation=alloc if allocated else None,
         allocation_error=None,
         receipt=receipt,
+        allocate_sizes=sizes,
     )
 
 
@@ -138,6 +142,77 @@ def test_relist_rebuilds_observed_holds_and_keeps_binds_in_flight() -> None:
     assert gate.holders("n1") == ()
     assert [h.uid for h in gate.holders("n2")] == ["flying"]
     assert [h.uid for h in gate.holders("n3")] == ["new"]
+
+
+ONE, TWO = frozenset({1}), frozenset({2})
+
+
+def test_pods_of_disjoint_allocate_sizes_hand_over_at_once_and_equal_sizes_wait() -> None:
+    """The device plugin tells a 1-device Allocate from a 2-device one: such pods share a node's gate."""
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a", sizes=ONE))
+    assert gate.acquire("n1", "b", "default/b", 0.01, TWO) < 0.01
+    assert sorted(h.uid for h in gate.holders("n1")) == ["a", "b"]
+    for sizes in (ONE, frozenset({1, 2}), frozenset({2, 3}), frozenset()):  # shares a size, or unknown
+        with pytest.raises(GateBusy):
+            gate.acquire("n1", "c", "default/c", 0.01, sizes)
+    assert gate.acquire("n1", "c", "default/c", 0.01, frozenset({3})) < 0.01
+    assert gate.shared() == 2  # b beside a, c beside a and b; the refused tries count nothing
+    assert gate.busy_nodes("d", ONE) == {"n1"} and gate.busy_nodes("d", frozenset({4})) == set()
+
+
+def test_a_pod_of_unknown_sizes_holds_the_gate_against_every_size() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a"))  # a pod whose containers ask no vGPU count the extender can read
+    for sizes in (ONE, TWO, frozenset()):
+        with pytest.raises(GateBusy):
+            gate.acquire("n1", "b", "default/b", 0.01, sizes)
+    assert gate.busy_nodes("b", TWO) == {"n1"}
+
+
+def test_a_waiting_bind_proceeds_when_the_pod_of_its_size_hands_over_while_another_size_still_holds() -> None:
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a", sizes=ONE))
+    gate.observe(record("b", sizes=TWO))
+    waiting: list[object] = []
+    worker = threading.Thread(target=lambda: waiting.append(gate.acquire("n1", "c", "default/c", 3, ONE)))
+    worker.start()
+    time.sleep(0.1)
+    gate.observe(record("b", sizes=TWO, receipt=True))  # the other size: c still waits
+    time.sleep(0.1)
+    assert not waiting
+    gate.observe(record("a", sizes=ONE, receipt=True))
+    worker.join(2)
+    assert len(waiting) == 1 and isinstance(waiting[0], float)
+    assert [h.uid for h in gate.holders("n1")] == ["c"]
+
+
+def test_a_one_gpu_and_a_two_gpu_pod_bind_to_one_node_without_waiting_for_each_other(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
+    fake.put(Kind.POD, vgpu_pod("one", gpu_request(vram=GI), 1))
+    fake.put(Kind.POD, vgpu_pod("two", gpu_request(vram=GI, count=2), 2))
+    fake.put(Kind.POD, vgpu_pod("three", gpu_request(vram=GI), 1))
+    app = run(handoff_wait=0.3)
+    for name in ("one", "two"):
+        reply = app.post(
+            "/bind", {"PodName": name, "PodNamespace": "default", "PodUID": f"uid-default-{name}", "Node": "n1"}
+        )
+        assert reply == {"Error": ""}, (name, reply)
+    assert sorted(h.pod_key for h in app.ext.gate.holders("n1")) == ["default/one", "default/two"]
+    assert "tf_extender_handoff_gates_shared_total 1.0" in app.client.get("/metrics").text
+    reply = app.post(
+        "/bind", {"PodName": "three", "PodNamespace": "default", "PodUID": "uid-default-three", "Node": "n1"}
+    )
+    assert "still handing GPUs over to pod default/one" in reply["Error"]  # the same size as one: it waits
+
+
+def vgpu_pod(name: str, request: GpuRequest, devices: int) -> dict[str, object]:
+    """A pod whose container asks the kubelet for ``devices`` vGPU IDs, as the webhook makes it."""
+    pod = make_pod(name, request)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE_VGPU: str(devices)}}
+    return pod
 
 
 def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.kubelet_devices import vgpu_device_ids
+from scheduler_extender.kubelet_devices import allocate_sizes, vgpu_device_ids
 from vgpu.names import RESOURCE_VGPU
 
 
@@ -79,3 +79,25 @@ def test_the_ids_the_kubelet_holds_for_the_pod(case: Case) -> None:
 )
 def test_a_malformed_pod_asks_for_nothing_and_never_raises(pod: dict[str, Any]) -> None:
     assert vgpu_device_ids(pod) is None
+
+
+SIZES = [
+    ("one GPU", [], [c("main", "1")], {1}),
+    ("two GPUs", [], [c("main", "2")], {2}),
+    ("two one-GPU containers: one size", [], [c("a", "1"), c("b", "1")], {1}),
+    ("an init container is allocated too", [c("i", "2")], [c("a", "1")], {1, 2}),
+    ("a zero or no resource makes no call", [], [c("a", "0"), c("log"), c("b", "2")], {2}),
+    ("quantities round up as the kubelet's count", [], [c("main", "1500m")], {2}),
+]
+
+
+@pytest.mark.parametrize(("init", "containers", "expected"), [s[1:] for s in SIZES], ids=[s[0] for s in SIZES])
+def test_allocate_sizes_are_the_limits_of_the_containers_that_ask(
+    init: list[dict[str, Any]], containers: list[dict[str, Any]], expected: set[int]
+) -> None:
+    assert allocate_sizes({"spec": {"initContainers": init, "containers": containers}}) == expected
+
+
+def test_a_pod_that_asks_nothing_has_no_allocate_size() -> None:
+    assert allocate_sizes({"spec": {"containers": [c("main")]}}) == frozenset()
+    assert allocate_sizes({}) == frozenset()
