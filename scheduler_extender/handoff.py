@@ -18,6 +18,7 @@ the same text.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -31,13 +32,16 @@ log = logging.getLogger(__name__)
 
 
 class GateBusy(Exception):
-    """Another pod held the node's gate for longer than the bind may wait."""
+    """Another pod held the node's gate, or an earlier bind still waited for it, for longer than the bind may wait."""
 
-    def __init__(self, node: str, holder: str, held_for: float, waited: float) -> None:
-        super().__init__(
-            f"node {node} is still handing GPUs over to pod {holder} (waiting for its device-plugin receipt "
-            f"for {held_for:.1f}s); gave up after {waited:.1f}s, the scheduler will retry"
+    def __init__(self, node: str, holder: str, held_for: float, waited: float, *, queued: bool = False) -> None:
+        why = (
+            f"'s hand-off gate is still awaited by the bind of pod {holder}, which came first"
+            if queued
+            else f" is still handing GPUs over to pod {holder} (waiting for its device-plugin receipt for "
+            f"{held_for:.1f}s)"
         )
+        super().__init__(f"node {node}{why}; gave up after {waited:.1f}s, the scheduler will retry")
         self.node = node
         self.holder = holder
         self.waited = waited
@@ -52,6 +56,15 @@ class Hold:
     since: float  # wall-clock seconds
     in_flight: bool
     sizes: frozenset[int] = frozenset()  # its Allocate sizes; empty: unknown, excludes every other pod
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A bind waiting for a node's gate; ``ticket`` orders the waiters of a node by arrival."""
+
+    ticket: int
+    pod_key: str
+    sizes: frozenset[int]
 
 
 def distinguishable(a: frozenset[int], b: frozenset[int]) -> bool:
@@ -78,6 +91,8 @@ class HandoffGate:
         self._holds: dict[str, dict[str, Hold]] = {}
         self._node_of: dict[str, str] = {}
         self._shared = 0  # gates taken beside another pod in hand-off of other Allocate sizes
+        self._waiting: dict[str, dict[str, Waiter]] = {}  # node → binds waiting for its gate, by pod UID
+        self._tickets = itertools.count()
 
     # --- fed by the cache ----------------------------------------------------------------------
     def observe(self, record: PodRecord) -> None:
@@ -124,30 +139,45 @@ class HandoffGate:
         """Take ``node``'s gate for pod ``uid`` of Allocate ``sizes``, waiting at most ``wait`` seconds while
         a pod the device plugin could mistake for it holds it. Returns seconds waited.
 
-        Raises :class:`GateBusy` when such a pod still holds it after ``wait``.
+        Binds of one size take a node's gate in the order they came: a burst queued at one node drains in
+        ``handoff_wait`` if each hand-off is quick enough, instead of a late-comer overtaking an early bind
+        until the early one gives up into kube-scheduler's backoff (up to 10 s). Raises :class:`GateBusy`
+        when such a pod still holds the gate, or an earlier bind still waits for it, after ``wait``.
         """
         start = time.monotonic()
         with self._cond:
-            while True:
-                now = self.clock()
-                blockers = [h for h in self._holds.get(node, {}).values() if h.uid != uid]
-                for hold in blockers:
-                    if hold.since + self.ttl <= now:
-                        log.warning("hand-off gate of %s: %s held it past the TTL; releasing", node, hold.pod_key)
-                        self._drop(hold.uid)
-                beside = [h for h in blockers if h.since + self.ttl > now]
-                blockers = [h for h in beside if not distinguishable(h.sizes, sizes)]
-                waited = time.monotonic() - start
-                if not blockers:
-                    self._set(node, Hold(uid, pod_key, now, True, sizes))
-                    self._shared += bool(beside)
-                    return waited
-                remaining = wait - waited
-                if remaining <= 0:
-                    oldest = min(blockers, key=lambda h: h.since)
-                    raise GateBusy(node, oldest.pod_key, now - oldest.since, waited)
-                next_expiry = min(h.since + self.ttl for h in blockers) - now
-                self._cond.wait(max(0.0, min(remaining, next_expiry)))
+            queue = self._waiting.setdefault(node, {})
+            me = queue[uid] = Waiter(next(self._tickets), pod_key, sizes)
+            try:
+                while True:
+                    now = self.clock()
+                    blockers = [h for h in self._holds.get(node, {}).values() if h.uid != uid]
+                    for hold in blockers:
+                        if hold.since + self.ttl <= now:
+                            log.warning("hand-off gate of %s: %s held it past the TTL; releasing", node, hold.pod_key)
+                            self._drop(hold.uid)
+                    beside = [h for h in blockers if h.since + self.ttl > now]
+                    blockers = [h for h in beside if not distinguishable(h.sizes, sizes)]
+                    ahead = [w for w in queue.values() if w.ticket < me.ticket and not distinguishable(w.sizes, sizes)]
+                    waited = time.monotonic() - start
+                    if not blockers and not ahead:
+                        self._set(node, Hold(uid, pod_key, now, True, sizes))
+                        self._shared += bool(beside)
+                        return waited
+                    remaining = wait - waited
+                    if remaining <= 0:
+                        if blockers:
+                            oldest = min(blockers, key=lambda h: h.since)
+                            raise GateBusy(node, oldest.pod_key, now - oldest.since, waited)
+                        first = min(ahead, key=lambda w: w.ticket)
+                        raise GateBusy(node, first.pod_key, 0.0, waited, queued=True)
+                    next_expiry = min((h.since + self.ttl for h in blockers), default=now + remaining) - now
+                    self._cond.wait(max(0.0, min(remaining, next_expiry)))
+            finally:
+                del queue[uid]
+                if not queue:
+                    del self._waiting[node]
+                self._cond.notify_all()  # the next waiter may go now
 
     def release(self, node: str, uid: str) -> None:
         """Give the gate back after a failed bind (idempotent)."""

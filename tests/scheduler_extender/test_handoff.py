@@ -48,12 +48,14 @@ def record(
     )
 
 
-def acquire_in_thread(gate: HandoffGate, uid: str, wait: float) -> tuple[threading.Thread, list[object]]:
+def acquire_in_thread(
+    gate: HandoffGate, uid: str, wait: float, sizes: frozenset[int] = frozenset()
+) -> tuple[threading.Thread, list[object]]:
     out: list[object] = []
 
     def target() -> None:
         try:
-            out.append(gate.acquire("n1", uid, f"default/{uid}", wait))
+            out.append(gate.acquire("n1", uid, f"default/{uid}", wait, sizes))
         except GateBusy as exc:
             out.append(exc)
 
@@ -159,6 +161,46 @@ def test_pods_of_disjoint_allocate_sizes_hand_over_at_once_and_equal_sizes_wait(
     assert gate.acquire("n1", "c", "default/c", 0.01, frozenset({3})) < 0.01
     assert gate.shared() == 2  # b beside a, c beside a and b; the refused tries count nothing
     assert gate.busy_nodes("d", ONE) == {"n1"} and gate.busy_nodes("d", frozenset({4})) == set()
+
+
+def test_binds_of_one_size_take_a_node_gate_in_the_order_they_came() -> None:
+    """A late bind never overtakes an early one, which would otherwise give up into the scheduler's backoff."""
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a", sizes=ONE))
+    order: list[str] = []
+    workers = []
+    for uid in ("b", "c", "d"):
+        worker = threading.Thread(target=lambda u=uid: (gate.acquire("n1", u, f"default/{u}", 3, ONE), order.append(u)))
+        worker.start()
+        workers.append(worker)
+        time.sleep(0.05)  # arrival order b, c, d
+    other = gate.acquire("n1", "e", "default/e", 0.01, TWO)  # another size neither waits nor overtakes them
+    assert other < 0.01 and order == []
+    holder = "a"
+    for expected in ("b", "c", "d"):
+        gate.observe(record(holder, sizes=ONE, receipt=True))
+        deadline = time.monotonic() + 2
+        while len(order) < ("b", "c", "d").index(expected) + 1:
+            assert time.monotonic() < deadline, order
+            time.sleep(0.01)
+        gate.observe(record(expected, sizes=ONE))  # the bind's pod, bound: it holds the gate now
+        holder = expected
+    for worker in workers:
+        worker.join(2)
+    assert order == ["b", "c", "d"]
+
+
+def test_a_bind_behind_a_waiting_bind_of_a_shared_size_waits_for_it_and_names_it() -> None:
+    """c (2 devices) could hand over beside a (1), but b (1 or 2) came first and waits for a: c waits behind b."""
+    gate = HandoffGate(ttl=60)
+    gate.observe(record("a", sizes=ONE))
+    waiting, out = acquire_in_thread(gate, "b", 1.0, frozenset({1, 2}))
+    time.sleep(0.05)
+    with pytest.raises(GateBusy, match="still awaited by the bind of pod default/b, which came first"):
+        gate.acquire("n1", "c", "default/c", 0.05, TWO)
+    waiting.join(2)
+    assert isinstance(out[0], GateBusy)  # b gave up too (a kept the gate): nobody is ahead of c now
+    assert gate.acquire("n1", "c", "default/c", 0.01, TWO) < 0.01
 
 
 def test_a_pod_of_unknown_sizes_holds_the_gate_against_every_size() -> None:
