@@ -122,11 +122,16 @@ def two_gpus(i: int) -> dict[str, Any]:
     return gpu_pod(f"two-{i:02d}", {**SHARE, Annotation.GPU_COUNT: "2"})
 
 
-# 40 GPU shares of 30 TFLOPS fill the node's 4 A100s (10 each): 40 one-GPU pods, or 20 one-GPU and 10 two-GPU
-# pods interleaved (an Allocate asks for 1 or 2 devices: the device plugin tells the sizes apart).
+# 40 GPU shares of 30 TFLOPS fill the node's 4 A100s (10 each). Same size: 40 one-GPU pods, the whole node
+# (one more share always fits while any is free). Mixed: 16 one-GPU and 6 two-GPU pods interleaved (28
+# shares; an Allocate asks for 1 or 2 devices, which the device plugin tells apart): before the last pod at
+# most 26 shares are taken, fewer than three full GPUs, so a two-GPU pod fits whatever the packing.
 BURSTS = {
     "same-size": [one_gpu(i) for i in range(40)],
-    "mixed-size": [p for i in range(10) for p in (one_gpu(2 * i), two_gpus(i), one_gpu(2 * i + 1))],
+    "mixed-size": [
+        *[p for i in range(6) for p in (one_gpu(2 * i), two_gpus(i), one_gpu(2 * i + 1))],
+        *[one_gpu(i) for i in range(12, 16)],
+    ],
 }
 
 
