@@ -134,7 +134,7 @@ def build(
     catalog = catalog or load_catalog(Path(settings.gpu_catalog) if settings.gpu_catalog else None)
     gate = HandoffGate(ttl=settings.handoff_ttl, deletion_grace=settings.handoff_deletion_grace, clock=clock)
     cache = ClusterCache(default_pool=settings.default_pool, gate=gate, clock=clock)
-    refresher = Refresher()
+    refresher = Refresher(cluster=cache.nodes)
     policies = Policies(settings.policy.value, on_create=refresher.track)
     metrics = Metrics(cache, gate)
     events = EventRecorder(

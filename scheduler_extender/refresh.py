@@ -7,6 +7,12 @@ policy is switched to deferred mode as it is created: ``observe`` (on the bind p
 and a :class:`~scheduler_extender.periodic.Periodic` pass takes a copy of the counts when a refresh
 is due, solves it and swaps the result in. Filter, prioritize and bind always read the last
 finished mix; one refresh runs at a time.
+
+The same pass shows every :class:`~scheduler_extender.core.policy.ClusterAware` policy the whole
+cluster, as the cache holds it (every node with what its pods hold), when the policy is new and every
+``see_every`` seconds after: such a policy weighs GPUs per node kind (which models pinned demand
+needs), and ``observe`` tells it of pods that come but not of pods that leave. O(nodes × GPUs) a call,
+off the request path.
 """
 
 from __future__ import annotations
@@ -14,26 +20,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from scheduler_extender.core.fragmentation import FragmentationPolicy, learn
-from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.model import NodeState
+from scheduler_extender.core.policy import ClusterAware, Policy
 from scheduler_extender.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
 INTERVAL: Final = 0.2  # seconds between checks for a due refresh: the mix is at most this late
+SEE_EVERY: Final = 5.0  # seconds between showing cluster-aware policies every node (pods that left)
 
 
 class Refresher:
     """Owns the learning policies' refreshes; ``track`` is the :class:`Policies` creation hook."""
 
-    def __init__(self, interval: float = INTERVAL, on_refresh: Callable[[float], None] | None = None) -> None:
-        """``on_refresh`` gets the seconds each refresh took (for metrics and the latency benchmark)."""
+    def __init__(
+        self,
+        interval: float = INTERVAL,
+        on_refresh: Callable[[float], None] | None = None,
+        *,
+        cluster: Callable[[], Iterable[NodeState]] | None = None,
+        see_every: float = SEE_EVERY,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``on_refresh`` gets the seconds each refresh took (for metrics and the latency benchmark);
+        ``cluster`` gives every node as the cache holds it (None: cluster-aware policies see nothing)."""
         self._policies: list[FragmentationPolicy] = []
         self._lock = threading.Lock()
         self._on_refresh = on_refresh
+        self._cluster, self._see_every, self._monotonic = cluster, see_every, monotonic
+        self._seen_at: dict[int, float] = {}  # id(policy) -> when it was last shown the cluster
         self.worker = Periodic("policy-refresh", interval, self.run_once, immediately=True)
 
     def track(self, policy: Policy) -> None:
@@ -58,4 +77,20 @@ class Refresher:
             if self._on_refresh is not None:
                 self._on_refresh(seconds)
             done += 1
+        self._show_cluster(policies)
         return done
+
+    def _show_cluster(self, policies: list[FragmentationPolicy]) -> None:
+        """Show the cluster-aware policies every node, when new or ``see_every`` after the last time."""
+        now = self._monotonic()
+        due = [
+            p
+            for p in policies
+            if isinstance(p, ClusterAware) and now - self._seen_at.get(id(p), -self._see_every) >= self._see_every
+        ]
+        if not due or self._cluster is None:
+            return
+        nodes = tuple(self._cluster())
+        for policy in due:
+            policy.see_cluster(nodes)
+            self._seen_at[id(policy)] = now

@@ -22,6 +22,11 @@ FGD where the openb replay showed FGD losing capacity (see ``benchmarks/placemen
   to other models neither uses nor strands its GPUs. (Counting such pods as stranding *all* idle
   GPUs, as FGD does, pulls unconstrained pods onto the scarce models that pinned pods need, and
   splitting the mix by constraint pushed sizes out of the 64 kept: ``benchmarks/placement/README.md``.)
+- **Models that pinned demand needs are closed to the rest.** Shown the whole cluster
+  (:meth:`FragmentationPolicy.see_cluster`), the policy closes a node kind (labels, GPU models) once
+  the demand still to come that may run only there needs all its room; a pod that could go to an
+  open kind then ranks below every node where it displaces nobody. Uniform pins piled onto scarce
+  models otherwise let unconstrained pods fill them first (``benchmarks/placement/README.md``).
 - **Joint fill.** The cutting-stock LP of the observed fractional sizes prices GPU space
   (:mod:`scheduler_extender.core.cutting_stock`); a pod that spoils a pattern the optimal packing
   needs (a 470 in an 810's room) adds the LP value it loses, in GPUs, to its growth.
@@ -39,7 +44,7 @@ O(shapes × distinct GPU states) once per state.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from math import exp
 from typing import Any, Final
@@ -82,6 +87,12 @@ class Eligibility:
 
 FREE: Final = Eligibility(None, "None")
 
+Kind = tuple[tuple[tuple[str, str], ...], tuple[str, ...]]  # a node's labels and GPU models: all that admits a pod
+
+
+def kind_of(node: NodeState) -> Kind:
+    return tuple(sorted(node.labels.items())), tuple(sorted({g.model for g in node.gpus}))
+
 
 @dataclass(frozen=True, slots=True)
 class _Class:
@@ -108,6 +119,8 @@ class Observed:
     constraints: Mapping[Eligibility, Mapping[str, Any] | None]
     cpu_per_gpu: float
     memory_per_gpu: float
+    pod_cpu_per_gpu: float = 0.0  # the same over GPU pods only: what a GPU pod needs beside each GPU
+    pod_memory_per_gpu: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +141,9 @@ class Learned:
         default_factory=dict
     )
     eligible: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)  # node labels → shares
+    demand: tuple[tuple[Eligibility, float], ...] = ()  # each eligibility class's share of the GPU demand
+    pod_cpu_per_gpu: float = 0.0  # GPU pods' own CPU (memory) per GPU: what the cluster view counts as room
+    pod_memory_per_gpu: float = 0.0
 
 
 def shape_of(demand: Demand) -> Shape:
@@ -193,8 +209,19 @@ def learn(observed: Observed) -> Learned:
         covered += n * per_pod[shape]
     mass = sum(n * per_pod[s] for s, n in kept)
     mix = tuple(_Weighted(s, n * per_pod[s] / mass, _classes(observed, by_shape[s])) for s, n in kept)
+    shares: dict[Eligibility, float] = {}
+    for (shape, eligibility), k in observed.classes.items():
+        if shape in per_pod:
+            shares[eligibility] = shares.get(eligibility, 0.0) + k * per_pod[shape] / total
     return Learned(
-        observed.revision, mix, observed.cpu_per_gpu, observed.memory_per_gpu, _price(observed.counts, per_pod)
+        observed.revision,
+        mix,
+        observed.cpu_per_gpu,
+        observed.memory_per_gpu,
+        _price(observed.counts, per_pod),
+        demand=tuple(sorted(shares.items(), key=lambda kv: -kv[1])),
+        pod_cpu_per_gpu=observed.pod_cpu_per_gpu,
+        pod_memory_per_gpu=observed.pod_memory_per_gpu,
     )
 
 
@@ -230,18 +257,25 @@ class FragmentationPolicy:
     """
 
     __slots__ = (
+        "_admitted",
         "_classes",
+        "_closed",
         "_constraints",
         "_counts",
         "_demand",
+        "_escapes",
+        "_free",
+        "_gates",
         "_gpus_seen",
         "_last_demand",
-        "_last_shape",
+        "_last_key",
         "_learned",
         "_models",
+        "_nodes",
         "_observed",
         "_refreshed",
         "_used",
+        "_used_by_gpu_pods",
         "deferred",
     )
 
@@ -254,10 +288,18 @@ class FragmentationPolicy:
         self._refreshed = 0
         self._used = [0.0, 0.0]  # CPU and memory of every observed pod, CPU-only ones included
         self._gpus_seen = 0.0  # GPUs those pods asked for
+        self._used_by_gpu_pods = [0.0, 0.0]  # CPU and memory of the pods among them that asked for GPUs
         self._learned = Learned()
         self._last_demand: Demand | None = None
-        self._last_shape: Shape | None = None
+        self._last_key: tuple[Shape, Eligibility] | None = None
         self._models: dict[tuple[str, str], bool] = {}
+        # The cluster view (see_cluster): per node its kind, idle GPUs, free CPU and memory; per kind its room.
+        self._nodes: dict[str, tuple[Kind, float, int | None, int | None]] = {}
+        self._free: dict[Kind, float] = {}  # idle GPUs per kind that the nodes' CPU and memory can feed
+        self._admitted: dict[Eligibility, tuple[Kind, ...]] = {}  # kinds an eligibility class may use
+        self._closed: frozenset[Kind] = frozenset()  # kinds whose room pinned demand needs
+        self._escapes: dict[Eligibility, bool] = {}  # whether a class may use an open kind
+        self._gates = 0  # changes of the closed set: part of the revision
         self.deferred = False
 
     @property
@@ -266,8 +308,18 @@ class FragmentationPolicy:
 
     @property
     def revision(self) -> int:
-        """Bumped by every adopted refresh; callers that cache scores by node state drop them then."""
-        return self._learned.revision
+        """Bumped by every adopted refresh and every change of the closed kinds; cached scores go then."""
+        return self._learned.revision + self._gates
+
+    @property
+    def closed(self) -> frozenset[Kind]:
+        """The node kinds whose room pinned demand still to come needs (see :meth:`_gate`)."""
+        return self._closed
+
+    @property
+    def idle_by_kind(self) -> Mapping[Kind, float]:
+        """Room per node kind in the cluster view: the idle GPUs their nodes' CPU and memory can feed."""
+        return dict(self._free)
 
     @property
     def mix(self) -> tuple[tuple[Shape, float], ...]:
@@ -279,11 +331,26 @@ class FragmentationPolicy:
         return sum(w.weight * sum(c.share for c in w.classes if c.gpu_model or c.affinity) for w in self._learned.mix)
 
     # --- learning ------------------------------------------------------------------------------
-    def observe(self, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> None:  # noqa: ARG002
+    def observe(self, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> None:
         """Count a committed pod into the mix (its CPU and memory even when it asks for no GPU)."""
         self._used[0] += demand.cpu
         self._used[1] += demand.memory
+        seen = self._nodes.get(node.name)
+        if seen is not None:
+            kind, idle_gpus, cpu, memory = seen
+            after = (
+                kind,
+                idle_gpus - sum(idle(g) - idle(_take(g, demand)) for g in gpus),
+                None if cpu is None else cpu - demand.cpu,
+                None if memory is None else memory - demand.memory,
+            )
+            self._nodes[node.name] = after
+            free = self._free  # the extender's see_cluster may swap both tables on another thread
+            if kind in free:
+                free[kind] += self._room(*after[1:]) - self._room(*seen[1:])
         if demand.gpu_count <= 0 or not gpus:
+            if seen is not None:
+                self._gate()
             return  # CPU-only pods take no GPU: they matter through the CPU they use, not as a shape
         shape = shape_of(demand)
         eligibility = eligibility_of(demand)
@@ -291,12 +358,16 @@ class FragmentationPolicy:
         per_pod = self._demand.setdefault(shape, gpu_demand(shape, gpus[0]))  # refer to them (see take)
         self._classes[(shape, eligibility)] += 1
         self._gpus_seen += per_pod
+        self._used_by_gpu_pods[0] += demand.cpu
+        self._used_by_gpu_pods[1] += demand.memory
         self._counts[shape] += 1
         self._observed += 1
         if not self.deferred and self.due:
             observed = self.take()
             if observed is not None:
                 self.adopt(learn(observed))
+        if seen is not None:
+            self._gate()
 
     @property
     def due(self) -> bool:
@@ -323,12 +394,117 @@ class FragmentationPolicy:
             dict(self._constraints),
             self._used[0] / self._gpus_seen,
             self._used[1] / self._gpus_seen,
+            self._used_by_gpu_pods[0] / self._gpus_seen,
+            self._used_by_gpu_pods[1] / self._gpus_seen,
         )
 
     def adopt(self, learned: Learned) -> None:
         """Score against ``learned`` from now on (one reference swap; a stale result is ignored)."""
         if learned.revision > self._learned.revision:
             self._learned = learned
+            self._tally()  # GPU pods' CPU (memory) per GPU decides how many idle GPUs can be fed
+            self._gate()
+
+    # --- the cluster view: which kinds pinned demand needs ---------------------------------------
+    def see_cluster(self, nodes: Iterable[NodeState]) -> None:
+        """Take every node's state: its kind (labels, GPU models: what admits a pinned pod) and free room.
+
+        The replay calls this once with the inventory; ``observe`` then updates the node each pod is
+        committed to. The extender, whose pods also leave, would call it with every node's state from
+        its cache, at start and then periodically. Until it is called nothing is closed (:meth:`_gate`).
+        """
+        self._nodes = {
+            n.name: (kind_of(n), sum(idle(g) for g in n.gpus), n.cpu_free, n.memory_free) for n in nodes if n.gpus
+        }
+        self._tally()
+        self._gate()
+
+    def _tally(self) -> None:
+        """Idle GPUs per kind, counting on each node only those its free CPU and memory can feed."""
+        free: dict[Kind, float] = {}
+        for kind, idle_gpus, cpu, memory in self._nodes.values():
+            free[kind] = free.get(kind, 0.0) + self._room(idle_gpus, cpu, memory)
+        if free.keys() != self._free.keys():
+            self._admitted = {}  # a new kind may admit a class
+        self._free = free
+
+    def _room(self, idle_gpus: float, cpu: int | None, memory: int | None) -> float:
+        """A node's idle GPUs less those its CPU (memory) cannot feed at GPU pods' CPU (memory) per GPU.
+
+        GPU pods' own ratio, not the mix's (which adds CPU-only pods' CPU, as :meth:`_starved` must):
+        the room is what pinned GPU pods could still use, and CPU-only pods need no GPU to run.
+        """
+        room = idle_gpus
+        learned = self._learned
+        if learned.pod_cpu_per_gpu > 0 and cpu is not None:
+            room = min(room, cpu / learned.pod_cpu_per_gpu)
+        if learned.pod_memory_per_gpu > 0 and memory is not None:
+            room = min(room, memory / learned.pod_memory_per_gpu)
+        return max(0.0, room)
+
+    def _gate(self) -> None:
+        """Close the kinds whose room the pinned demand still to come needs, at the learned mix.
+
+        The cluster is assumed to keep filling: of the demand still to arrive (as many GPUs as there
+        is room), each eligibility class asks its learned share. A class that may use only some kinds
+        needs that much there: a class of one kind all of it, a class of several kinds split by the
+        room the single-kind classes leave. A kind whose need reaches its room is *closed*: a pod
+        that may run elsewhere displaces pinned demand there GPU for GPU — a certain loss, where
+        fragmentation growth is an expected one — so :meth:`score` ranks every node where it
+        displaces nobody first. With pins in proportion to each kind's GPUs a kind's need is about
+        the pinned share of its own room and nothing closes until one kind is much fuller than the
+        rest; with no pins nothing closes at all, and no decision changes.
+        """
+        free = self._free
+        shares = self._learned.demand
+        closed: frozenset[Kind] = frozenset()
+        if free and shares:
+            left = sum(max(0.0, f) for f in free.values())
+            need = dict.fromkeys(free, 0.0)
+            several: list[tuple[tuple[Kind, ...], float]] = []
+            for eligibility, share in shares:
+                kinds = self._admits_kinds(eligibility, self._constraints.get(eligibility))
+                if not kinds or len(kinds) == len(free):
+                    continue  # runs nowhere, or anywhere: the demand the gate steers
+                if len(kinds) == 1:
+                    need[kinds[0]] += share * left
+                else:
+                    several.append((kinds, share * left))
+            for kinds, amount in several:
+                room = [max(0.0, free[k] - need[k]) for k in kinds]
+                if sum(room) <= 0.0:
+                    room = [max(0.0, free[k]) for k in kinds]
+                total = sum(room)
+                for k, r in zip(kinds, room, strict=True):
+                    need[k] += amount * r / total if total > 0.0 else amount / len(kinds)
+            closed = frozenset(k for k, n in need.items() if n > 0.0 and n >= free[k])
+        if closed != self._closed:
+            self._closed = closed
+            self._escapes = {}
+            self._gates += 1
+
+    def _admits_kinds(self, eligibility: Eligibility, constraint: Mapping[str, Any] | None) -> tuple[Kind, ...]:
+        """The kinds of the cluster view on which pods of this class (its node affinity: ``constraint``) may run."""
+        hit = self._admitted.get(eligibility)
+        if hit is None:
+            hit = self._admitted[eligibility] = tuple(
+                k
+                for k in sorted(self._free)
+                if (eligibility.gpu_model is None or any(self._model_ok(eligibility.gpu_model, m) for m in k[1]))
+                and (constraint is None or node_affinity_matches(constraint, "", dict(k[0])))
+            )
+        return hit
+
+    def _displaces(self, demand: Demand, eligibility: Eligibility, node: NodeState) -> bool:
+        """Whether a pod of this class on ``node`` takes GPUs pinned demand needs while it could go elsewhere."""
+        seen = self._nodes.get(node.name)
+        if seen is None or seen[0] not in self._closed:
+            return False
+        hit = self._escapes.get(eligibility)
+        if hit is None:
+            admitted = self._admits_kinds(eligibility, demand.node_affinity)
+            hit = self._escapes[eligibility] = any(k not in self._closed for k in admitted)
+        return hit
 
     # --- fragmentation -------------------------------------------------------------------------
     def _fits(self, s: Shape, node: NodeState) -> bool:
@@ -466,10 +642,11 @@ class FragmentationPolicy:
         pays an identity check per node instead of O(shapes × GPUs).
         """
         learned = self._learned
-        shape = self._last_shape
-        if demand is not self._last_demand or shape is None:
-            shape = shape_of(demand)
-            self._last_demand, self._last_shape = demand, shape
+        key = self._last_key
+        if demand is not self._last_demand or key is None:
+            key = (shape_of(demand), eligibility_of(demand))
+            self._last_demand, self._last_key = demand, key
+        shape = key[0]
         entry = learned.scores.get(node.name)
         if entry is None or entry[0] is not node.gpus or entry[1] != (node.cpu_free, node.memory_free):
             entry = learned.scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {})
@@ -477,6 +654,8 @@ class FragmentationPolicy:
         if hit is None:
             best = self._best(learned, demand, node)
             hit = entry[2][shape] = 0.0 if best is None else 1.0 / (1.0 + exp(min(best[0], 700.0)))
+        if hit > 0.0 and self._closed:  # displacing nobody ranks first: (sigmoid + 1) / 2, else sigmoid / 2
+            hit = 0.5 * hit + (0.0 if self._displaces(demand, key[1], node) else 0.5)
         return hit
 
     def choose_gpus(self, demand: Demand, node: NodeState) -> tuple[GpuState, ...]:

@@ -16,8 +16,8 @@ instance per name (a learning policy's ``observe`` state lives there) and honour
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final, Protocol
+from collections.abc import Callable, Iterable
+from typing import Final, Protocol, runtime_checkable
 
 from scheduler_extender.core.fit import fitting_gpus
 from scheduler_extender.core.model import Demand, GpuState, NodeState
@@ -51,6 +51,19 @@ class Policy(Protocol):
 
 
 PolicyFactory = Callable[[], Policy]
+
+
+@runtime_checkable
+class ClusterAware(Protocol):
+    """A policy that weighs the whole cluster (GPUs per node kind), not only the nodes it scores.
+
+    It is shown every node, as the extender knows them from its cache: the replay scores one node per
+    class of identical nodes and shows it the inventory once when it starts (commits reach it through
+    ``observe``); the extender, whose pods also leave, shows it every node periodically
+    (:mod:`scheduler_extender.refresh`).
+    """
+
+    def see_cluster(self, nodes: Iterable[NodeState]) -> None: ...
 
 
 def utilisation_after(demand: Demand, node: NodeState) -> float:

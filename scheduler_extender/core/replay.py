@@ -16,7 +16,10 @@ Speed: a 1,213-node cluster and 10k pods would mean 12M policy calls. Nodes in t
 filter verdict and score from any policy whose score ignores the node's name and GPU order (all
 registered ones), so nodes are grouped into classes and each class is judged once per pod shape;
 only the class of the node that received a pod changes. A learning policy that exposes a
-``revision`` (see :class:`Revisioned`) invalidates the cached scores whenever it bumps it.
+``revision`` (see :class:`Revisioned`) invalidates the cached scores whenever it bumps it. Since
+the policy is asked about one node per class, a policy that weighs the whole cluster
+(:class:`ClusterAware`) is shown every node once when the replay starts, as the extender can from
+its cache; it follows the commits through ``observe``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Protocol, runtime_checkable
 
 from scheduler_extender.core.model import Demand, GpuState, NodeState, Snapshot
 from scheduler_extender.core.placement import place
-from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.policy import ClusterAware, Policy
 from scheduler_extender.core.scoring import MAX_EXTENDER_PRIORITY, score_nodes, to_extender_scores, top_nodes
 from vgpu.catalog import Catalog
 
@@ -242,6 +245,8 @@ class Replay:
         self.policy = policy
         self.catalog = catalog
         self.config = config
+        if isinstance(policy, ClusterAware):
+            policy.see_cluster(cluster.nodes)  # the inventory and what it holds now; commits go through observe
         self._revision = policy.revision if isinstance(policy, Revisioned) else 0
         self._index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._verdicts: dict[_Key, _Verdicts] = {}

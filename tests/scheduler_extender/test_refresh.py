@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scheduler_extender.core.fragmentation import FragmentationPolicy
+from scheduler_extender.core.model import NodeState
 from scheduler_extender.core.policy import Policies
+from scheduler_extender.gateway import Kind
 from scheduler_extender.refresh import Refresher
-from tests.scheduler_extender.conftest import wait_for
+from tests.scheduler_extender.conftest import Running, wait_for
+from tests.scheduler_extender.fakes import GI, FakeGateway, make_node
 from tests.scheduler_extender.test_replay_fragmentation import demand, gpu, node
 
 
@@ -39,3 +44,46 @@ def test_the_worker_thread_adopts_a_due_refresh_on_its_own() -> None:
     finally:
         refresher.worker.stop()
     assert len(policy.mix) == 1
+
+
+def test_cluster_aware_policies_are_shown_every_node_when_new_and_then_every_see_every_seconds() -> None:
+    """Pods that leave never reach ``observe``: only the periodic view of the cache returns their GPUs."""
+    now = [100.0]
+    cluster = [node("a", [0, 0]), node("b", [0, 0])]
+    calls: list[int] = []
+
+    def nodes() -> tuple[NodeState, ...]:
+        calls.append(1)
+        return tuple(cluster)
+
+    refresher = Refresher(cluster=nodes, see_every=5.0, monotonic=lambda: now[0])
+    policy = FragmentationPolicy()
+    refresher.track(policy)
+    refresher.run_once()
+    assert sum(policy.idle_by_kind.values()) == 4.0 and len(calls) == 1  # new: shown at once
+    cluster[1] = node("b", [1000, 1000])  # two GPUs taken on b (as the cache now holds it)
+    now[0] += 4.9
+    refresher.run_once()
+    assert sum(policy.idle_by_kind.values()) == 4.0 and len(calls) == 1  # not yet due
+    now[0] += 0.1
+    refresher.run_once()
+    assert sum(policy.idle_by_kind.values()) == 2.0 and len(calls) == 2
+
+
+def test_without_a_cluster_provider_nothing_is_shown_and_nothing_closes() -> None:
+    refresher = Refresher()
+    policy = FragmentationPolicy()
+    refresher.track(policy)
+    refresher.run_once()
+    assert dict(policy.idle_by_kind) == {} and policy.closed == frozenset()
+
+
+def test_the_extender_shows_its_default_policy_every_node_of_its_cache(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    for name in ("n1", "n2"):
+        fake.put(Kind.NODE, make_node(name, gpus=2, vram=16 * GI))
+    app = run(policy="fragmentation")
+    policy = app.ext.verbs.policies.default
+    assert isinstance(policy, FragmentationPolicy)
+    wait_for(lambda: sum(policy.idle_by_kind.values()) == 4.0, what="the refresher to show the policy both nodes")

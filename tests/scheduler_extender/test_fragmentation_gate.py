@@ -1,0 +1,151 @@
+"""The fragmentation policy's cluster view: kinds that pinned demand needs are closed to other pods."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduler_extender.core.affinity import REQUIRED
+from scheduler_extender.core.fragmentation import FragmentationPolicy, kind_of
+from scheduler_extender.core.model import Demand, GpuState, NodeState
+from scheduler_extender.core.replay import Cluster, Replay
+from vgpu.catalog import builtin
+from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
+
+MIB = 1024 * 1024
+
+
+def on(name: str, model: str, used: list[int]) -> NodeState:
+    """A node of GPU model ``model``, labelled as the replay labels them; ``used`` milli per GPU."""
+    gpus = tuple(
+        GpuState(
+            uuid=f"{name}-g{i}",
+            index=i,
+            model=model,
+            tflops=1000,
+            vram=1000 * MIB,
+            tflops_used=u,
+            vram_used=u * MIB,
+            pods=1 if u else 0,
+        )
+        for i, u in enumerate(used)
+    )
+    return NodeState(name=name, pool="p", labels={MODEL_LABEL: model}, gpus=gpus, cpu_free=64_000, memory_free=1 << 40)
+
+
+def demand(milli: int) -> Demand:
+    return Demand(
+        pod_key="ns/p",
+        gpu_count=1,
+        tflops=milli,
+        vram=milli * MIB,
+        tflops_limit=milli,
+        vram_limit=milli * MIB,
+        cpu=1000,
+    )
+
+
+def pinned(milli: int, *models: str) -> Demand:
+    expression = {"key": MODEL_LABEL, "operator": "In", "values": list(models)}
+    return replace(demand(milli), node_affinity={REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}})
+
+
+# One scarce V100 node (2 GPUs) beside two plentiful G2 nodes (16 GPUs).
+SCARCE = on("v", "V100", [0, 0])
+CLUSTER = (SCARCE, on("g1", "G2", [0] * 8), on("g2", "G2", [0] * 8))
+
+
+def taught(
+    unconstrained: int, on_v100: int, on_g2: int, cpu_only: int = 0, cluster: tuple[NodeState, ...] = ()
+) -> FragmentationPolicy:
+    """A policy that observed these pods (500 milli, or 1000 for half the unconstrained ones), 32 in all (refreshed at the last one), interleaved.
+
+    They ran on a node outside the cluster, so no GPU of the cluster is in use; first ``cpu_only``
+    cores of pods that asked for no GPU. ``cluster``: shown to the policy before it learns anything.
+    """
+    assert unconstrained + on_v100 + on_g2 == 32
+    policy = FragmentationPolicy()
+    if cluster:
+        policy.see_cluster(cluster)
+    elsewhere = on("x", "X", [0])
+    if cpu_only:
+        policy.observe(replace(demand(0), gpu_count=0, tflops=0, vram=0, cpu=cpu_only), elsewhere, ())
+    free = [demand(500 * (1 + i % 2)) for i in range(unconstrained)]  # half of them whole GPUs
+    pods = free + [pinned(500, "V100")] * on_v100 + [pinned(500, "G2")] * on_g2
+    for d in pods[0::2] + pods[1::2]:
+        policy.observe(d, elsewhere, elsewhere.gpus)
+    return policy
+
+
+def test_a_model_whose_pinned_demand_exceeds_its_idle_gpus_is_closed_to_pods_that_may_go_elsewhere() -> None:
+    # half the demand is pinned to V100: 9 of the 18 idle GPUs still to be asked for, against V100's 2
+    blind, seeing = taught(16, 16, 0), taught(16, 16, 0)
+    seeing.see_cluster(CLUSTER)
+    assert blind.closed == frozenset() and seeing.closed == {kind_of(SCARCE)}
+    d = demand(500)
+    half_used_v100, fresh_g2 = on("v", "V100", [500, 0]), CLUSTER[1]
+    # fragmentation alone sends the pod into the V100's half-used GPU (it fills it exactly) ...
+    assert blind.score(d, half_used_v100) > blind.score(d, fresh_g2)
+    # ... which displaces a V100-pinned pod GPU for GPU: any node elsewhere ranks first
+    assert seeing.score(d, half_used_v100) < 0.5 < seeing.score(d, fresh_g2)
+
+
+def test_pods_with_nowhere_else_to_go_are_not_charged() -> None:
+    policy = taught(16, 16, 0)
+    policy.see_cluster(CLUSTER)
+    # V100-pinned, and pinned to V100 or a model the cluster lacks: never seen before it is scored
+    for d in (pinned(500, "V100"), pinned(500, "V100", "A100")):
+        assert policy.score(d, on("v", "V100", [500, 0])) > 0.5
+
+
+def test_pins_in_proportion_to_each_models_gpus_close_nothing_and_change_no_score() -> None:
+    # 1 of 32 pods pinned to V100 (2 of 18 GPUs), 16 to G2: every model keeps room for the rest
+    blind, seeing = taught(15, 1, 16), taught(15, 1, 16)
+    seeing.see_cluster(CLUSTER)
+    assert seeing.closed == frozenset()
+    for d in (demand(500), demand(300), pinned(500, "G2")):
+        for n in (on("v", "V100", [500, 0]), CLUSTER[1], on("g", "G2", [700, 0, 0, 0, 0, 0, 0, 0])):
+            assert seeing.score(d, n) == blind.score(d, n)
+
+
+def test_committed_pods_use_up_a_models_room_until_it_closes() -> None:
+    policy = taught(15, 1, 16)
+    policy.see_cluster(CLUSTER)
+    assert policy.closed == frozenset()
+    revision = policy.revision
+    for g in SCARCE.gpus:  # unconstrained pods fill the V100 GPUs: its pinned pods would find no room
+        policy.observe(demand(1000), SCARCE, (g,))
+    assert policy.idle_by_kind[kind_of(SCARCE)] == 0.0
+    assert policy.closed == {kind_of(SCARCE)}
+    assert policy.revision > revision  # cached scores must go
+
+
+def test_a_score_remembered_before_a_kind_closed_is_ranked_as_after() -> None:
+    policy = taught(15, 1, 16)
+    policy.see_cluster(CLUSTER)
+    d, fresh_g2 = demand(500), CLUSTER[1]
+    before = policy.score(d, fresh_g2)  # remembered per node state
+    assert before < 0.5  # half a fresh GPU strands room for the whole-GPU pods
+    for g in SCARCE.gpus:
+        policy.observe(demand(1000), SCARCE, (g,))
+    assert policy.closed == {kind_of(SCARCE)}
+    assert policy.score(d, fresh_g2) == 0.5 * before + 0.5  # G2 displaces nobody: above every V100 node
+
+
+def test_the_replay_shows_the_policy_the_whole_cluster_once() -> None:
+    policy = FragmentationPolicy()
+    Replay(Cluster(CLUSTER), policy, builtin())
+    assert policy.idle_by_kind == {kind_of(SCARCE): 2.0, kind_of(CLUSTER[1]): 16.0}
+
+
+def test_idle_gpus_their_nodes_cpu_cannot_feed_are_no_room() -> None:
+    # GPU pods asked 32 cores for 20 GPUs (1.6 per GPU); the 64 cores of CPU-only pods do not count
+    starved = replace(SCARCE, cpu_free=1000)  # 2 idle GPUs, but 1 core feeds only 0.625 of a GPU
+    room = {kind_of(SCARCE): pytest.approx(0.625), kind_of(CLUSTER[1]): pytest.approx(16.0)}
+    assert taught(16, 16, 0, cpu_only=64_000, cluster=(starved, *CLUSTER[1:])).idle_by_kind == room  # seen, learned
+    policy = taught(16, 16, 0, cpu_only=64_000)
+    policy.see_cluster((starved, *CLUSTER[1:]))  # learned, then seen
+    assert policy.idle_by_kind == room
+    policy.observe(replace(demand(0), gpu_count=0, tflops=0, vram=0, cpu=1000), starved, ())
+    assert policy.idle_by_kind[kind_of(SCARCE)] == 0.0  # a CPU-only pod took the core: no GPU can be fed
