@@ -83,6 +83,7 @@ LABEL_ALLOCATED_NODE: Final = f"{DOMAIN}/allocated-node"
 LABEL_NODE_POOL: Final = f"{DOMAIN}/gpupool"
 LABEL_NODE_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 LABEL_NODE_GPU_COUNT: Final = f"{DOMAIN}/gpu-count"
+LABEL_HOSTNAME: Final = "kubernetes.io/hostname"  # the kubelet's label naming its node: one value per node
 
 # --- the extended resource the webhook injects and the device plugin advertises -----------------
 RESOURCE_VGPU: Final = f"{DOMAIN}/vgpu"

@@ -55,7 +55,7 @@ from scheduler_extender.core.fit import fitting_gpus
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
-from vgpu.names import PlacementPolicy
+from vgpu.names import LABEL_HOSTNAME, PlacementPolicy
 
 NAME: Final = PlacementPolicy.FRAGMENTATION.value
 COVERAGE: Final = 0.95  # shapes kept: the largest covering this share of the GPU demand (FGD: of pods)
@@ -91,7 +91,12 @@ Kind = tuple[tuple[tuple[str, str], ...], tuple[str, ...]]  # a node's labels an
 
 
 def kind_of(node: NodeState) -> Kind:
-    return tuple(sorted(node.labels.items())), tuple(sorted({g.model for g in node.gpus}))
+    """The node's labels and GPU models, without the label that names the node itself: every real node
+    carries ``kubernetes.io/hostname``, which would make each node a kind of its own (the cluster view
+    then costs O(nodes) per committed pod, and a pod pinned by host name is not pinned demand a model
+    must keep room for)."""
+    labels = tuple(sorted((k, v) for k, v in node.labels.items() if k != LABEL_HOSTNAME))
+    return labels, tuple(sorted({g.model for g in node.gpus}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from scheduler_extender.core.fragmentation import FragmentationPolicy, kind_of
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.replay import Cluster, Replay
 from vgpu.catalog import builtin
+from vgpu.names import LABEL_HOSTNAME
 from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
 
 MIB = 1024 * 1024
@@ -149,3 +150,12 @@ def test_idle_gpus_their_nodes_cpu_cannot_feed_are_no_room() -> None:
     assert policy.idle_by_kind == room
     policy.observe(replace(demand(0), gpu_count=0, tflops=0, vram=0, cpu=1000), starved, ())
     assert policy.idle_by_kind[kind_of(SCARCE)] == 0.0  # a CPU-only pod took the core: no GPU can be fed
+
+
+def test_the_host_name_label_does_not_make_every_node_a_kind_of_its_own() -> None:
+    """Every real node carries kubernetes.io/hostname: with it, the view would hold one kind per node."""
+    named = [replace(on(n, "G2", [0] * 8), labels={MODEL_LABEL: "G2", LABEL_HOSTNAME: n}) for n in ("g1", "g2")]
+    assert kind_of(named[0]) == kind_of(named[1]) == kind_of(on("g3", "G2", [0] * 8))
+    policy = FragmentationPolicy()
+    policy.see_cluster(named)
+    assert list(policy.idle_by_kind.values()) == [16.0]
