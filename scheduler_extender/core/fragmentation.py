@@ -594,11 +594,23 @@ class FragmentationPolicy:
             worst = max(worst, total - node.memory_free / learned.memory_per_gpu)
         return worst
 
-    def _delta(self, learned: Learned, demand: Demand, node: NodeState, gpus: tuple[GpuState, ...]) -> float:
-        """Growth of fragmentation, in GPUs, if the pod takes ``gpus`` on ``node``."""
-        mix = None
+    def _mix_for(self, learned: Learned, demand: Demand) -> tuple[_Weighted, ...] | None:
+        """The mix to weigh ``demand``'s placement by: None for the learned one (memoised by node state)."""
         if not learned.mix and demand.gpu_count > 0:  # nothing learned yet: the pod stands for the mix
-            mix = (_Weighted(shape_of(demand), 1.0, ()),)  # and may run here: the node passed the filter
+            return (_Weighted(shape_of(demand), 1.0, ()),)  # and may run here: the node passed the filter
+        return None
+
+    def _delta(
+        self,
+        learned: Learned,
+        demand: Demand,
+        node: NodeState,
+        gpus: tuple[GpuState, ...],
+        mix: tuple[_Weighted, ...] | None,
+        before: float,
+    ) -> float:
+        """Growth of fragmentation, in GPUs, if the pod takes ``gpus`` on ``node`` (whose fragmentation at
+        ``mix`` is ``before``: the same for every choice of GPUs, so the caller computes it once)."""
         chosen = {g.uuid for g in gpus}
         after = NodeState(
             name=node.name,
@@ -609,7 +621,7 @@ class FragmentationPolicy:
             memory_free=None if node.memory_free is None else node.memory_free - demand.memory,
             slots_used=node.slots_used + demand.slots * len(gpus),
         )
-        growth = self._fragmentation(learned, after, mix) - self._fragmentation(learned, node, mix)
+        growth = self._fragmentation(learned, after, mix) - before
         if learned.prices is not None and not demand.whole_gpu:
             for g in gpus:
                 share = gpu_demand(shape_of(demand), g) / demand.gpu_count
@@ -621,11 +633,13 @@ class FragmentationPolicy:
         fitting = sorted(fitting_gpus(demand, node), key=lambda g: (idle(g), g.index))
         if len(fitting) < demand.gpu_count:
             return None
+        mix = self._mix_for(learned, demand)
+        before = self._fragmentation(learned, node, mix)
         if demand.gpu_count == 0:
-            return self._delta(learned, demand, node, ()), ()
+            return self._delta(learned, demand, node, (), mix, before), ()
         if demand.gpu_count > 1 or demand.whole_gpu:
             gpus = tuple(fitting[: demand.gpu_count])
-            return self._delta(learned, demand, node, gpus), gpus
+            return self._delta(learned, demand, node, gpus, mix, before), gpus
         best: tuple[float, tuple[GpuState, ...]] | None = None
         tried: set[tuple[int, int, int]] = set()
         for g in fitting:
@@ -633,7 +647,7 @@ class FragmentationPolicy:
             if state in tried:
                 continue  # an identical GPU earlier in the order gives the same growth
             tried.add(state)
-            d = self._delta(learned, demand, node, (g,))
+            d = self._delta(learned, demand, node, (g,), mix, before)
             if best is None or d < best[0]:
                 best = (d, (g,))
         return best
