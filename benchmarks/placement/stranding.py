@@ -2,9 +2,10 @@
 
 The table says *how much* is unallocated at arrived = 100 %; this says *where* and *whose* — the
 experiment behind the pinned-demand finding in ``README.md``. For one (trace, pin share, seed) it
-replays each policy up to arrived = 100 % and reports, per GPU model: the GPUs, the share of them
-idle, and the GPU demand dropped so far split into pods pinned to the model and unconstrained pods.
-For ``ours`` it also reports how much of the pinned demand the learned mix still sees.
+replays each policy up to arrived = 100 % (``--arrived 1.3``: 130 %, overload) and reports, per GPU
+model: the GPUs, the share of them idle, and the GPU demand dropped so far split into pods pinned to the
+model and unconstrained pods (whole-node ones apart). For ``ours`` it also reports how much of the
+pinned demand the learned mix still sees.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from scheduler_extender.core.fragmentation import idle as idle_of
 from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
 from vgpu.catalog import builtin
 
+WHOLE_NODE = 8 * openb.MILLI  # an unconstrained pod asking this much needs an empty 8-GPU node
+
 
 @dataclass(frozen=True, slots=True)
 class ModelRow:
@@ -36,9 +39,17 @@ class ModelRow:
 
 
 def stranding(
-    traces: Path, trace: str, share: float, pin_seed: int, seed: int, policy: str, skew: float = 1.0
+    traces: Path,
+    trace: str,
+    share: float,
+    pin_seed: int,
+    seed: int,
+    policy: str,
+    skew: float = 1.0,
+    upto: float = 1.0,
 ) -> tuple[list[ModelRow], float]:
-    """Per-model idle share and dropped demand at arrived = 100 %, and the pinned share of the mix seen."""
+    """Per-model idle share and dropped demand at arrived = ``upto`` (1.0: 100 %), and the pinned share of
+    the mix seen. Unconstrained demand dropped is also shown for whole-node pods alone (``any, 8-GPU``)."""
     nodes = openb.read_nodes(traces / openb.NODE_FILE)
     pods = pin(openb.read_pods(openb.pod_file(traces, trace)), nodes, share, pin_seed, skew)
     capacity = sum(n.gpus for n in nodes) * openb.MILLI
@@ -53,12 +64,14 @@ def stranding(
     dropped: dict[str, float] = defaultdict(float)
     arrived = 0
     for i, pod in enumerate(work.pods):
-        if arrived + pod.gpu_request > capacity:
+        if arrived + pod.gpu_request > capacity * upto:
             break
         arrived += pod.gpu_request
         if engine.submit(openb.to_demand(pod, f"openb/{pod.name}-{i}")).node is None:
             for m in pod.gpu_spec or ("any",):
                 dropped[m] += pod.gpu_request / openb.MILLI / max(1, len(pod.gpu_spec))
+            if not pod.gpu_spec and pod.gpu_request >= WHOLE_NODE:
+                dropped["any, 8-GPU"] += pod.gpu_request / openb.MILLI
     gpus: dict[str, int] = defaultdict(int)
     idle: dict[str, float] = defaultdict(float)
     for n in engine.cluster.nodes:
@@ -72,6 +85,7 @@ def stranding(
     rows.append(
         ModelRow("any", sum(gpus.values()), 100.0 * sum(idle.values()) / sum(gpus.values()), 0.0, dropped["any"])
     )
+    rows.append(ModelRow("any, 8-GPU", 0, 0.0, 0.0, dropped["any, 8-GPU"]))
     seen = 0.0
     if isinstance(engine.policy, FragmentationPolicy):
         seen = engine.policy.pinned_share()
@@ -101,13 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument("--policies", default="fgd,ours")
     parser.add_argument("--pin-skew", type=float, default=1.0, help="as in python -m benchmarks.placement")
+    parser.add_argument("--arrived", type=float, default=1.0, help="replay up to this share of capacity (1.3: 130 %%)")
     args = parser.parse_args(argv)
     print(
         f"{args.trace}, pin share {args.pin_share}, pin seed {args.pin_seed}, pin skew {args.pin_skew:g},"
-        f" seed {args.seed}, arrived = 100 %\n"
+        f" seed {args.seed}, arrived = {100 * args.arrived:g} %\n"
     )
     for name in args.policies.split(","):
-        rows, seen = stranding(args.traces, args.trace, args.pin_share, args.pin_seed, args.seed, name, args.pin_skew)
+        rows, seen = stranding(
+            args.traces, args.trace, args.pin_share, args.pin_seed, args.seed, name, args.pin_skew, args.arrived
+        )
         print(render(name, rows, seen) + "\n", flush=True)
     return 0
 
