@@ -12,7 +12,7 @@ sidecars that is max(largest init container, sum of the app containers). Pure: r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from math import ceil
 from typing import Any
 
@@ -25,24 +25,16 @@ _SIDECAR = "Always"
 
 def vgpu_device_ids(pod: Mapping[str, Any]) -> int | None:
     """The IDs the pod's spec makes the kubelet hold in all; None when no container asks for any."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return None
     asked = False
     held = reusable = 0
-    for field in ("initContainers", "containers"):
-        containers = spec.get(field)
-        for container in containers if isinstance(containers, list) else ():
-            count = _limit(container)
-            if count is None:
-                continue
-            asked = True
-            reused = min(count, reusable)
-            held += count - reused
-            if field == "initContainers" and container.get("restartPolicy") != _SIDECAR:
-                reusable += count - reused  # it runs to completion: all its IDs are free for the next ones
-            else:
-                reusable -= reused
+    for runs_to_completion, count in _asking(pod):
+        asked = True
+        reused = min(count, reusable)
+        held += count - reused
+        if runs_to_completion:
+            reusable += count - reused  # it runs to completion: all its IDs are free for the next ones
+        else:
+            reusable -= reused
     return held if asked else None
 
 
@@ -51,17 +43,21 @@ def allocate_sizes(pod: Mapping[str, Any]) -> frozenset[int]:
     a vGPU limit (init containers included), each carrying that limit's count of IDs. The device plugin
     matches an Allocate to a pod by that count (device_plugin/lookup.py), so pods whose sizes are disjoint
     can be in hand-off on one node at once (HANDOFF.md)."""
+    return frozenset(count for _, count in _asking(pod) if count)
+
+
+def _asking(pod: Mapping[str, Any]) -> Iterator[tuple[bool, int]]:
+    """Each container with a readable vGPU limit, in the kubelet's order (init containers first): whether
+    it runs to completion (an ordinary init container, not a sidecar) and its limit."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
-        return frozenset()
-    sizes = set()
+        return
     for field in ("initContainers", "containers"):
         containers = spec.get(field)
         for container in containers if isinstance(containers, list) else ():
             count = _limit(container)
-            if count:
-                sizes.add(count)
-    return frozenset(sizes)
+            if count is not None:
+                yield field == "initContainers" and container.get("restartPolicy") != _SIDECAR, count
 
 
 def _limit(container: object) -> int | None:

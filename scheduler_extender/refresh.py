@@ -8,9 +8,9 @@ and a :class:`~scheduler_extender.periodic.Periodic` pass takes a copy of the co
 is due, solves it and swaps the result in. Filter, prioritize and bind always read the last
 finished mix; one refresh runs at a time.
 
-The same pass shows every :class:`~scheduler_extender.core.policy.ClusterAware` policy the whole
-cluster, as the cache holds it (every node with what its pods hold), when the policy is new and every
-``see_every`` seconds after: such a policy weighs GPUs per node kind (which models pinned demand
+The same pass shows every learning policy (a :class:`~scheduler_extender.core.policy.ClusterAware`
+one) the whole cluster, as the cache holds it (every node with what its pods hold), when the policy is
+new and every ``see_every`` seconds after: it weighs GPUs per node kind (which models pinned demand
 needs), and ``observe`` tells it of pods that come but not of pods that leave. O(nodes × GPUs) a call,
 off the request path.
 """
@@ -25,7 +25,7 @@ from typing import Final
 
 from scheduler_extender.core.fragmentation import FragmentationPolicy, learn
 from scheduler_extender.core.model import NodeState
-from scheduler_extender.core.policy import ClusterAware, Policy
+from scheduler_extender.core.policy import Policy
 from scheduler_extender.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -81,14 +81,12 @@ class Refresher:
         return done
 
     def _show_cluster(self, policies: list[FragmentationPolicy]) -> None:
-        """Show the cluster-aware policies every node, when new or ``see_every`` after the last time."""
+        """Show the tracked policies every node, each when new or ``see_every`` after its last time."""
+        if self._cluster is None:
+            return
         now = self._monotonic()
-        due = [
-            p
-            for p in policies
-            if isinstance(p, ClusterAware) and now - self._seen_at.get(id(p), -self._see_every) >= self._see_every
-        ]
-        if not due or self._cluster is None:
+        due = [p for p in policies if now - self._seen_at.get(id(p), -self._see_every) >= self._see_every]
+        if not due:
             return
         nodes = tuple(self._cluster())
         for policy in due:

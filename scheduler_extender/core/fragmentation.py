@@ -493,10 +493,7 @@ class FragmentationPolicy:
         hit = self._admitted.get(eligibility)
         if hit is None:
             hit = self._admitted[eligibility] = tuple(
-                k
-                for k in sorted(self._free)
-                if (eligibility.gpu_model is None or any(self._model_ok(eligibility.gpu_model, m) for m in k[1]))
-                and (constraint is None or node_affinity_matches(constraint, "", dict(k[0])))
+                k for k in sorted(self._free) if self._admits(eligibility.gpu_model, constraint, "", dict(k[0]), k[1])
             )
         return hit
 
@@ -524,15 +521,31 @@ class FragmentationPolicy:
         memo = learned.eligible if mix is learned.mix else None
         hit = None if memo is None else memo.get(key)
         if hit is None:
-            hit = tuple(1.0 if not w.classes else sum(c.share for c in w.classes if self._admits(c, node)) for w in mix)
+            models = {g.model for g in node.gpus}
+            hit = tuple(
+                1.0
+                if not w.classes
+                else sum(
+                    c.share for c in w.classes if self._admits(c.gpu_model, c.affinity, node.name, node.labels, models)
+                )
+                for w in mix
+            )
             if memo is not None:
                 memo[key] = hit
         return hit
 
-    def _admits(self, c: _Class, node: NodeState) -> bool:
-        if c.gpu_model is not None and not any(self._model_ok(c.gpu_model, g.model) for g in node.gpus):
+    def _admits(
+        self,
+        gpu_model: str | None,
+        affinity: Mapping[str, Any] | None,
+        name: str,
+        labels: Mapping[str, str],
+        models: Iterable[str],
+    ) -> bool:
+        """Whether pods asking ``gpu_model`` with node ``affinity`` may run on a node of these labels and models."""
+        if gpu_model is not None and not any(self._model_ok(gpu_model, m) for m in models):
             return False
-        return c.affinity is None or node_affinity_matches(c.affinity, node.name, node.labels)
+        return affinity is None or node_affinity_matches(affinity, name, labels)
 
     def _model_ok(self, requested: str, product: str) -> bool:
         hit = self._models.get((requested, product))
