@@ -289,6 +289,7 @@ def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], 
     _answer_bad_bodies(
         app, extender, {f"/{v}": v for v in _NEUTRAL} | {f"{settings.url_prefix}/{v}": v for v in _NEUTRAL}
     )
+    app.add_middleware(routes.HotVerbs, extender=extender, prefixes=tuple(dict.fromkeys(("", settings.url_prefix))))
     return app
 
 

@@ -155,7 +155,10 @@ class Verbs:
         self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
-        raw = self._score(pod, demand, snapshot, nodes.names)
+        # The filter's verdicts, remembered per node state, say which nodes fit: each node's fit is
+        # checked once per decision (in filter, or here for a state that changed since).
+        passed = self._filter(pod, demand, snapshot, nodes.names).passed
+        raw = self._score(pod, demand, snapshot, passed)
         busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
         if busy and len(busy) < len(raw):
             # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
@@ -196,7 +199,7 @@ class Verbs:
         snapshot = self.cache.snapshot()
         names = tuple(node_names) if node_names is not None else tuple(sorted(snapshot.nodes))
         result = filter_nodes(demand, snapshot, names, self.catalog)
-        raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog)
+        raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog, passed=True)
         return demand, result, to_extender_scores(raw)
 
     def _filter(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
@@ -217,19 +220,20 @@ class Verbs:
                 (unresolvable if reason.unresolvable else failed)[name] = reason
         return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
 
-    def _score(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> dict[str, float]:
-        """The core's raw scores (absent: does not fit), memoised per node state unless locality is involved."""
+    def _score(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, passed: Sequence[str]) -> dict[str, float]:
+        """The core's raw scores of nodes ``_filter`` passed on this snapshot, memoised per node state
+        unless locality is involved."""
         policy = self.policies.for_demand(demand)
         if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
-            return score_nodes(demand, snapshot, names, policy, self.catalog)
+            return score_nodes(demand, snapshot, passed, policy, self.catalog, passed=True)
 
         def score(misses: list[str]) -> dict[str, float | None]:
-            raw = score_nodes(demand, snapshot, misses, policy, self.catalog)
+            raw = score_nodes(demand, snapshot, misses, policy, self.catalog, passed=True)
             return {n: raw.get(n) for n in misses}
 
         key = (pod.request_text, demand.slots, policy.name, getattr(policy, "revision", None))
-        scores = self.scores.values(key, names, snapshot.nodes, score)
-        fitting = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
+        scores = self.scores.values(key, passed, snapshot.nodes, score)
+        fitting = compress(zip(passed, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", fitting))
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:

@@ -43,8 +43,14 @@ def score_nodes(
     policy: Policy,
     catalog: Catalog,
     terms: ScoreTerms = ScoreTerms(),
+    *,
+    passed: bool = False,
 ) -> dict[str, float]:
-    """Raw scores (higher is better) of the offered nodes that can take the demand now; others are absent."""
+    """Raw scores (higher is better) of the offered nodes that can take the demand now; others are absent.
+
+    ``passed``: the caller's filter already found each of these node states able to take the demand,
+    so the fit check, the costliest part of a cold decision, is not run a second time.
+    """
     match = ModelMatcher(catalog, demand.gpu_model)
     local: frozenset[str] = frozenset()
     if demand.is_local_gpu and demand.workload is not None:
@@ -54,7 +60,7 @@ def score_nodes(
     largest: dict[str, int] = {}
     for name in node_names:
         node = nodes.get(name)
-        if node is None or name in raw or check_node(demand, node, match) is not None:
+        if node is None or name in raw or (not passed and check_node(demand, node, match) is not None):
             continue
         view = eligible_node(demand, node, match)
         score = policy.score(demand, view)

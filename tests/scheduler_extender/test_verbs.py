@@ -11,6 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import create_app
+from scheduler_extender.core import filter as filter_module
+from scheduler_extender.core import scoring as scoring_module
 from scheduler_extender.core.demand import demand_from_request
 from scheduler_extender.core.filter import filter_nodes
 from scheduler_extender.core.scoring import score_nodes, to_extender_scores
@@ -171,6 +173,36 @@ def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
     ]
     spread = run(policy="spread")
     assert spread.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2"))[0]["Score"] == 10
+
+
+def test_prioritize_checks_no_fit_the_filter_already_judged(
+    run: Callable[..., Running], cluster: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fit check per node per decision: prioritize scores the nodes the filter passed on the same node
+    states, and judges only a node whose state changed since (here: none did)."""
+    app = run(policy="binpack")
+    pod = make_pod("p", gpu_request(vram=12 * GI))  # fits 'big' and 't4': the filter holds no room
+    checks: list[str] = []
+    real = filter_module.check_node
+
+    def counted(demand: Any, node: Any, match: Any) -> Any:
+        checks.append(node.name)
+        return real(demand, node, match)
+
+    monkeypatch.setattr(filter_module, "check_node", counted)
+    monkeypatch.setattr(scoring_module, "check_node", counted)
+    assert app.post("/filter", args(pod, *ALL))["NodeNames"] == ["big", "t4"]
+    judged = sorted(checks)
+    assert judged == ["big", "broken", "cpu-only", "small", "t4"]
+    scores = {s["Host"]: s["Score"] for s in app.post("/prioritize", args(pod, *ALL))}
+    assert sorted(checks) == judged  # none again
+    assert scores == dict.fromkeys(ALL, 0) | {"t4": 10}  # binpack: the fuller of the two fits
+    # prioritize alone (a pod the filter never saw) judges every node itself, and scores only the fits
+    other = make_pod("q", gpu_request(vram=30 * GI))
+    assert {s["Host"]: s["Score"] for s in app.post("/prioritize", args(other, *ALL))} == dict.fromkeys(ALL, 0) | {
+        "big": 10
+    }
+    assert len(checks) == 2 * len(judged)
 
 
 def test_prioritize_ranks_a_node_handing_gpus_to_another_pod_below_the_free_ones(
