@@ -6,9 +6,10 @@ pod with the same request (replicas), and a node's state only changes when somet
 bound or released on it. The cache replaces a node's ``NodeState`` object on every such change, so
 "same object" means "same state": a verdict computed by the core for (request, node object) stays
 true and is reused. The memo never decides anything itself; a miss calls the core on the missed
-nodes only. Keys are the pod's resolved-request text and its vGPU slots (from its spec; together they
-determine the Demand except the pod key, which decides nothing) plus, for scores, the policy's name
-and ``revision`` (a learning policy bumps it when its scores change).
+nodes only. Keys are what the core reads of the pod's Demand (``core.demand.decision_key``: its shape
+and where it may run, not which pod or workload it is, so a new workload of a known shape finds its
+nodes judged) plus, for scores, the policy's name and ``revision`` (a learning policy bumps it when its
+scores change).
 
 The lookup runs on every request over every offered node, so it is written as C-level passes
 (``map``/``compress`` over the names) instead of a Python loop: at 5,000 nodes that is ~0.3 ms

@@ -55,7 +55,6 @@ class ScheduledPod:
     ref: PodRef
     request: GpuRequest | None
     request_error: str | None  # the resolved-request annotation is present but corrupt
-    request_text: str | None  # the annotation as written: equal texts mean equal requests
     device_ids: int | None = None  # vGPU device IDs its spec makes the kubelet hold (None: asks none)
     allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
 
@@ -177,7 +176,6 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         ref=pod_ref(pod),
         request=request,
         request_error=error,
-        request_text=raw,
         device_ids=vgpu_device_ids(pod),
         allocate_sizes=allocate_sizes(pod),
     )

@@ -18,7 +18,7 @@ bind). That saves the two thread hand-offs per request, which on a loaded box ar
 Those two also have a shorter way in (``HotVerbs``): FastAPI's request handling around them (its
 middlewares, routing, dependency solving, validation through a model field, the response wrapper)
 cost ~0.35 ms a request at 1,000 nodes, more than the memoised verb itself. ``HotVerbs`` sits
-outermost, and for a POST to one of their paths whose body decodes and validates as
+in front of the app's routing, and for a JSON POST to one of their paths whose body decodes and validates as
 ``ExtenderArgs`` it calls the route's own verb function; every other request, a bad body included,
 goes on to the app with its body replayed, so each error is answered by the same handlers as before.
 A route only times itself, delegates to ``Verbs``/``Binder``/``explain`` and shapes the answer; any
@@ -168,7 +168,7 @@ class HotVerbs:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verb = self.verbs.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if verb is None:
+        if verb is None or not _says_json(scope):
             await self.app(scope, receive, send)
             return
         body, rest = await _read_body(receive)
@@ -180,6 +180,16 @@ class HotVerbs:
         ext = self.extender
         response = await _without_blocking(ext, lambda: verb(ext, args))
         await response(scope, rest, send)
+
+
+def _says_json(scope: Scope) -> bool:
+    """Whether the request's Content-Type is JSON, by FastAPI's rule (``application/json`` or ``…+json``;
+    without one, FastAPI reads the body as bytes, which no verb takes)."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-type":
+            maintype, _, subtype = value.decode("latin-1").partition(";")[0].strip().lower().partition("/")
+            return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
+    return False
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:

@@ -17,7 +17,7 @@ from operator import is_, is_not
 from typing import cast
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.demand import demand_from_request
+from scheduler_extender.core.demand import decision_key, demand_from_request
 from scheduler_extender.core.filter import FilterResult, filter_nodes
 from scheduler_extender.core.ledger import LedgerRefusal
 from scheduler_extender.core.model import Demand, Snapshot
@@ -128,10 +128,10 @@ class Verbs:
         self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
-        result = self._filter(pod, demand, snapshot, nodes.names)
+        result = self._filter(demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
         if self.keep_top_nodes and len(passed) > self.keep_top_nodes:
-            raw = self._score(pod, demand, snapshot, passed)
+            raw = self._score(demand, snapshot, passed)
             keep = top_nodes(raw, self.keep_top_nodes)
             dropped = f"fits, but is not among the {self.keep_top_nodes} best nodes for this pod"
             failed.update(dict.fromkeys((n for n in passed if n not in keep), dropped))
@@ -157,8 +157,8 @@ class Verbs:
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
         # The filter's verdicts, remembered per node state, say which nodes fit: each node's fit is
         # checked once per decision (in filter, or here for a state that changed since).
-        passed = self._filter(pod, demand, snapshot, nodes.names).passed
-        raw = self._score(pod, demand, snapshot, passed)
+        passed = self._filter(demand, snapshot, nodes.names).passed
+        raw = self._score(demand, snapshot, passed)
         busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
         if busy and len(busy) < len(raw):
             # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
@@ -202,14 +202,14 @@ class Verbs:
         raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog, passed=True)
         return demand, result, to_extender_scores(raw)
 
-    def _filter(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
+    def _filter(self, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
         """The core's filter, asked only about nodes whose state changed since it last judged this request."""
 
         def judge(misses: list[str]) -> dict[str, Reason | None]:
             reasons = filter_nodes(demand, snapshot, misses, self.catalog).reasons()
             return {n: reasons.get(n) for n in misses}
 
-        verdicts = self.verdicts.values((pod.request_text, demand.slots), names, snapshot.nodes, judge)
+        verdicts = self.verdicts.values(decision_key(demand), names, snapshot.nodes, judge)
         # C-level passes in the offered order; only rejected nodes are visited one by one.
         passed = tuple(compress(names, map(is_, verdicts, repeat(None))))
         failed: dict[str, Reason] = {}
@@ -220,7 +220,7 @@ class Verbs:
                 (unresolvable if reason.unresolvable else failed)[name] = reason
         return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
 
-    def _score(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, passed: Sequence[str]) -> dict[str, float]:
+    def _score(self, demand: Demand, snapshot: Snapshot, passed: Sequence[str]) -> dict[str, float]:
         """The core's raw scores of nodes ``_filter`` passed on this snapshot, memoised per node state
         unless locality is involved."""
         policy = self.policies.for_demand(demand)
@@ -231,7 +231,7 @@ class Verbs:
             raw = score_nodes(demand, snapshot, misses, policy, self.catalog, passed=True)
             return {n: raw.get(n) for n in misses}
 
-        key = (pod.request_text, demand.slots, policy.name, getattr(policy, "revision", None))
+        key = (decision_key(demand), policy.name, getattr(policy, "revision", None))
         scores = self.scores.values(key, passed, snapshot.nodes, score)
         fitting = compress(zip(passed, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", fitting))

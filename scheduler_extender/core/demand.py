@@ -10,6 +10,9 @@ already holding GPUs (:func:`gpu_slots`), so the filter and the ledger count ali
 
 from __future__ import annotations
 
+import json
+from collections.abc import Hashable
+
 from scheduler_extender.core.model import Demand, workload_key
 from vgpu.request import GpuRequest
 
@@ -65,4 +68,27 @@ def demand_from_request(
         slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
         cpu=cpu,
         memory=memory,
+    )
+
+
+def decision_key(demand: Demand) -> Hashable:
+    """What a node's verdict and score read of a demand: equal keys, equal answers on the same node state.
+
+    The pod, its workload, QoS and limits are left out: the fit checks requests, and scores read the
+    shape and where it may run (locality, which reads the workload, is never remembered). So the first
+    pod of a new workload whose shape an earlier one had is judged from what is remembered for it.
+    """
+    affinity = None if demand.node_affinity is None else json.dumps(demand.node_affinity, sort_keys=True)
+    return (
+        demand.pool,
+        demand.gpu_model,
+        demand.gpu_count,
+        demand.tflops,
+        demand.vram,
+        demand.whole_gpu,
+        demand.slots,
+        demand.cpu,
+        demand.memory,
+        demand.policy,
+        affinity,
     )

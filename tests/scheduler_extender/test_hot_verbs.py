@@ -35,9 +35,14 @@ class Downstream:
         await send({"type": "http.response.body", "body": b""})
 
 
-def call(app: HotVerbs, method: str, path: str, chunks: list[bytes]) -> tuple[int, bytes]:
+JSON = [(b"content-type", b"application/json")]
+
+
+def call(
+    app: HotVerbs, method: str, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]] = JSON
+) -> tuple[int, bytes]:
     """One request through ``app``, its body sent in ``chunks``: the status and the body of the reply."""
-    scope: Scope = {"type": "http", "method": method, "path": path, "headers": []}
+    scope: Scope = {"type": "http", "method": method, "path": path, "headers": headers}
     messages: list[Message] = [
         {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1} for i, chunk in enumerate(chunks)
     ]
@@ -88,7 +93,8 @@ def test_a_good_prioritize_body_on_the_prefixed_path_is_answered_by_the_verb(
     hot: tuple[HotVerbs, Downstream, Running],
 ) -> None:
     middleware, downstream, _ = hot
-    status, reply = call(middleware, "POST", "/tf/prioritize", [body(vram=4 * GI)])
+    json_subtype = [(b"Content-Type", b"application/merge-patch+json; charset=utf-8")]
+    status, reply = call(middleware, "POST", "/tf/prioritize", [body(vram=4 * GI)], json_subtype)
     assert status == 200 and downstream.calls == []
     scores = {entry["Host"]: entry["Score"] for entry in json.loads(reply)}
     assert set(scores) == {"big", "small", "ghost"} and scores["ghost"] == 0 and scores["big"] > 0
@@ -106,12 +112,22 @@ def test_a_bad_body_reaches_the_app_byte_for_byte(hot: tuple[HotVerbs, Downstrea
     assert downstream.calls == [("POST", "/filter", raw)]
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/bind"), ("GET", "/filter"), ("POST", "/other/filter")])
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("POST", "/bind", JSON),
+        ("GET", "/filter", JSON),
+        ("POST", "/other/filter", JSON),
+        ("POST", "/filter", []),  # no Content-Type: FastAPI does not read the body as JSON
+        ("POST", "/prioritize", [(b"content-type", b"text/plain")]),
+    ],
+    ids=["bind", "get", "other-path", "no-content-type", "not-json"],
+)
 def test_other_requests_reach_the_app_unchanged(
-    hot: tuple[HotVerbs, Downstream, Running], method: str, path: str
+    hot: tuple[HotVerbs, Downstream, Running], method: str, path: str, headers: list[tuple[bytes, bytes]]
 ) -> None:
     middleware, downstream, _ = hot
     good = body()
-    status, _ = call(middleware, method, path, [good])
+    status, _ = call(middleware, method, path, [good], headers)
     assert status == 418
     assert downstream.calls == [(method, path, good)]

@@ -175,22 +175,28 @@ def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
     assert spread.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2"))[0]["Score"] == 10
 
 
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The node of every fit check the core makes from here on, in order."""
+    checked: list[str] = []
+    real = filter_module.check_node
+
+    def counted(demand: Any, node: Any, match: Any) -> Any:
+        checked.append(node.name)
+        return real(demand, node, match)
+
+    monkeypatch.setattr(filter_module, "check_node", counted)
+    monkeypatch.setattr(scoring_module, "check_node", counted)
+    return checked
+
+
 def test_prioritize_checks_no_fit_the_filter_already_judged(
-    run: Callable[..., Running], cluster: FakeGateway, monkeypatch: pytest.MonkeyPatch
+    run: Callable[..., Running], cluster: FakeGateway, checks: list[str]
 ) -> None:
     """One fit check per node per decision: prioritize scores the nodes the filter passed on the same node
     states, and judges only a node whose state changed since (here: none did)."""
     app = run(policy="binpack")
     pod = make_pod("p", gpu_request(vram=12 * GI))  # fits 'big' and 't4': the filter holds no room
-    checks: list[str] = []
-    real = filter_module.check_node
-
-    def counted(demand: Any, node: Any, match: Any) -> Any:
-        checks.append(node.name)
-        return real(demand, node, match)
-
-    monkeypatch.setattr(filter_module, "check_node", counted)
-    monkeypatch.setattr(scoring_module, "check_node", counted)
     assert app.post("/filter", args(pod, *ALL))["NodeNames"] == ["big", "t4"]
     judged = sorted(checks)
     assert judged == ["big", "broken", "cpu-only", "small", "t4"]
@@ -203,6 +209,26 @@ def test_prioritize_checks_no_fit_the_filter_already_judged(
         "big": 10
     }
     assert len(checks) == 2 * len(judged)
+
+
+def test_a_new_workload_of_a_known_shape_is_judged_from_what_is_remembered(
+    run: Callable[..., Running], cluster: FakeGateway, checks: list[str]
+) -> None:
+    """The memo is keyed by what the core reads of a demand, not by the pod's request text: another
+    workload in another namespace asking the same shape is not a cold decision."""
+    app = run()
+    first = make_pod("a", gpu_request(vram=12 * GI, workload="train"))
+    assert app.post("/filter", args(first, *ALL))["NodeNames"] == ["big", "t4"]
+    judged = len(checks)
+    assert judged == 5
+    second = make_pod("b", gpu_request(vram=12 * GI, workload="serve"), namespace="other")
+    assert app.post("/filter", args(second, *ALL))["NodeNames"] == ["big", "t4"]
+    assert len(checks) == judged
+    # another shape, or the same shape held to another model, is judged anew
+    assert app.post("/filter", args(make_pod("c", gpu_request(vram=12 * GI, model="A100")), *ALL))["NodeNames"] == [
+        "big"
+    ]
+    assert len(checks) == 2 * judged
 
 
 def test_prioritize_ranks_a_node_handing_gpus_to_another_pod_below_the_free_ones(
