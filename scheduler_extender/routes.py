@@ -187,7 +187,8 @@ def _says_json(scope: Scope) -> bool:
     without one, FastAPI reads the body as bytes, which no verb takes)."""
     for name, value in scope["headers"]:
         if name.lower() == b"content-type":
-            maintype, _, subtype = value.decode("latin-1").partition(";")[0].strip().lower().partition("/")
+            text = bytes(value).decode("latin-1")
+            maintype, _, subtype = text.partition(";")[0].strip().lower().partition("/")
             return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
     return False
 

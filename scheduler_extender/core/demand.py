@@ -71,7 +71,7 @@ def demand_from_request(
     )
 
 
-def decision_key(demand: Demand) -> Hashable:
+def decision_key(demand: Demand) -> tuple[Hashable, ...]:
     """What a node's verdict and score read of a demand: equal keys, equal answers on the same node state.
 
     The pod, its workload, QoS and limits are left out: the fit checks requests, and scores read the

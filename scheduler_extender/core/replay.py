@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from scheduler_extender.core.demand import decision_key
 from scheduler_extender.core.model import Demand, GpuState, NodeState, Snapshot
 from scheduler_extender.core.placement import place
 from scheduler_extender.core.policy import ClusterAware, Policy
@@ -100,23 +101,11 @@ def state_key(node: NodeState, full: bool) -> _Key:
 
 
 def shape_key(demand: Demand) -> _Key:
-    """Everything the filter and a policy can see of a demand, its identity aside."""
+    """Everything the filter and a policy can see of a demand, its identity aside (the extender's memo key)."""
     affinity = demand.node_affinity
     if affinity is not None and "matchFields" in repr(affinity):
         raise ValueError(f"{demand.pod_key}: the replay groups nodes by state and cannot honour matchFields")
-    return (
-        demand.gpu_count,
-        demand.tflops,
-        demand.vram,
-        demand.whole_gpu,
-        demand.slots,
-        demand.cpu,
-        demand.memory,
-        demand.gpu_model,
-        demand.pool,
-        demand.policy,
-        repr(affinity),
-    )
+    return decision_key(demand)
 
 
 class _Class:
