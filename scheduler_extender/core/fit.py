@@ -40,12 +40,13 @@ _tflops = lru_cache(maxsize=4096)(humanize_tflops)
 class ModelMatcher:
     """``Catalog.matches`` for one requested model, memoised per product name (None: every GPU matches)."""
 
-    __slots__ = ("_catalog", "_mismatch", "_short", "memo", "requested")
+    __slots__ = ("_catalog", "_every", "_mismatch", "_short", "memo", "requested")
 
     def __init__(self, catalog: Catalog, requested: str | None) -> None:
         self._catalog = catalog
         self.requested = requested
         self.memo: dict[str, bool] = {}  # product name -> matches; read directly in hot loops
+        self._every: dict[tuple[str, ...], bool] = {}
         self._short: dict[str, str] = {}
         self._mismatch: dict[tuple[str, ...], Reason] = {}
 
@@ -57,6 +58,13 @@ class ModelMatcher:
             else:
                 hit = self._catalog.matches(self.requested, product)
             self.memo[product] = hit
+        return hit
+
+    def every(self, products: tuple[str, ...]) -> bool:
+        """Whether all of ``products`` match (a node's distinct models: one lookup per node, not per GPU)."""
+        hit = self._every.get(products)
+        if hit is None:
+            hit = self._every[products] = all(map(self, products))
         return hit
 
     def mismatch(self, node: NodeState) -> Reason:
@@ -83,7 +91,7 @@ def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatch
     """The node narrowed to its healthy GPUs of the demanded model (the same object if none is dropped)."""
     match = catalog if isinstance(catalog, ModelMatcher) else ModelMatcher(catalog, demand.gpu_model)
     totals = node.totals()  # the common case, all healthy and of matching models, without a GPU loop
-    if totals.all_healthy and all(map(match, totals.models)):
+    if totals.all_healthy and match.every(totals.models):
         return node
     memo = match.memo
     for g in node.gpus:

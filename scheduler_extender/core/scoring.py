@@ -58,13 +58,15 @@ def score_nodes(
     nodes = snapshot.nodes
     raw: dict[str, float] = {}
     largest: dict[str, int] = {}
-    for name in node_names:
+    policy_score = policy.score
+    for name in node_names:  # every offered node on a cold decision: the common case inline
         node = nodes.get(name)
         if node is None or name in raw or (not passed and check_node(demand, node, match) is not None):
             continue
-        view = eligible_node(demand, node, match)
-        score = policy.score(demand, view)
-        if name in local:
+        totals = node.totals()
+        view = node if totals.all_healthy and match.every(totals.models) else eligible_node(demand, node, match)
+        score = policy_score(demand, view)
+        if local and name in local:
             score += terms.locality
         raw[name] = score
         if terms.smaller_model:
