@@ -4,8 +4,9 @@ The table says *how much* is unallocated at arrived = 100 %; this says *where* a
 experiment behind the pinned-demand finding in ``README.md``. For one (trace, pin share, seed) it
 replays each policy up to arrived = 100 % (``--arrived 1.3``: 130 %, overload) and reports, per GPU
 model: the GPUs, the share of them idle, and the GPU demand dropped so far split into pods pinned to the
-model and unconstrained pods (whole-node ones apart). For ``ours`` it also reports how much of the
-pinned demand the learned mix still sees.
+model and unconstrained pods (whole-node ones apart), and the cores CPU-only pods got on the model's
+nodes (CPU they take there is CPU the model's idle GPUs can no longer be fed with). For ``ours`` it
+also reports how much of the pinned demand the learned mix still sees.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ModelRow:
     idle_pct: float  # of the model's GPUs, at arrived = 100 %
     dropped_pinned: float  # GPUs of demand pinned to (a set containing) this model that found no room
     dropped_free: float  # GPUs of unconstrained demand dropped (reported on the row "any")
+    cpu_only_cores: float = 0.0  # cores placed CPU-only pods hold on the model's nodes
 
 
 def stranding(
@@ -62,12 +64,17 @@ def stranding(
         ReplayConfig(selection=config.selection, keep=config.keep, max_pods=MAX_PODS),
     )
     dropped: dict[str, float] = defaultdict(float)
+    cpu_only: dict[str, float] = defaultdict(float)
+    model_of = {n.name: n.gpus[0].model if n.gpus else "-" for n in engine.cluster.nodes}
     arrived = 0
     for i, pod in enumerate(work.pods):
         if arrived + pod.gpu_request > capacity * upto:
             break
         arrived += pod.gpu_request
-        if engine.submit(openb.to_demand(pod, f"openb/{pod.name}-{i}")).node is None:
+        node = engine.submit(openb.to_demand(pod, f"openb/{pod.name}-{i}")).node
+        if node is not None and not pod.gpu_request:
+            cpu_only[model_of[node]] += pod.cpu / 1000
+        if node is None:
             for m in pod.gpu_spec or ("any",):
                 dropped[m] += pod.gpu_request / openb.MILLI / max(1, len(pod.gpu_spec))
             if not pod.gpu_spec and pod.gpu_request >= WHOLE_NODE:
@@ -79,11 +86,18 @@ def stranding(
         gpus[model] += len(n.gpus)
         idle[model] += sum(idle_of(g) for g in n.gpus)
     rows = [
-        ModelRow(m, gpus[m], 100.0 * idle[m] / gpus[m], dropped.get(m, 0.0), 0.0)
+        ModelRow(m, gpus[m], 100.0 * idle[m] / gpus[m], dropped.get(m, 0.0), 0.0, cpu_only.get(m, 0.0))
         for m in sorted(gpus, key=lambda m: gpus[m])
     ]
     rows.append(
-        ModelRow("any", sum(gpus.values()), 100.0 * sum(idle.values()) / sum(gpus.values()), 0.0, dropped["any"])
+        ModelRow(
+            "any",
+            sum(gpus.values()),
+            100.0 * sum(idle.values()) / sum(gpus.values()),
+            0.0,
+            dropped["any"],
+            sum(cpu_only.values()),
+        )
     )
     rows.append(ModelRow("any, 8-GPU", 0, 0.0, 0.0, dropped["any, 8-GPU"]))
     seen = 0.0
@@ -97,11 +111,13 @@ def render(policy: str, rows: Sequence[ModelRow], seen: float) -> str:
         f"### {policy}"
         + (f" (pinned share of the learned mix: {100 * seen:.1f} %)" if policy.startswith("ours") else ""),
         "",
-        "| model | GPUs | idle % | dropped pinned GPUs | dropped unconstrained GPUs |",
-        "|---|---|---|---|---|",
+        "| model | GPUs | idle % | dropped pinned GPUs | dropped unconstrained GPUs | CPU-only pods' cores |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r.model} | {r.gpus} | {r.idle_pct:.1f} | {r.dropped_pinned:.1f} | {r.dropped_free:.1f} |" for r in rows
+        f"| {r.model} | {r.gpus} | {r.idle_pct:.1f} | {r.dropped_pinned:.1f} | {r.dropped_free:.1f}"
+        f" | {r.cpu_only_cores:.0f} |"
+        for r in rows
     ]
     return "\n".join(lines)
 

@@ -24,9 +24,12 @@ FGD where the openb replay showed FGD losing capacity (see ``benchmarks/placemen
   splitting the mix by constraint pushed sizes out of the 64 kept: ``benchmarks/placement/README.md``.)
 - **Models that pinned demand needs are closed to the rest.** Shown the whole cluster
   (:meth:`FragmentationPolicy.see_cluster`), the policy closes a node kind (labels, GPU models) once
-  the demand still to come that may run only there needs all its room; a pod that could go to an
-  open kind then ranks below every node where it displaces nobody. Uniform pins piled onto scarce
-  models otherwise let unconstrained pods fill them first (``benchmarks/placement/README.md``).
+  the demand still to come that may run only there needs all its room (each class's learned share
+  taken one standard error high, a kind no pod was seen pinned to yet as if 1 in ``n + 1`` were, once
+  any pod is: a wrongly open kind loses pinned room, a wrongly closed one little);
+  a pod that could go to an open kind and would take some of that room (a CPU-only pod on a node with
+  CPU to spare takes none) then ranks below every node where it displaces nobody. Uniform pins piled
+  onto scarce models otherwise let unconstrained pods fill them first (``benchmarks/placement/README.md``).
 - **Joint fill.** The cutting-stock LP of the observed fractional sizes prices GPU space
   (:mod:`scheduler_extender.core.cutting_stock`); a pod that spoils a pattern the optimal packing
   needs (a 470 in an 810's room) adds the LP value it loses, in GPUs, to its growth.
@@ -46,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from math import exp
+from math import exp, sqrt
 from typing import Any, Final
 
 from scheduler_extender.core.affinity import node_affinity_matches
@@ -128,6 +131,10 @@ class Observed:
     pod_memory_per_gpu: float = 0.0
 
 
+_Entry = tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float], dict[Shape, bool]]
+"""A node's GPUs and free CPU/memory, then per pod shape its score and whether it takes room (see ``score``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Learned:
     """One refresh's result, replaced as a whole (one reference swap) so readers never see half of it.
@@ -142,11 +149,10 @@ class Learned:
     memory_per_gpu: float = 0.0
     prices: Prices | None = None  # cutting-stock duals of the fractional sizes
     memo: dict[tuple[object, ...], float] = field(default_factory=dict)  # node state → fragmentation
-    scores: dict[str, tuple[tuple[GpuState, ...], tuple[int | None, int | None], dict[Shape, float]]] = field(
-        default_factory=dict
-    )
+    scores: dict[str, _Entry] = field(default_factory=dict)  # node name → its state and scores by shape
     eligible: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)  # node labels → shares
     demand: tuple[tuple[Eligibility, float], ...] = ()  # each eligibility class's share of the GPU demand
+    pods: int = 0  # GPU pods those shares were counted from
     pod_cpu_per_gpu: float = 0.0  # GPU pods' own CPU (memory) per GPU: what the cluster view counts as room
     pod_memory_per_gpu: float = 0.0
 
@@ -225,6 +231,7 @@ def learn(observed: Observed) -> Learned:
         observed.memory_per_gpu,
         _price(observed.counts, per_pod),
         demand=tuple(sorted(shares.items(), key=lambda kv: -kv[1])),
+        pods=sum(observed.counts.values()),
         pod_cpu_per_gpu=observed.pod_cpu_per_gpu,
         pod_memory_per_gpu=observed.pod_memory_per_gpu,
     )
@@ -454,11 +461,25 @@ class FragmentationPolicy:
         is room), each eligibility class asks its learned share. A class that may use only some kinds
         needs that much there: a class of one kind all of it, a class of several kinds split by the
         room the single-kind classes leave. A kind whose need reaches its room is *closed*: a pod
-        that may run elsewhere displaces pinned demand there GPU for GPU — a certain loss, where
-        fragmentation growth is an expected one — so :meth:`score` ranks every node where it
-        displaces nobody first. With pins in proportion to each kind's GPUs a kind's need is about
-        the pinned share of its own room and nothing closes until one kind is much fuller than the
-        rest; with no pins nothing closes at all, and no decision changes.
+        that may run elsewhere and takes room there (:meth:`_takes_room`) displaces pinned demand GPU
+        for GPU — a certain loss, where fragmentation growth is an expected one — so :meth:`score`
+        ranks every node where it displaces nobody first.
+
+        A share counted from ``n`` pods is uncertain by its standard error, ``sqrt(p(1 − p)/n)``, and
+        the two mistakes do not cost the same: a kind left open on a low guess loses the room a pinned
+        pod needed, one closed on a high guess only sends pods to the open kinds, whose fragmentation
+        decides as before. So each class asks its share plus one standard error: early in a run (a
+        few hundred pods) and for a kind whose need is level with its room, it stays closed rather than
+        opening and closing with each refresh's noise; with many pods it is the share. Once some pods
+        are seen pinned, a kind none was seen pinned to yet may still get some: after ``n`` pods its
+        share is 0 give or take ``1/(n + 1)`` (the upper end of the Wilson interval at one standard
+        error), so each kind needs at least that much of the demand still to come — the scarce kinds
+        stay closed through the first few hundred pods, which otherwise took them before their first
+        pinned pods were seen. With no pin seen at all this does not apply.
+
+        With pins in proportion to each kind's GPUs a kind's need is about the pinned share of its own
+        room and nothing closes until one kind is much fuller than the rest; with no pins nothing
+        closes at all, and no decision changes.
         """
         free = self._free
         shares = self._learned.demand
@@ -467,7 +488,9 @@ class FragmentationPolicy:
             left = sum(max(0.0, f) for f in free.values())
             need = dict.fromkeys(free, 0.0)
             several: list[tuple[tuple[Kind, ...], float]] = []
+            pods = self._learned.pods
             for eligibility, share in shares:
+                share = min(1.0, share + sqrt(max(0.0, share * (1.0 - share)) / pods))
                 kinds = self._admits_kinds(eligibility, self._constraints.get(eligibility))
                 if not kinds or len(kinds) == len(free):
                     continue  # runs nowhere, or anywhere: the demand the gate steers
@@ -475,6 +498,10 @@ class FragmentationPolicy:
                     need[kinds[0]] += share * left
                 else:
                     several.append((kinds, share * left))
+            if any(need.values()) or several:  # pins occur: a kind none is seen pinned to yet may get some
+                unseen = left / (pods + 1)
+                for k in need:
+                    need[k] = max(need[k], unseen)
             for kinds, amount in several:
                 room = [max(0.0, free[k] - need[k]) for k in kinds]
                 if sum(room) <= 0.0:
@@ -497,16 +524,44 @@ class FragmentationPolicy:
             )
         return hit
 
-    def _displaces(self, demand: Demand, eligibility: Eligibility, node: NodeState) -> bool:
-        """Whether a pod of this class on ``node`` takes GPUs pinned demand needs while it could go elsewhere."""
+    def _displaces(self, demand: Demand, key: tuple[Shape, Eligibility], node: NodeState, entry: _Entry) -> bool:
+        """Whether a pod of this class on ``node`` takes room pinned demand needs while it could go elsewhere.
+
+        ``entry`` (the node's memo in ``score``) remembers, per shape, whether the pod takes room at all.
+        """
         seen = self._nodes.get(node.name)
         if seen is None or seen[0] not in self._closed:
             return False
+        shape, eligibility = key
         hit = self._escapes.get(eligibility)
         if hit is None:
             admitted = self._admits_kinds(eligibility, demand.node_affinity)
             hit = self._escapes[eligibility] = any(k not in self._closed for k in admitted)
-        return hit
+        if not hit:
+            return False
+        takes = entry[3].get(shape)
+        if takes is None:
+            takes = entry[3][shape] = self._takes_room(shape, node)
+        return takes
+
+    def _takes_room(self, shape: Shape, node: NodeState) -> bool:
+        """Whether a pod of ``shape`` on ``node`` leaves it less room (:meth:`_room`) for pinned GPU pods.
+
+        A closed kind is closed for its room, not its nodes: a CPU-only pod on a node whose CPU feeds all
+        its idle GPUs and more takes nothing pinned demand could use. Keeping such pods off a closed kind
+        sends their CPU to the open kinds, whose idle GPUs it then starves (in overload most of all).
+        """
+        usable = [g for g in node.gpus if idle(g) > 0.0]
+        total = sum(idle(g) for g in usable)
+        taken = min(total, gpu_demand(shape, usable[0])) if shape.gpu_count and usable else 0.0
+        cpu, memory = node.cpu_free, node.memory_free
+        before = self._room(total, cpu, memory)
+        after = self._room(
+            total - taken,
+            None if cpu is None else cpu - shape.cpu,
+            None if memory is None else memory - shape.memory,
+        )
+        return after < before
 
     # --- fragmentation -------------------------------------------------------------------------
     def _fits(self, s: Shape, node: NodeState) -> bool:
@@ -681,13 +736,13 @@ class FragmentationPolicy:
         shape = key[0]
         entry = learned.scores.get(node.name)
         if entry is None or entry[0] is not node.gpus or entry[1] != (node.cpu_free, node.memory_free):
-            entry = learned.scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {})
+            entry = learned.scores[node.name] = (node.gpus, (node.cpu_free, node.memory_free), {}, {})
         hit = entry[2].get(shape)
         if hit is None:
             best = self._best(learned, demand, node)
             hit = entry[2][shape] = 0.0 if best is None else 1.0 / (1.0 + exp(min(best[0], 700.0)))
         if hit > 0.0 and self._closed:  # displacing nobody ranks first: (sigmoid + 1) / 2, else sigmoid / 2
-            hit = 0.5 * hit + (0.0 if self._displaces(demand, key[1], node) else 0.5)
+            hit = 0.5 * hit + (0.0 if self._displaces(demand, key, node, entry) else 0.5)
         return hit
 
     def choose_gpus(self, demand: Demand, node: NodeState) -> tuple[GpuState, ...]:

@@ -159,3 +159,65 @@ def test_the_host_name_label_does_not_make_every_node_a_kind_of_its_own() -> Non
     policy = FragmentationPolicy()
     policy.see_cluster(named)
     assert list(policy.idle_by_kind.values()) == [16.0]
+
+
+def test_a_cpu_only_pod_displaces_nobody_on_a_closed_kind_whose_cpu_feeds_all_its_idle_gpus() -> None:
+    """A kind is closed for its room: keeping CPU-only pods off it anyway sends their CPU to the open
+    kinds, whose idle GPUs it then starves (in overload, 1,000s of cores onto G2)."""
+    policy = taught(16, 16, 0)
+    policy.see_cluster(CLUSTER)
+    assert policy.closed == {kind_of(SCARCE)}
+    cpu_only = replace(demand(0), gpu_count=0, tflops=0, vram=0, cpu=1000)
+    assert policy.score(cpu_only, SCARCE) > 0.5  # 64 cores feed its 2 idle GPUs after the pod too
+    assert policy.score(demand(500), SCARCE) < 0.5  # a GPU pod there still takes room pinned pods need
+
+
+def test_a_cpu_only_pod_displaces_pinned_demand_where_the_cpu_is_what_feeds_the_idle_gpus() -> None:
+    policy = taught(16, 16, 0)
+    starved = replace(SCARCE, cpu_free=2000)  # GPU pods asked 1.6 cores per GPU: 2 cores feed 1.25 GPUs
+    policy.see_cluster((starved, *CLUSTER[1:]))
+    assert policy.closed == {kind_of(SCARCE)}
+    cpu_only = replace(demand(0), gpu_count=0, tflops=0, vram=0, cpu=1000)
+    assert policy.score(cpu_only, starved) < 0.5 < policy.score(cpu_only, CLUSTER[1])
+
+
+def counted(pods: int, on_v100: int) -> FragmentationPolicy:
+    """A policy shown :data:`CLUSTER` that learned from ``pods`` one-GPU pods, ``on_v100`` of them pinned to V100."""
+    policy = FragmentationPolicy()
+    policy.see_cluster(CLUSTER)
+    elsewhere = on("x", "X", [0])
+    for i in range(pods):
+        d = pinned(1000, "V100") if i * on_v100 % pods < on_v100 else demand(1000)  # spread evenly
+        policy.observe(d, elsewhere, elsewhere.gpus)
+    return policy
+
+
+def test_a_share_counted_from_few_pods_closes_a_kind_its_estimate_alone_would_leave_open() -> None:
+    # 3 in 32 pods pinned to V100: 1.7 of the 18 idle GPUs still to come, against V100's 2. Counted from
+    # 32 pods that share is 9 % ± 5 %, and a pod that takes V100 room on a wrong guess displaces a pinned
+    # pod GPU for GPU, while sending it elsewhere costs little: V100 stays closed until the count is sure.
+    few, many = counted(32, 3), counted(2048, 186)
+    assert few.closed == {kind_of(SCARCE)}
+    assert many.closed == frozenset()
+
+
+def seen(pods: int, pinned_to_g2: bool) -> FragmentationPolicy:
+    """A policy shown a V100 node with one idle GPU beside :data:`CLUSTER`'s G2 nodes that learned from
+    ``pods`` one-GPU pods, a quarter of them pinned to G2 when ``pinned_to_g2``, none ever to V100."""
+    half_full = on("v", "V100", [1000, 0])
+    policy = FragmentationPolicy()
+    policy.see_cluster((half_full, *CLUSTER[1:]))
+    elsewhere = on("x", "X", [0])
+    for i in range(pods):
+        d = pinned(1000, "G2") if pinned_to_g2 and i % 4 == 0 else demand(1000)
+        policy.observe(d, elsewhere, elsewhere.gpus)
+    return policy
+
+
+def test_once_pins_occur_a_kind_none_was_seen_pinned_to_stays_closed_until_enough_pods_say_so() -> None:
+    # After 16 pods with none pinned to V100, up to 1 in 17 might be (one standard error above 0): 1 of
+    # the 17 idle GPUs, V100's whole room. Early pods that took it would displace the first V100 pins.
+    v100 = kind_of(on("v", "V100", [1000, 0]))
+    assert seen(16, pinned_to_g2=True).closed == {v100}
+    assert seen(2048, pinned_to_g2=True).closed == frozenset()  # at most 1 in 2049: V100 keeps its room
+    assert seen(16, pinned_to_g2=False).closed == frozenset()  # no pins at all: nothing closes
