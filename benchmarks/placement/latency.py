@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.hardware import describe
@@ -37,13 +37,14 @@ from benchmarks.placement.traces import (
     to_node_state,
 )
 from scheduler_extender.core.fragmentation import FragmentationPolicy, learn
-from scheduler_extender.core.model import Demand, Snapshot
+from scheduler_extender.core.model import Demand, NodeState, Snapshot
 from scheduler_extender.core.placement import place
 from scheduler_extender.core.policy import REGISTRY
 from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
 from scheduler_extender.core.scoring import score_nodes
 from scheduler_extender.refresh import Refresher
 from vgpu.catalog import builtin
+from vgpu.names import LABEL_HOSTNAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +80,28 @@ def _filled(traces: Path, policy: str, fill: float) -> tuple[Replay, list[Demand
 
 
 def measure(traces: Path, policy: str, *, nodes: int = 1000, samples: int = 300, fill: float = 0.8) -> Latency:
+    """Each node labelled with its hostname, as the extender's are (the replay's nodes are not, so that it
+    can group nodes in one state); a node's labelled copy is kept while its state is unchanged, as the
+    extender's cache keeps a node's object."""
     engine, demands, i = _filled(traces, policy, fill)
     catalog = engine.catalog
     times: list[float] = []
+    labelled: dict[str, tuple[NodeState, NodeState]] = {}
     for demand in demands[i : i + samples]:
-        snapshot = Snapshot(nodes={n.name: n for n in engine.cluster.nodes[:nodes]})
+        snapshot = Snapshot(nodes={n.name: _hostname_labelled(n, labelled) for n in engine.cluster.nodes[:nodes]})
         names = list(snapshot.nodes)
         start = time.perf_counter()
         score_nodes(demand, snapshot, names, engine.policy, catalog)
         times.append(1000.0 * (time.perf_counter() - start))
         engine.submit(demand)
     return Latency(policy, nodes, len(times), statistics.median(times), _p99(times), max(times))
+
+
+def _hostname_labelled(node: NodeState, labelled: dict[str, tuple[NodeState, NodeState]]) -> NodeState:
+    known = labelled.get(node.name)
+    if known is None or known[0] is not node:
+        known = labelled[node.name] = (node, replace(node, labels={**node.labels, LABEL_HOSTNAME: node.name}))
+    return known[1]
 
 
 def _p99(values: Sequence[float]) -> float:

@@ -618,9 +618,11 @@ class FragmentationPolicy:
 
     def _fragmentation(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> float:
         key: tuple[object, ...] = ()
+        shares: tuple[float, ...] | None = None
         if mix is None:
             mix = learned.mix
-            key = _state_key(node)
+            shares = self._eligible(learned, mix, node)
+            key = _state_key(node, shares)
             hit = learned.memo.get(key)
             if hit is not None:
                 return hit
@@ -628,7 +630,9 @@ class FragmentationPolicy:
         value = 0.0
         if total > 0.0:
             mass = 0.0
-            for w, share in zip(mix, self._eligible(learned, mix, node), strict=True):
+            if shares is None:
+                shares = self._eligible(learned, mix, node)
+            for w, share in zip(mix, shares, strict=True):
                 if share <= 0.0:
                     continue
                 weight = w.weight * share
@@ -770,12 +774,18 @@ def _take(gpu: GpuState, demand: Demand) -> GpuState:
     )
 
 
-def _state_key(node: NodeState) -> tuple[object, ...]:
-    """What fragmentation depends on: free CPU/memory, labels and the multiset of GPU states."""
+def _state_key(node: NodeState, shares: tuple[float, ...]) -> tuple[object, ...]:
+    """What fragmentation at the learned mix depends on: free CPU/memory, the share of each of the mix's
+    sizes the node admits, and the multiset of GPU states.
+
+    The shares, not the labels: every real node carries its own ``kubernetes.io/hostname`` (and
+    often more labels of its own), so a key of labels made each node's states its own and nodes in the
+    same state never shared what was computed for one of them.
+    """
     gpus = sorted(
         (g.model, g.tflops, g.vram, g.tflops_used, g.vram_used, g.pods, g.whole, g.healthy) for g in node.gpus
     )
-    return (node.cpu_free, node.memory_free, tuple(sorted(node.labels.items())), tuple(gpus))
+    return (node.cpu_free, node.memory_free, shares, tuple(gpus))
 
 
 _CATALOG: Final = builtin()

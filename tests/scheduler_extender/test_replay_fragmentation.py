@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from scheduler_extender.core import fragmentation as fragmentation_module
 from scheduler_extender.core.affinity import REQUIRED
 from scheduler_extender.core.fragmentation import FragmentationPolicy, Learned, learn
 from scheduler_extender.core.model import Demand, GpuState, NodeState
 from scheduler_extender.core.placement import place
 from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
+from vgpu.names import LABEL_HOSTNAME
 from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
 
 MIB = 1024 * 1024
@@ -177,3 +179,31 @@ def test_a_deferred_policy_counts_in_observe_and_learns_only_when_told() -> None
     assert policy.revision == 1 and len(policy.mix) == 1
     policy.adopt(Learned())  # an older result arriving late is ignored
     assert policy.revision == 1
+
+
+def test_nodes_in_one_state_share_what_was_computed_for_one_whatever_their_own_labels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every real node carries its own hostname label: the memo is keyed by what the node admits of the
+    mix, so nodes in the same state are judged once, and a node admitting another part of it is not."""
+    zoned = {"key": "zone", "operator": "In", "values": ["a"]}
+    in_zone_a = replace(demand(300), node_affinity={REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [zoned]}]}})
+    policy = learned((demand(500), 20), (in_zone_a, 12))  # 32 pods: refreshed at the last one
+    judged: list[str] = []
+    real = fragmentation_module._groups
+
+    def counted(n: NodeState) -> object:
+        judged.append(n.name)
+        return real(n)
+
+    monkeypatch.setattr(fragmentation_module, "_groups", counted)
+
+    def labelled(name: str, zone: str) -> NodeState:
+        base = on(name, "T4", [300, 0])
+        return replace(base, labels={**base.labels, LABEL_HOSTNAME: name, "zone": zone})
+
+    first = policy.fragmentation(labelled("a1", "a"))
+    assert policy.fragmentation(labelled("a2", "a")) == first
+    assert judged == ["a1"]
+    policy.fragmentation(labelled("b1", "b"))  # the zone-a pods may not run here: judged on its own
+    assert judged == ["a1", "b1"]
