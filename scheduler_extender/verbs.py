@@ -155,10 +155,7 @@ class Verbs:
         self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
-        # The filter's verdicts, remembered per node state, say which nodes fit: each node's fit is
-        # checked once per decision (in filter, or here for a state that changed since).
-        passed = self._filter(demand, snapshot, nodes.names).passed
-        raw = self._score(demand, snapshot, passed)
+        raw = self._score(demand, snapshot, nodes.names)
         busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
         if busy and len(busy) < len(raw):
             # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
@@ -220,20 +217,22 @@ class Verbs:
                 (unresolvable if reason.unresolvable else failed)[name] = reason
         return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
 
-    def _score(self, demand: Demand, snapshot: Snapshot, passed: Sequence[str]) -> dict[str, float]:
-        """The core's raw scores of nodes ``_filter`` passed on this snapshot, memoised per node state
-        unless locality is involved."""
+    def _score(self, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> dict[str, float]:
+        """The core's raw scores of the nodes among ``names`` that fit, memoised per node state unless
+        locality is involved. Which nodes fit comes from the filter's remembered verdicts (``_filter``):
+        a node's fit is checked once per decision, in filter or here for a state that changed since."""
         policy = self.policies.for_demand(demand)
-        if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
-            return score_nodes(demand, snapshot, passed, policy, self.catalog, passed=True)
 
-        def score(misses: list[str]) -> dict[str, float | None]:
-            raw = score_nodes(demand, snapshot, misses, policy, self.catalog, passed=True)
+        def score(misses: Sequence[str]) -> dict[str, float | None]:
+            fitting = self._filter(demand, snapshot, misses).passed
+            raw = score_nodes(demand, snapshot, fitting, policy, self.catalog, passed=True)
             return {n: raw.get(n) for n in misses}
 
+        if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
+            return {n: s for n, s in score(names).items() if s is not None}
         key = (decision_key(demand), policy.name, getattr(policy, "revision", None))
-        scores = self.scores.values(key, passed, snapshot.nodes, score)
-        fitting = compress(zip(passed, scores, strict=True), map(is_not, scores, repeat(None)))
+        scores = self.scores.values(key, names, snapshot.nodes, score)
+        fitting = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", fitting))
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
