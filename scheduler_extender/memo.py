@@ -71,30 +71,35 @@ class NodeMemo(Generic[V]):
         """
         with self._lock:
             known = self._by_key.get(key)
+            new = known is None
             if known is None:
                 known = self._by_key[key] = _Known()
                 while len(self._by_key) > self.max_keys:
                     self._by_key.popitem(last=False)
             else:
                 self._by_key.move_to_end(key)
-            # Both read under the lock: a concurrent store cannot pair a node with another's value.
-            cached = list(map(known.nodes.get, names, repeat(_NEVER)))
-            values: list[V] = list(map(known.values.get, names))  # type: ignore[arg-type]  # None where missing
-        stale = list(map(is_not, map(nodes.get, names), cached))
-        if any(stale):
+                # Both read under the lock: a concurrent store cannot pair a node with another's value.
+                cached = list(map(known.nodes.get, names, repeat(_NEVER)))
+                values: list[V] = list(map(known.values.get, names))  # type: ignore[arg-type]  # None where missing
+        if new:  # a request never seen (a cold decision): every name misses, no per-name comparison
+            misses = list(names)
+            if not misses:
+                return []
+            values = computed = list(map(compute(misses).__getitem__, misses))
+        else:
+            stale = list(map(is_not, map(nodes.get, names), cached))
+            if not any(stale):
+                return values
             misses = list(compress(names, stale))
             computed = list(map(compute(misses).__getitem__, misses))
-            if len(misses) == len(names):  # a request never seen: no per-name patching
-                values = computed
-            else:
-                for i, value in zip(compress(range(len(names)), stale), computed, strict=True):
-                    values[i] = value
-            now = list(map(nodes.get, misses))
-            known_now = list(map(is_not, now, repeat(None)))  # unknown nodes are not remembered
-            with self._lock:
-                fresh = compress(zip(misses, now, strict=True), known_now)
-                known.nodes.update(cast("Iterator[tuple[str, NodeState]]", fresh))
-                known.values.update(compress(zip(misses, computed, strict=True), known_now))
+            for i, value in zip(compress(range(len(names)), stale), computed, strict=True):
+                values[i] = value
+        now = list(map(nodes.get, misses))
+        known_now = list(map(is_not, now, repeat(None)))  # unknown nodes are not remembered
+        with self._lock:
+            fresh = compress(zip(misses, now, strict=True), known_now)
+            known.nodes.update(cast("Iterator[tuple[str, NodeState]]", fresh))
+            known.values.update(compress(zip(misses, computed, strict=True), known_now))
         return values
 
     def clear(self) -> None:
