@@ -8,31 +8,14 @@ import pytest
 
 from scheduler_extender.core.affinity import REQUIRED
 from scheduler_extender.core.fragmentation import FragmentationPolicy, kind_of
-from scheduler_extender.core.model import Demand, GpuState, NodeState
+from scheduler_extender.core.model import Demand, NodeState
 from scheduler_extender.core.replay import Cluster, Replay
+from tests.scheduler_extender.test_replay_fragmentation import on
 from vgpu.catalog import builtin
 from vgpu.names import LABEL_HOSTNAME
 from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
 
 MIB = 1024 * 1024
-
-
-def on(name: str, model: str, used: list[int]) -> NodeState:
-    """A node of GPU model ``model``, labelled as the replay labels them; ``used`` milli per GPU."""
-    gpus = tuple(
-        GpuState(
-            uuid=f"{name}-g{i}",
-            index=i,
-            model=model,
-            tflops=1000,
-            vram=1000 * MIB,
-            tflops_used=u,
-            vram_used=u * MIB,
-            pods=1 if u else 0,
-        )
-        for i, u in enumerate(used)
-    )
-    return NodeState(name=name, pool="p", labels={MODEL_LABEL: model}, gpus=gpus, cpu_free=64_000, memory_free=1 << 40)
 
 
 def demand(milli: int) -> Demand:
