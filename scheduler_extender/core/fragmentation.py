@@ -572,11 +572,11 @@ class FragmentationPolicy:
 
     def _eligible(self, learned: Learned, mix: tuple[_Weighted, ...], node: NodeState) -> tuple[float, ...]:
         """Per mix entry, the share of its pods that the node's GPU model and labels admit."""
-        key: tuple[object, ...] = (tuple(sorted(node.labels.items())), tuple(sorted({g.model for g in node.gpus})))
+        models = {g.model for g in node.gpus}
         memo = learned.eligible if mix is learned.mix else None
+        key: tuple[object, ...] = () if memo is None else (tuple(sorted(node.labels.items())), tuple(sorted(models)))
         hit = None if memo is None else memo.get(key)
         if hit is None:
-            models = {g.model for g in node.gpus}
             hit = tuple(
                 1.0
                 if not w.classes
