@@ -1,10 +1,20 @@
 """Extender latency and memory at cluster scale, over real HTTP.
 
 Starts the extender (uvicorn, in a subprocess) on an in-memory API server holding N nodes × 8 GPUs
-(A100 80Gi / 312 TFLOPS) and 1.25 × GPUs pods with allocations, about 50% of VRAM and TFLOPS
-reserved; then posts filter + prioritize for a 1-GPU pod that fits everywhere (the worst case:
-every node is judged and scored) in the nodeCacheCapable form kube-scheduler uses, and reports
-p50/p99 per verb and for the pair, decisions/s, and the server's RSS after the first list.
+(A100 80Gi / 312 TFLOPS) and 1.25 × GPUs pods with allocations (the even fill: about 50% of VRAM
+and TFLOPS reserved); then posts filter + prioritize for a 1-GPU pod of 20 TFLOPS / 8 GiB, which
+fits on every node of the even fill (every node is judged and scored), in the nodeCacheCapable form
+kube-scheduler uses, and reports p50/p99 per verb and for the pair, decisions/s, the share of nodes
+that passed the filter, and the server's RSS after the first list.
+
+Two cluster fills (``--fill``):
+- ``even`` (the default): pod j on GPU j mod GPUs, each 125 TFLOPS / 32 GiB, so nodes come in two
+  states (16 or 8 pods). The extender judges each node state once per cold decision, so this is the
+  best case for that: most clusters have many nodes alike (empty ones, full ones, ones packed alike).
+- ``mixed``: the same number of pods, each of one of four sizes (20-156 TFLOPS, 4-40 GiB), on a GPU
+  drawn at random (seeded, ``--seed``; a draw that does not fit is skipped): almost every node is in a
+  state of its own, the worst case for the state sharing, and some nodes reject the pending pod (the
+  rejection's explanation is the slower path).
 
 Two request shapes, both reported:
 - ``warm``: the same pod request every round (replicas of one workload). The extender's per-node
@@ -19,9 +29,15 @@ httpx instead (what this benchmark used first: it adds client-side cost to every
 
     .venv/bin/python benchmarks/extender_latency.py                 # 1,000 and 5,000 nodes
     .venv/bin/python benchmarks/extender_latency.py --nodes 5000 --rounds 300
+    git worktree add /tmp/before HEAD~1 && \
+    .venv/bin/python benchmarks/extender_latency.py --nodes 5000 --fill mixed --against /tmp/before
 
-Targets: p99 filter+prioritize ≤ 5 ms at 1,000 nodes, ≤ 20 ms at 5,000 (warm); RSS ≤ 300 MB at
-5,000 nodes / 40,000 GPUs / 50,000 pods.
+``--against`` runs a server on another checkout's extender code beside this one's and times them in
+turns, request by request, printing both and the ratio of their pair times: on a machine whose speed
+drifts, the only before/after comparison that holds.
+
+Targets: p99 filter+prioritize ≤ 5 ms at 1,000 nodes, ≤ 20 ms at 5,000 (warm), ≤ 40 ms at 5,000
+(cold, issue 14); RSS ≤ 300 MB at 5,000 nodes / 40,000 GPUs / 50,000 pods.
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ import http.client
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -44,7 +61,9 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The extender code the server runs: this checkout, or another one given with --against.
+CODE_ENV = "TF_BENCH_CODE"
+sys.path.insert(0, os.environ.get(CODE_ENV, str(ROOT)))
 
 from scheduler_extender.gateway import Kind, Listing, PodEvent, RawObject, WatchEvent  # noqa: E402
 from vgpu.contract import allocation as allocation_contract  # noqa: E402
@@ -70,7 +89,7 @@ def node_object(i: int) -> RawObject:
             GpuInfo(uuid=f"GPU-{i:05d}-{g}", index=g, model="NVIDIA A100-SXM4-80GB", tflops=GPU_TFLOPS, vram=GPU_VRAM)
             for g in range(GPUS_PER_NODE)
         ),
-        slices_per_gpu=4,
+        slices_per_gpu=SLOTS_PER_GPU,
         backend=EnforcementBackend.HAMI_CORE,
         heartbeat="2026-01-01T00:00:00Z",
     )
@@ -96,18 +115,38 @@ def request(tflops: int, vram: int) -> GpuRequest:
     )
 
 
-def pod_object(j: int, gpus: int, name: str | None = None) -> RawObject:
+MIXED_SIZES = ((20_000, 4 * GI), (50_000, 10 * GI), (125_000, 32 * GI), (156_000, 40 * GI))
+SLOTS_PER_GPU = 4
+
+
+def layout(fill: str, gpus: int, pods: int, seed: int) -> list[tuple[int, int, int]]:
+    """(GPU, TFLOPS, VRAM) of each pod: see the module docstring."""
+    if fill == "even":
+        return [(j % gpus, POD_TFLOPS, POD_VRAM) for j in range(pods)]
+    rng = random.Random(seed)
+    used: dict[int, tuple[int, int, int]] = {}
+    placed: list[tuple[int, int, int]] = []
+    for _ in range(pods):
+        gpu = rng.randrange(gpus)
+        tflops, vram = rng.choice(MIXED_SIZES)
+        t, v, n = used.get(gpu, (0, 0, 0))
+        if t + tflops <= GPU_TFLOPS and v + vram <= GPU_VRAM and n < SLOTS_PER_GPU:
+            used[gpu] = (t + tflops, v + vram, n + 1)
+            placed.append((gpu, tflops, vram))
+    return placed
+
+
+def pod_object(j: int, gpu: int, tflops: int = POD_TFLOPS, vram: int = POD_VRAM, name: str | None = None) -> RawObject:
     name = name or f"pod-{j:06d}"
     uid = f"uid-{j:06d}"
-    gpu = j % gpus
     node = f"node-{gpu // GPUS_PER_NODE:05d}"
     grant = GpuGrant(
         uuid=f"GPU-{gpu // GPUS_PER_NODE:05d}-{gpu % GPUS_PER_NODE}",
         index=gpu % GPUS_PER_NODE,
-        tflops_request=POD_TFLOPS,
-        tflops_limit=POD_TFLOPS,
-        vram_request=POD_VRAM,
-        vram_limit=POD_VRAM,
+        tflops_request=tflops,
+        tflops_limit=tflops,
+        vram_request=vram,
+        vram_limit=vram,
         gpu_tflops=GPU_TFLOPS,
     )
     alloc = PodAllocation(
@@ -127,7 +166,7 @@ def pod_object(j: int, gpus: int, name: str | None = None) -> RawObject:
             "uid": uid,
             "labels": {"tensor-fusion.ai/enabled": "true", "app": "bench"},
             "annotations": {
-                SystemAnnotation.RESOLVED_REQUEST.value: resolved_contract.encode(request(POD_TFLOPS, POD_VRAM)),
+                SystemAnnotation.RESOLVED_REQUEST.value: resolved_contract.encode(request(tflops, vram)),
                 SystemAnnotation.ALLOCATION.value: allocation_contract.encode(alloc),
                 SystemAnnotation.HANDOFF.value: allocation_contract.encode_handoff(receipt),
             },
@@ -140,16 +179,16 @@ def pod_object(j: int, gpus: int, name: str | None = None) -> RawObject:
 class StaticCluster:
     """A KubeGateway whose list builds the cluster on demand and whose watch never has news."""
 
-    def __init__(self, nodes: int, pods: int) -> None:
-        self.nodes, self.pods = nodes, pods
+    def __init__(self, nodes: int, pods: int, fill: str = "even", seed: int = 0) -> None:
+        self.nodes = nodes
+        self.pods = layout(fill, nodes * GPUS_PER_NODE, pods, seed)
         self.stop = threading.Event()
         self.lease_reads = 0
 
     def list(self, kind: Kind) -> Listing:
-        gpus = self.nodes * GPUS_PER_NODE
         if kind is Kind.NODE:
             return Listing([node_object(i) for i in range(self.nodes)], "1")
-        return Listing([pod_object(j, gpus) for j in range(self.pods)], "1")
+        return Listing([pod_object(j, *pod) for j, pod in enumerate(self.pods)], "1")
 
     def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:  # noqa: ARG002
         self.stop.wait(timeout_seconds)
@@ -183,13 +222,13 @@ class StaticCluster:
         return None
 
 
-def serve(nodes: int, pods: int, port: int) -> None:
+def serve(nodes: int, pods: int, fill: str, seed: int, port: int) -> None:
     import uvicorn
 
     from scheduler_extender.app import create_app
     from scheduler_extender.settings import Settings
 
-    app = create_app(Settings(), StaticCluster(nodes, pods))
+    app = create_app(Settings(), StaticCluster(nodes, pods, fill, seed))
     uvicorn.run(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools"
     )
@@ -216,7 +255,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def pending_body(nodes: int, vram: int) -> bytes:
     """A filter/prioritize body for a 1-GPU pod asking 20 TFLOPS and ``vram``, offering every node by name."""
-    pending = pod_object(10**7, nodes * GPUS_PER_NODE, name="bench-pending")
+    pending = pod_object(10**7, 0, name="bench-pending")
     pending["metadata"]["annotations"] = {
         SystemAnnotation.RESOLVED_REQUEST.value: resolved_contract.encode(request(20_000, vram))
     }
@@ -240,68 +279,102 @@ def post(conn: Client, path: str, body: bytes) -> bytes:
     return data
 
 
-def rounds_of(conn: Client, bodies: Iterator[bytes], rounds: int, nodes: int) -> dict[str, Any]:
-    """Time filter then prioritize for each body; the replies are checked after the clock stops."""
-    timings: dict[str, list[float]] = {"filter": [], "prioritize": [], "pair": []}
-    for _ in range(rounds):
+def rounds_of(conns: list[Client], bodies: Iterator[bytes], rounds: int, nodes: int) -> list[dict[str, Any]]:
+    """Time filter then prioritize for each body on each server, the servers in turns (which goes first
+    alternates by round, so a slow moment of the machine falls on each alike); the replies are checked
+    after the clock stops."""
+    timings: list[dict[str, list[float]]] = [{"filter": [], "prioritize": [], "pair": []} for _ in conns]
+    passed = [0] * len(conns)
+    for i in range(rounds):
         body = next(bodies)
-        t0 = time.perf_counter()
-        f = post(conn, "/filter", body)
-        t1 = time.perf_counter()
-        p = post(conn, "/prioritize", body)
-        t2 = time.perf_counter()
-        assert len(json.loads(f)["NodeNames"]) == nodes, f[:200]
-        assert len(json.loads(p)) == nodes
-        timings["filter"].append(t1 - t0)
-        timings["prioritize"].append(t2 - t1)
-        timings["pair"].append(t2 - t0)
-    result: dict[str, Any] = {}
-    for verb, values in timings.items():
-        result[f"{verb}_p50_ms"] = round(statistics.median(values) * 1000, 2)
-        result[f"{verb}_p99_ms"] = round(percentile(values, 0.99) * 1000, 2)
-    result["decisions_per_s"] = round(1 / statistics.mean(timings["pair"]), 1)
-    return result
+        order = range(len(conns)) if i % 2 == 0 else range(len(conns) - 1, -1, -1)
+        for k in order:
+            t0 = time.perf_counter()
+            f = post(conns[k], "/filter", body)
+            t1 = time.perf_counter()
+            p = post(conns[k], "/prioritize", body)
+            t2 = time.perf_counter()
+            reply = json.loads(f)
+            judged = [reply["NodeNames"], reply.get("FailedNodes") or {}, reply.get("FailedAndUnresolvableNodes") or {}]
+            assert sum(map(len, judged)) == nodes, f[:200]
+            assert len(json.loads(p)) == nodes
+            passed[k] += len(reply["NodeNames"])
+            timings[k]["filter"].append(t1 - t0)
+            timings[k]["prioritize"].append(t2 - t1)
+            timings[k]["pair"].append(t2 - t0)
+    results: list[dict[str, Any]] = []
+    for times, fitted in zip(timings, passed, strict=True):
+        result: dict[str, Any] = {}
+        for verb, values in times.items():
+            result[f"{verb}_p50_ms"] = round(statistics.median(values) * 1000, 2)
+            result[f"{verb}_p99_ms"] = round(percentile(values, 0.99) * 1000, 2)
+        result["decisions_per_s"] = round(1 / statistics.mean(times["pair"]), 1)
+        result["nodes_passed"] = round(fitted / rounds / nodes, 3)
+        results.append(result)
+    return results
 
 
-def measure(nodes: int, pods: int, rounds: int, client_kind: str) -> dict[str, Any]:
+def start(code: Path, nodes: int, pods: int, fill: str, seed: int) -> tuple[subprocess.Popen[bytes], int, float]:
+    """A server running ``code``'s extender, once ready: the process, its port and the seconds it took."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(code), CODE_ENV: str(code)}
     cmd = [sys.executable, __file__, "--serve", "--nodes", str(nodes), "--pods", str(pods), "--port", str(port)]
+    cmd += ["--fill", fill, "--seed", str(seed)]
     server = subprocess.Popen(cmd, env=env)
+    started = time.monotonic()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        while True:
+            try:
+                if client.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() - started > 600:
+                raise RuntimeError(f"extender of {code} did not become ready")
+            time.sleep(0.2)
+    return server, port, time.monotonic() - started
+
+
+def measure(
+    code: list[Path], nodes: int, pods: int, fill: str, seed: int, rounds: int, client_kind: str
+) -> list[dict[str, Any]]:
+    """One result per checkout in ``code``, their servers measured in turns (see rounds_of)."""
+    servers: list[subprocess.Popen[bytes]] = []
     try:
-        started = time.monotonic()
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None or time.monotonic() - started > 600:
-                    raise RuntimeError("extender did not become ready")
-                time.sleep(0.2)
-        sync_s = time.monotonic() - started
+        ports, syncs = [], []
+        for checkout in code:  # one at a time: each sync has the machine to itself
+            server, port, sync_s = start(checkout, nodes, pods, fill, seed)
+            servers.append(server)
+            ports.append(port)
+            syncs.append(sync_s)
         time.sleep(1.0)
-        rss = rss_mb(server.pid)
-        conn: Client = (
+        rss = [rss_mb(server.pid) for server in servers]
+        conns: list[Client] = [
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
             if client_kind == "httpx"
             else http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        )
+            for port in ports
+        ]
         warm = pending_body(nodes, 8 * GI)
-        rounds_of(conn, iter([warm] * 20), 20, nodes)  # warm-up, not reported
-        result: dict[str, Any] = {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE, "pods": pods, "client": client_kind}
-        result["sync_s"] = round(sync_s, 1)
-        result["warm"] = rounds_of(conn, iter([warm] * rounds), rounds, nodes)
+        rounds_of(conns, iter([warm] * 20), 20, nodes)  # warm-up, not reported
+        warm_results = rounds_of(conns, iter([warm] * rounds), rounds, nodes)
         cold = (pending_body(nodes, 8 * GI + (i + 1) * 1024**2) for i in range(rounds))
-        result["cold"] = rounds_of(conn, cold, rounds, nodes)
-        conn.close()
-        result["rss_mb_ready"] = round(rss, 1)
-        result["rss_mb_after"] = round(rss_mb(server.pid), 1)
+        cold_results = rounds_of(conns, cold, rounds, nodes)
+        for conn in conns:
+            conn.close()
+        results = []
+        for k, checkout in enumerate(code):
+            result: dict[str, Any] = {"code": str(checkout), "nodes": nodes, "gpus": nodes * GPUS_PER_NODE}
+            result |= {"fill": fill, "pods": len(layout(fill, nodes * GPUS_PER_NODE, pods, seed))}
+            result |= {"client": client_kind, "sync_s": round(syncs[k], 1)}
+            result |= {"warm": warm_results[k], "cold": cold_results[k]}
+            result |= {"rss_mb_ready": round(rss[k], 1), "rss_mb_after": round(rss_mb(servers[k].pid), 1)}
+            results.append(result)
+        return results
     finally:
-        server.terminate()
-        server.wait(10)
-    return result
+        for server in servers:
+            server.terminate()
+            server.wait(10)
 
 
 def main() -> None:
@@ -309,6 +382,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, action="append", help="node counts (default 1000 and 5000)")
     parser.add_argument("--pods", type=int, help="pods with allocations (default 1.25 × GPUs)")
     parser.add_argument("--rounds", type=int, default=200, help="filter+prioritize pairs measured per size")
+    parser.add_argument("--fill", choices=("even", "mixed"), default="even", help="how the pods fill the GPUs")
+    parser.add_argument("--seed", type=int, default=0, help="the mixed fill's draws")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="another checkout (e.g. a git worktree of the code before a change) measured in turns with this one",
+    )
     parser.add_argument(
         "--client", choices=("http.client", "httpx"), default="http.client", help="HTTP client timing the verbs"
     )
@@ -316,14 +398,23 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.nodes[0], args.pods, args.port)
+        serve(args.nodes[0], args.pods, args.fill, args.seed, args.port)
         return
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next((line.split(":", 1)[1].strip() for line in lines if "model name" in line), platform.processor())
     print(f"hardware: {cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; client and server on one host")
     for nodes in args.nodes or [1000, 5000]:
         pods = args.pods or nodes * GPUS_PER_NODE * 5 // 4
-        print(json.dumps(measure(nodes, pods, args.rounds, args.client)))
+        results = measure([ROOT, *args.against], nodes, pods, args.fill, args.seed, args.rounds, args.client)
+        for result in results:
+            print(json.dumps(result))
+        for other in results[1:]:
+            ratios = {
+                f"{phase}_{q}": round(other[phase][f"pair_{q}_ms"] / results[0][phase][f"pair_{q}_ms"], 2)
+                for phase in ("warm", "cold")
+                for q in ("p50", "p99")
+            }
+            print(json.dumps({"pair time, " + other["code"] + " / this checkout": ratios}))
 
 
 if __name__ == "__main__":

@@ -62,12 +62,12 @@ class NodeMemo(Generic[V]):
         key: Hashable,
         names: Sequence[str],
         nodes: Mapping[str, NodeState],
-        compute: Callable[[list[str]], Mapping[str, V]],
+        compute: Callable[[list[str]], list[V]],
     ) -> list[V]:
         """The value of each name, in order: remembered while its node object is unchanged, else ``compute``'d.
 
-        ``compute`` gets the names that missed and must return a value for each of them; values of
-        names not in ``nodes`` (unknown nodes) are returned but never remembered.
+        ``compute`` gets the names that missed and must return their values, in the same order; values
+        of names not in ``nodes`` (unknown nodes) are returned but never remembered.
         """
         with self._lock:
             known = self._by_key.get(key)
@@ -85,21 +85,25 @@ class NodeMemo(Generic[V]):
             misses = list(names)
             if not misses:
                 return []
-            values = computed = list(map(compute(misses).__getitem__, misses))
+            values = computed = compute(misses)
         else:
             stale = list(map(is_not, map(nodes.get, names), cached))
             if not any(stale):
                 return values
             misses = list(compress(names, stale))
-            computed = list(map(compute(misses).__getitem__, misses))
+            computed = compute(misses)
             for i, value in zip(compress(range(len(names)), stale), computed, strict=True):
                 values[i] = value
         now = list(map(nodes.get, misses))
         known_now = list(map(is_not, now, repeat(None)))  # unknown nodes are not remembered
         with self._lock:
-            fresh = compress(zip(misses, now, strict=True), known_now)
-            known.nodes.update(cast("Iterator[tuple[str, NodeState]]", fresh))
-            known.values.update(compress(zip(misses, computed, strict=True), known_now))
+            if all(known_now):
+                known.nodes.update(zip(misses, cast("list[NodeState]", now), strict=True))
+                known.values.update(zip(misses, computed, strict=True))
+            else:
+                fresh = compress(zip(misses, now, strict=True), known_now)
+                known.nodes.update(cast("Iterator[tuple[str, NodeState]]", fresh))
+                known.values.update(compress(zip(misses, computed, strict=True), known_now))
         return values
 
     def clear(self) -> None:

@@ -202,9 +202,8 @@ class Verbs:
     def _filter(self, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
         """The core's filter, asked only about nodes whose state changed since it last judged this request."""
 
-        def judge(misses: list[str]) -> dict[str, Reason | None]:
-            reasons = filter_nodes(demand, snapshot, misses, self.catalog).reasons()
-            return {n: reasons.get(n) for n in misses}
+        def judge(misses: list[str]) -> list[Reason | None]:
+            return list(map(filter_nodes(demand, snapshot, misses, self.catalog).reasons().get, misses))
 
         verdicts = self.verdicts.values(decision_key(demand), names, snapshot.nodes, judge)
         # C-level passes in the offered order; only rejected nodes are visited one by one.
@@ -223,17 +222,16 @@ class Verbs:
         a node's fit is checked once per decision, in filter or here for a state that changed since."""
         policy = self.policies.for_demand(demand)
 
-        def score(misses: Sequence[str]) -> dict[str, float | None]:
-            fitting = self._filter(demand, snapshot, misses).passed
-            raw = score_nodes(demand, snapshot, fitting, policy, self.catalog, passed=True)
-            return {n: raw.get(n) for n in misses}
+        def fitting(among: Sequence[str]) -> dict[str, float]:
+            passed = self._filter(demand, snapshot, among).passed
+            return score_nodes(demand, snapshot, passed, policy, self.catalog, passed=True)
 
         if demand.is_local_gpu:  # locality depends on other pods, not on the node's own state
-            return {n: s for n, s in score(names).items() if s is not None}
+            return fitting(names)
         key = (decision_key(demand), policy.name, getattr(policy, "revision", None))
-        scores = self.scores.values(key, names, snapshot.nodes, score)
-        fitting = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
-        return dict(cast("Iterator[tuple[str, float]]", fitting))
+        scores = self.scores.values(key, names, snapshot.nodes, lambda misses: list(map(fitting(misses).get, misses)))
+        kept = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
+        return dict(cast("Iterator[tuple[str, float]]", kept))
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
         """The scheduler's victims on ``node`` narrowed by the core; () vetoes the node."""

@@ -4,7 +4,10 @@ kube-scheduler distinguishes two kinds of "no": ``FailedNodes`` (Unschedulable �
 still try the node) and ``FailedAndUnresolvableNodes`` (nothing on that node would help, so
 preemption skips it). :class:`FilterResult` keeps them apart using the reason's code, keeps the
 passing nodes in the order they were offered, and renders the wire maps. The per-node work is in
-:func:`scheduler_extender.core.fit.check_node`; this module only walks the names once.
+:func:`scheduler_extender.core.fit.check_node`; this module walks the names once and checks each node
+state once: nodes in one state (:meth:`~scheduler_extender.core.model.NodeState.state`) fit a demand
+without node affinity alike, so a state that fits passes its other nodes without a check. A state that
+does not fit is checked node by node, for each node's own reason (it names the node's GPUs).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class FilterResult:
 def filter_nodes(demand: Demand, snapshot: Snapshot, node_names: Iterable[str], catalog: Catalog) -> FilterResult:
     """Split the offered nodes into those that can take the demand now and those that cannot, with reasons.
 
-    A name offered twice is judged once. Work is O(offered nodes × GPUs per node).
+    A name offered twice is judged once. Work is O(offered nodes) plus a fit check per fitting node
+    state and per node that does not fit (×GPUs per node); with node affinity, a check per node.
     """
     match = ModelMatcher(catalog, demand.gpu_model)
     nodes = snapshot.nodes
@@ -58,12 +62,26 @@ def filter_nodes(demand: Demand, snapshot: Snapshot, node_names: Iterable[str], 
     failed: dict[str, Reason] = {}
     unresolvable: dict[str, Reason] = {}
     seen: set[str] = set()
+    by_state = demand.node_affinity is None  # check_node reads a node's name and labels only for affinity
+    fits: dict[int, bool] = {}  # node state -> whether it takes the demand
     for name in node_names:
         if name in seen:
             continue
         seen.add(name)
         node = nodes.get(name)
-        reason = _UNKNOWN if node is None else check_node(demand, node, match)
+        if node is None:
+            reason: Reason | None = _UNKNOWN
+        elif by_state:
+            state = node.state()
+            fit = fits.get(state)
+            if fit:
+                passed.append(name)
+                continue
+            reason = check_node(demand, node, match)
+            if fit is None:
+                fits[state] = reason is None
+        else:
+            reason = check_node(demand, node, match)
         if reason is None:
             passed.append(name)
         elif reason.unresolvable:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import count
+from typing import Any, Final
 
 from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
 
@@ -88,8 +89,9 @@ class NodeState:
     cpu_free: int | None = None
     memory_free: int | None = None
     slots_used: int = 0
-    # Lazily filled by totals(); never passed, compared or copied by dataclasses.replace.
+    # Lazily filled by totals() and state(); never passed, compared or copied by dataclasses.replace.
     _totals: NodeTotals | None = field(default=None, init=False, repr=False, compare=False)
+    _state: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def totals(self) -> NodeTotals:
         """This state's GPU sums, computed on first use and kept for the life of the (immutable) state.
@@ -121,6 +123,66 @@ class NodeState:
             )
             object.__setattr__(self, "_totals", totals)
         return totals
+
+    def state(self) -> int:
+        """A number shared by every node state with the same capacity and reservations, GPU by GPU in order.
+
+        What it covers is everything the fit check and a state-scored policy read of a node, except
+        its identity: the pool, the inventory error, free CPU and memory, the node's used device IDs
+        and each GPU's model, size, health, NUMA node, reservations, pods, whole-holding and slots.
+        Not the name, the labels or the GPU UUIDs. So two nodes of one state fit the same demands
+        (node affinity aside) and get the same score from such a policy, so a cold decision judges a
+        fitting state once (:func:`scheduler_extender.core.filter.filter_nodes`): large clusters have
+        many nodes alike (empty ones, full ones, ones packed alike by the same workloads).
+        Computed once per (immutable) state, like :meth:`totals`.
+        """
+        number = self._state
+        if number is None:
+            number = _state_number(
+                (
+                    self.pool,
+                    self.inventory_error,
+                    self.cpu_free,
+                    self.memory_free,
+                    self.slots_used,
+                    *map(_gpu_state, self.gpus),
+                )
+            )
+            object.__setattr__(self, "_state", number)
+        return number
+
+
+def _gpu_state(g: GpuState) -> tuple[object, ...]:
+    return (
+        g.model,
+        g.tflops,
+        g.vram,
+        g.healthy,
+        g.numa,
+        g.tflops_used,
+        g.vram_used,
+        g.pods,
+        g.whole,
+        g.slots,
+        g.slots_used,
+    )
+
+
+# Node states seen, numbered. A number is never given twice, so equal numbers always mean equal states;
+# the table is dropped when it grows past its bound (a long-lived extender sees states come and go), after
+# which a state seen before gets a new number: a missed sharing, never a wrong one.
+_STATES: dict[tuple[object, ...], int] = {}
+_STATES_BOUND: Final = 1 << 17
+_numbers = count()
+
+
+def _state_number(key: tuple[object, ...]) -> int:
+    number = _STATES.get(key)
+    if number is None:
+        if len(_STATES) >= _STATES_BOUND:
+            _STATES.clear()
+        number = _STATES.setdefault(key, next(_numbers))
+    return number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

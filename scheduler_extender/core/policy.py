@@ -53,6 +53,14 @@ class Policy(Protocol):
 PolicyFactory = Callable[[], Policy]
 
 
+def scores_by_state(policy: Policy) -> bool:
+    """Whether the policy's score depends on nothing but the node's state
+    (:meth:`~scheduler_extender.core.model.NodeState.state`: not its name, labels or GPU UUIDs), so one
+    score serves every node in a state. A policy says so with a true ``scores_by_state`` attribute;
+    one that reads a node's labels or remembers nodes by name (fragmentation) does not."""
+    return getattr(policy, "scores_by_state", False) is True
+
+
 @runtime_checkable
 class ClusterAware(Protocol):
     """A policy that weighs the whole cluster (GPUs per node kind), not only the nodes it scores.
@@ -91,6 +99,7 @@ class Binpack:
     """Fullest node first; inside it, the fitting GPUs with the least free room (best fit)."""
 
     __slots__ = ()
+    scores_by_state: Final = True  # utilisation only: see scores_by_state()
 
     @property
     def name(self) -> str:
@@ -111,6 +120,7 @@ class Spread:
     """Emptiest node first; inside it, the fitting GPUs with the most free room."""
 
     __slots__ = ()
+    scores_by_state: Final = True
 
     @property
     def name(self) -> str:

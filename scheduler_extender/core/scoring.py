@@ -16,7 +16,7 @@ from math import floor
 
 from scheduler_extender.core.fit import ModelMatcher, check_node, eligible_node
 from scheduler_extender.core.model import Demand, Snapshot
-from scheduler_extender.core.policy import Policy
+from scheduler_extender.core.policy import Policy, scores_by_state
 from vgpu.catalog import Catalog
 
 MAX_EXTENDER_PRIORITY = 10
@@ -49,7 +49,9 @@ def score_nodes(
     """Raw scores (higher is better) of the offered nodes that can take the demand now; others are absent.
 
     ``passed``: the caller's filter already found each of these node states able to take the demand,
-    so the fit check, the costliest part of a cold decision, is not run a second time.
+    so the fit check, the costliest part of a cold decision, is not run a second time. A policy that
+    scores by state alone (:func:`~scheduler_extender.core.policy.scores_by_state`) scores each node
+    state once; the locality term, which depends on the node's name, is added per node.
     """
     match = ModelMatcher(catalog, demand.gpu_model)
     local: frozenset[str] = frozenset()
@@ -59,13 +61,20 @@ def score_nodes(
     raw: dict[str, float] = {}
     largest: dict[str, int] = {}
     policy_score = policy.score
+    by_state: dict[int, float] | None = {} if scores_by_state(policy) and not terms.smaller_model else None
     for name in node_names:  # every offered node on a cold decision: the common case inline
         node = nodes.get(name)
         if node is None or name in raw or (not passed and check_node(demand, node, match) is not None):
             continue
-        totals = node.totals()
-        view = node if totals.all_healthy and match.every(totals.models) else eligible_node(demand, node, match)
-        score = policy_score(demand, view)
+        known = None if by_state is None else by_state.get(node.state())
+        if known is not None:
+            score = known
+        else:
+            totals = node.totals()
+            view = node if totals.all_healthy and match.every(totals.models) else eligible_node(demand, node, match)
+            score = policy_score(demand, view)
+            if by_state is not None:
+                by_state[node.state()] = score
         if local and name in local:
             score += terms.locality
         raw[name] = score

@@ -10,6 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import Extender, create_app
+from scheduler_extender.core import filter as filter_module
+from scheduler_extender.core import scoring as scoring_module
 from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.fakes import FakeGateway
@@ -72,3 +74,18 @@ def run(fake: FakeGateway) -> Iterator[Callable[..., Running]]:
     fake.close()
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The node of every fit check the core makes from here on, in order."""
+    checked: list[str] = []
+    real = filter_module.check_node
+
+    def counted(demand: Any, node: Any, match: Any) -> Any:
+        checked.append(node.name)
+        return real(demand, node, match)
+
+    monkeypatch.setattr(filter_module, "check_node", counted)
+    monkeypatch.setattr(scoring_module, "check_node", counted)
+    return checked

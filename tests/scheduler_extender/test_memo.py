@@ -62,9 +62,9 @@ def test_values_equal_recomputation_and_only_changed_nodes_are_recomputed(
             key, names = str(key), list(asked)  # type: ignore[call-overload]
             calls: list[list[str]] = []
 
-            def compute(misses: list[str], key: str = key, calls: list[list[str]] = calls) -> dict[str, str]:
+            def compute(misses: list[str], key: str = key, calls: list[list[str]] = calls) -> list[str]:
                 calls.append(misses)
-                return {n: truth(key, nodes.get(n)) for n in misses}
+                return [truth(key, nodes.get(n)) for n in misses]
 
             got = memo.values(key, names, nodes, compute)
             assert got == [truth(key, nodes.get(n)) for n in names]
@@ -81,9 +81,9 @@ def test_clear_forgets_everything() -> None:
     nodes = {"a": NodeState(name="a", pool="p")}
     calls: list[list[str]] = []
 
-    def compute(misses: list[str]) -> dict[str, int]:
+    def compute(misses: list[str]) -> list[int]:
         calls.append(misses)
-        return dict.fromkeys(misses, 1)
+        return [1] * len(misses)
 
     assert memo.values("k", ["a"], nodes, compute) == [1]
     assert memo.values("k", ["a"], nodes, compute) == [1]

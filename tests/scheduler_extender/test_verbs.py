@@ -11,8 +11,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import create_app
-from scheduler_extender.core import filter as filter_module
-from scheduler_extender.core import scoring as scoring_module
 from scheduler_extender.core.demand import demand_from_request
 from scheduler_extender.core.filter import filter_nodes
 from scheduler_extender.core.scoring import score_nodes, to_extender_scores
@@ -173,21 +171,6 @@ def test_prioritize_scores_every_node_binpack_prefers_the_fuller(
     ]
     spread = run(policy="spread")
     assert spread.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2"))[0]["Score"] == 10
-
-
-@pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The node of every fit check the core makes from here on, in order."""
-    checked: list[str] = []
-    real = filter_module.check_node
-
-    def counted(demand: Any, node: Any, match: Any) -> Any:
-        checked.append(node.name)
-        return real(demand, node, match)
-
-    monkeypatch.setattr(filter_module, "check_node", counted)
-    monkeypatch.setattr(scoring_module, "check_node", counted)
-    return checked
 
 
 def test_prioritize_checks_no_fit_the_filter_already_judged(
