@@ -9,11 +9,18 @@ real tf-webhook and tf-extender, so the ratio GPU/plain is the figure the issue'
 How: the e2e cluster (tests/e2e/cluster.py) without its kubelet node, kube-scheduler running the shipped
 KubeSchedulerConfiguration with only its client QPS/burst replaced (``--qps/--burst``, or the shipped
 ones with ``--shipped-qps``); kubelet-less 8×A100 nodes (tests/e2e/fake_nodes.py), added in parallel.
-Per node count, three cases in one namespace, emptied between them:
+Per node count, four cases in one namespace, emptied between them:
 - B: plain pods (no GPU) through the same scheduler profile (schedulerName tensor-fusion-scheduler);
 - A: GPU pods of one shape (10 TFLOPS, 2 GiB), the placement policy ``--policy`` (binpack by default,
   as the issue measured: a burst then targets one node and meets its hand-off gate);
-- C: GPU pods of all-different shapes (the VRAM request differs by 1 MiB per pod: every decision cold).
+- C: GPU pods of all-different shapes (the VRAM request differs by 1 MiB per pod: every decision cold);
+- W: the floor of a GPU pod's bind protocol. Plain pods that no scheduler serves, bound by this process
+  with exactly the API calls the extender's bind makes for a GPU pod, through its own gateway and
+  identity (scheduler_extender/kube/gateway.py): the allocation patch (resourceVersion precondition,
+  ``allocated-node`` label), the consistent list of the node's allocations, the Binding, the GpuGranted
+  Event; with ``--receipts`` the receipt follows as for A and C. No webhook, no filter or prioritize, no
+  placement: what the API server, etcd and every watcher spend on those writes alone. W/B bounds what any
+  extender could reach with that protocol; the CPU column ``bench`` is this process (the hand binder).
 Pods are created as fast as a pool of threads can; the figure is pods / (first create → last bound), the
 binding times taken from a watch. With ``--receipts`` a thread pool writes the device plugin's hand-off
 receipt (tests/e2e/pods.py receipt_patch, with the plugin's identity) on each GPU pod as soon as the watch
@@ -46,13 +53,17 @@ from kubernetes.client import CoreV1Api
 from kubernetes.watch.watch import iter_resp_lines
 
 from benchmarks.hardware import describe
-from scheduler_extender.kube.gateway import api_client
+from scheduler_extender.binder import rfc3339
+from scheduler_extender.events import REASON_GRANTED
+from scheduler_extender.gateway import KubeGateway, PodEvent
+from scheduler_extender.kube.gateway import KubernetesGateway, api_client
+from scheduler_extender.objects import allocated_node_label, allocated_on_selector
 from tests.e2e.cluster import Cluster
 from tests.e2e.fake_nodes import add_fake_node, gpus
 from tests.e2e.kube import emptied
 from tests.e2e.pods import IMAGE, gpu_pod, receipt_patch
 from vgpu.contract import allocation
-from vgpu.names import DEFAULT_POOL, SCHEDULER_NAME, Annotation
+from vgpu.names import DEFAULT_POOL, LABEL_ALLOCATED_NODE, SCHEDULER_NAME, Annotation, Qos
 
 NAMESPACE = "bench-throughput"
 GPUS_PER_NODE = 8
@@ -61,14 +72,16 @@ HANDS = 4  # threads writing receipts
 WARM_UP = 50  # pods per case before the measured runs at each node count
 BOUND_TIMEOUT = 300.0  # seconds a case may take before it is reported unfinished
 PROCESSES = ("kube-apiserver", "kube-scheduler", "tf-extender", "tf-webhook", "etcd")
+BY_HAND = "bench-bound-by-hand"  # case W's schedulerName: no scheduler serves it, this process binds its pods
+MILLI_TFLOPS, VRAM = 10_000, 2 << 30  # what case W grants each pod (A's shape) on one A100 (312 TFLOPS)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def plain_pod(name: str) -> dict[str, Any]:
+def plain_pod(name: str, scheduler: str = SCHEDULER_NAME) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
         "spec": {
-            "schedulerName": SCHEDULER_NAME,
+            "schedulerName": scheduler,
             "containers": [{"name": "main", "image": IMAGE}],
             "terminationGracePeriodSeconds": 0,
         },
@@ -89,7 +102,63 @@ def cases(policy: str) -> dict[str, Callable[[str, int], dict[str, Any]]]:
         "B": lambda name, _: plain_pod(name),
         "A": shaped_pod(policy, lambda _: "2Gi"),
         "C": shaped_pod(policy, lambda i: f"{2048 + i}Mi"),
+        "W": lambda name, _: plain_pod(name, BY_HAND),
     }
+
+
+class HandBinder:
+    """Case W: binds each pod it is given with the API calls the extender's bind makes for a GPU pod
+    (binder.py: _write_allocation, _arbitrate, _post_binding; routes.py: the GpuGranted Event), in the
+    same order, through the extender's gateway with the extender's identity, and nothing else: nodes
+    round-robin, one GPU each in turn, A's share, no placement and no checks of its own."""
+
+    def __init__(self, gateway: KubeGateway, nodes: int) -> None:
+        self.gateway = gateway
+        self.nodes = nodes
+        self.hands = ThreadPoolExecutor(CREATORS, thread_name_prefix="bench-binds")
+        self._lock = threading.Lock()
+        self._given = 0
+        self.failures: list[BaseException] = []
+
+    def give(self, pod: dict[str, Any]) -> None:
+        with self._lock:
+            turn, self._given = self._given, self._given + 1
+        self.hands.submit(self._bind_or_note, pod, turn)
+
+    def stop(self) -> None:
+        self.hands.shutdown(wait=True)
+
+    def _bind_or_note(self, pod: dict[str, Any], turn: int) -> None:
+        try:
+            self._bind(pod, turn)
+        except Exception as exc:  # reported with the case
+            self.failures.append(exc)
+
+    def _bind(self, pod: dict[str, Any], turn: int) -> None:
+        meta = pod["metadata"]
+        name, uid = meta["name"], meta["uid"]
+        node = f"bench-{turn % self.nodes:05d}"
+        gpu = gpus(node, GPUS_PER_NODE)[(turn // self.nodes) % GPUS_PER_NODE]
+        grant = allocation.GpuGrant(uuid=gpu.uuid, index=gpu.index, tflops_request=MILLI_TFLOPS,
+                                    tflops_limit=MILLI_TFLOPS, vram_request=VRAM, vram_limit=VRAM,
+                                    gpu_tflops=gpu.model.tflops_milli)  # fmt: skip
+        granted = allocation.PodAllocation(pod_uid=uid, node=node, pool=DEFAULT_POOL, qos=Qos.MEDIUM,
+                                           containers=tuple(c["name"] for c in pod["spec"]["containers"]),
+                                           gpus=(grant,), bound_at=rfc3339(time.time()))  # fmt: skip
+        self.gateway.patch_pod_annotations(NAMESPACE, name, uid, {allocation.KEY: allocation.encode(granted)},
+                                           labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
+                                           resource_version=meta["resourceVersion"])  # fmt: skip
+        self.gateway.list_pods(allocated_on_selector(node))
+        self.gateway.bind(NAMESPACE, name, uid, node)
+        event = PodEvent(
+            namespace=NAMESPACE,
+            pod_name=name,
+            pod_uid=uid,
+            reason=REASON_GRANTED,
+            message=granted.describe(),
+            type="Normal",
+        )
+        self.gateway.record_event(event)
 
 
 def drained(response: Any) -> None:
@@ -102,11 +171,14 @@ def drained(response: Any) -> None:
 @dataclass
 class Recorder:
     """Watches the namespace from ``since``: when each pod was first seen bound (monotonic clock); with a
-    ``plugin`` client, hands each GPU pod over (the device plugin's receipt) once it is bound."""
+    ``plugin`` client, hands each GPU pod over (the device plugin's receipt) once it is bound; with a
+    ``binder``, gives it each pod of case W the first time the pod is seen unbound."""
 
     core: CoreV1Api
     plugin: CoreV1Api | None
     since: str
+    binder: HandBinder | None = None
+    given: set[str] = field(default_factory=set)
     bound: dict[str, float] = field(default_factory=dict)
     failures: list[BaseException] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
@@ -145,6 +217,11 @@ class Recorder:
     def _seen(self, pod: dict[str, Any], now: float) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         node = spec.get("nodeName")
+        if not node and self.binder is not None and spec.get("schedulerName") == BY_HAND:
+            if meta["name"] not in self.given:
+                self.given.add(meta["name"])
+                self.binder.give(pod)
+            return
         if not node or meta["name"] in self.bound:
             return
         self.bound[meta["name"]] = now
@@ -214,8 +291,10 @@ class Bench:
         return {result: float(value) for result, value in found}
 
     def _cpu(self) -> dict[str, float]:
-        """CPU seconds so far of each process of the cluster named in PROCESSES."""
-        seconds = {}
+        """CPU seconds so far of each process of the cluster named in PROCESSES, and of this one (``bench``:
+        creating pods, watching, writing receipts, case W's binds)."""
+        own = os.times()
+        seconds = {"bench": own.user + own.system}
         for proc in self.cluster.all_procs():
             if proc.name in PROCESSES and proc.alive():
                 fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -225,7 +304,11 @@ class Bench:
     def run(self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int) -> Result:
         names = [f"{case.lower()}-{i:05d}" for i in range(pods)]
         since = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
-        recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since)
+        binder = None
+        if case == "W":
+            extender = api_client(str(self.cluster.kubeconfigs["extender"]), pool_size=CREATORS + 2)
+            binder = HandBinder(KubernetesGateway(extender), self.nodes)
+        recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since, binder)
         cpu, binds = self._cpu(), self._binds()
 
         def create(i: int) -> None:
@@ -234,11 +317,16 @@ class Bench:
         started = time.monotonic()
         with ThreadPoolExecutor(CREATORS) as pool:
             list(pool.map(create, range(pods)))
-        while len(recorder.bound) < pods and time.monotonic() - started < BOUND_TIMEOUT and not recorder.failures:
+        failures = recorder.failures + (binder.failures if binder is not None else [])
+        while len(recorder.bound) < pods and time.monotonic() - started < BOUND_TIMEOUT and not failures:
             time.sleep(0.1)
+            failures = recorder.failures + (binder.failures if binder is not None else [])
         recorder.stop()
-        if recorder.failures:
-            raise RuntimeError(f"case {case}: {recorder.failures[0]!r}")
+        if binder is not None:
+            binder.stop()
+            failures = recorder.failures + binder.failures
+        if failures:
+            raise RuntimeError(f"case {case}: {failures[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
         after, binds_after = self._cpu(), self._binds()
         per_pod = {name: round((after[name] - cpu.get(name, 0)) * 1000 / pods, 1) for name in after}
@@ -262,7 +350,7 @@ def main() -> None:
     parser.add_argument("--receipts", action="store_true", help="write the device plugin's receipt on bound pods")
     parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
-    parser.add_argument("--cases", default="BAC", help="which cases, in order (default BAC)")
+    parser.add_argument("--cases", default="BWAC", help="which cases, in order (default BWAC)")
     args = parser.parse_args()
     counts = sorted(int(n) for n in args.nodes.split(","))
     client = None if args.shipped_qps else (args.qps, args.burst)
@@ -286,12 +374,14 @@ def main() -> None:
                           f"{r.cpu_ms_per_pod}; binds {r.binds}", flush=True)  # fmt: skip
                 rates = {case: r.rate for case, r in results.items()}
                 rows.append((nodes, run, rates))
-    print(f"\n| nodes | QPS/burst | receipts | run | {' | '.join(f'{c} pods/s' for c in args.cases)} | A/B | C/B |")
-    print(f"|---|---|---|---|{'---|' * len(args.cases)}---|---|")
+    against_b = [c for c in args.cases if c != "B"]
+    print(f"\n| nodes | QPS/burst | receipts | run | {' | '.join(f'{c} pods/s' for c in args.cases)} | "
+          f"{' | '.join(f'{c}/B' for c in against_b)} |")  # fmt: skip
+    print(f"|---|---|---|---|{'---|' * (len(args.cases) + len(against_b))}")
     for nodes, run, rates in rows:
         cells = " | ".join(f"{rates[c]:.0f}" if rates[c] else "-" for c in args.cases)
-        a_b, c_b = ratio(rates.get("A"), rates.get("B")), ratio(rates.get("C"), rates.get("B"))
-        print(f"| {nodes:,} | {qps} | {'yes' if args.receipts else 'no'} | {run} | {cells} | {a_b} | {c_b} |")
+        ratios = " | ".join(ratio(rates.get(c), rates.get("B")) for c in against_b)
+        print(f"| {nodes:,} | {qps} | {'yes' if args.receipts else 'no'} | {run} | {cells} | {ratios} |")
 
 
 if __name__ == "__main__":
