@@ -74,6 +74,7 @@ BOUND_TIMEOUT = 300.0  # seconds a case may take before it is reported unfinishe
 PROCESSES = ("kube-apiserver", "kube-scheduler", "tf-extender", "tf-webhook", "etcd")
 BY_HAND = "bench-bound-by-hand"  # case W's schedulerName: no scheduler serves it, this process binds its pods
 MILLI_TFLOPS, VRAM = 10_000, 2 << 30  # what case W grants each pod (A's shape) on one A100 (312 TFLOPS)
+LEAVABLE = ("patch", "list", "event")  # case W's calls that --w-without may leave out (the Binding stays)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -110,11 +111,13 @@ class HandBinder:
     """Case W: binds each pod it is given with the API calls the extender's bind makes for a GPU pod
     (binder.py: _write_allocation, _arbitrate, _post_binding; routes.py: the GpuGranted Event), in the
     same order, through the extender's gateway with the extender's identity, and nothing else: nodes
-    round-robin, one GPU each in turn, A's share, no placement and no checks of its own."""
+    round-robin, one GPU each in turn, A's share, no placement and no checks of its own. ``without``: calls
+    of :data:`LEAVABLE` left out, to price each one (without the patch no receipt follows either)."""
 
-    def __init__(self, gateway: KubeGateway, nodes: int) -> None:
+    def __init__(self, gateway: KubeGateway, nodes: int, without: frozenset[str] = frozenset()) -> None:
         self.gateway = gateway
         self.nodes = nodes
+        self.without = without
         self.hands = ThreadPoolExecutor(CREATORS, thread_name_prefix="bench-binds")
         self._lock = threading.Lock()
         self._given = 0
@@ -145,11 +148,15 @@ class HandBinder:
         granted = allocation.PodAllocation(pod_uid=uid, node=node, pool=DEFAULT_POOL, qos=Qos.MEDIUM,
                                            containers=tuple(c["name"] for c in pod["spec"]["containers"]),
                                            gpus=(grant,), bound_at=rfc3339(time.time()))  # fmt: skip
-        self.gateway.patch_pod_annotations(NAMESPACE, name, uid, {allocation.KEY: allocation.encode(granted)},
-                                           labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
-                                           resource_version=meta["resourceVersion"])  # fmt: skip
-        self.gateway.list_pods(allocated_on_selector(node))
+        if "patch" not in self.without:
+            self.gateway.patch_pod_annotations(NAMESPACE, name, uid, {allocation.KEY: allocation.encode(granted)},
+                                               labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
+                                               resource_version=meta["resourceVersion"])  # fmt: skip
+        if "list" not in self.without:
+            self.gateway.list_pods(allocated_on_selector(node))
         self.gateway.bind(NAMESPACE, name, uid, node)
+        if "event" in self.without:
+            return
         event = PodEvent(
             namespace=NAMESPACE,
             pod_name=name,
@@ -252,13 +259,14 @@ class Result:
 
 
 class Bench:
-    def __init__(self, cluster: Cluster, receipts: bool) -> None:
+    def __init__(self, cluster: Cluster, receipts: bool, w_without: frozenset[str] = frozenset()) -> None:
         assert cluster.cp is not None
         self.cluster = cluster
         self.admin = api_client(str(cluster.cp.kubeconfig("admin")), pool_size=CREATORS + 2)
         self.plugin = api_client(str(cluster.kubeconfigs["device-plugin"]), pool_size=HANDS + 2)
         self.core = CoreV1Api(self.admin)
         self.receipts = receipts
+        self.w_without = w_without
         self.nodes = 0
         cluster.namespace(NAMESPACE)
 
@@ -307,7 +315,7 @@ class Bench:
         binder = None
         if case == "W":
             extender = api_client(str(self.cluster.kubeconfigs["extender"]), pool_size=CREATORS + 2)
-            binder = HandBinder(KubernetesGateway(extender), self.nodes)
+            binder = HandBinder(KubernetesGateway(extender), self.nodes, self.w_without)
         recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since, binder)
         cpu, binds = self._cpu(), self._binds()
 
@@ -351,17 +359,21 @@ def main() -> None:
     parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
     parser.add_argument("--cases", default="BWAC", help="which cases, in order (default BWAC)")
+    parser.add_argument("--w-without", default="", help=f"case W's calls to leave out, of {', '.join(LEAVABLE)}")
     args = parser.parse_args()
+    w_without = frozenset(c for c in args.w_without.split(",") if c)
+    if not w_without <= set(LEAVABLE):
+        parser.error(f"--w-without {args.w_without!r}: each must be one of {', '.join(LEAVABLE)}")
     counts = sorted(int(n) for n in args.nodes.split(","))
     client = None if args.shipped_qps else (args.qps, args.burst)
     qps = "shipped" if client is None else f"{args.qps:g}/{args.burst}"
     print(f"hardware: {describe()}")
     print(f"kube-scheduler client QPS/burst {qps}; {args.pods} pods per case; receipts {args.receipts}; "
-          f"policy {args.policy}")  # fmt: skip
+          f"policy {args.policy}; W without {', '.join(sorted(w_without)) or 'nothing'}")  # fmt: skip
     builders = cases(args.policy)
     rows = []
     with Cluster(gpus=(), kubelet=False, scheduler_client=client) as cluster:
-        bench = Bench(cluster, args.receipts)
+        bench = Bench(cluster, args.receipts, w_without)
         for nodes in counts:
             bench.grow(nodes)
             for case in args.cases:  # warm-up, not reported: first calls, connections, the memo's first keys

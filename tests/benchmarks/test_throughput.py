@@ -71,3 +71,16 @@ def test_w_is_bound_by_hand_with_the_calls_of_the_extenders_bind() -> None:
     assert bound["spec"]["nodeName"] == granted.node == "bench-00000"
     assert bound["metadata"]["labels"] == {LABEL_ALLOCATED_NODE: "bench-00000"}
     assert by_hand.calls[1] == f"list pods {LABEL_ALLOCATED_NODE}=bench-00000"
+
+
+def test_w_leaves_out_only_the_calls_it_is_told_to_price() -> None:
+    for without, calls, events in (({"list", "event"}, ["patch", "bind"], 0), ({"patch"}, ["list", "bind"], 1)):
+        fake = FakeGateway()
+        pod = cases("binpack")["W"]("w-0", 0)
+        pod["metadata"] |= {"namespace": NAMESPACE, "uid": "uid-w-0"}
+        binder = HandBinder(fake, nodes=1, without=frozenset(without))
+        binder.give(fake.put(Kind.POD, pod))
+        binder.stop()
+        assert not binder.failures
+        assert ([c.split()[0] for c in fake.calls], len(fake.events)) == (calls, events)
+        assert fake.pod(NAMESPACE, "w-0")["spec"]["nodeName"] == "bench-00000"
