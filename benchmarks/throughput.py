@@ -31,6 +31,7 @@ per pod and the extender's bind outcomes.
     .venv/bin/python -m benchmarks.throughput                              # 200 and 1,000 nodes, 1000/2000
     .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --runs 2
     .venv/bin/python -m benchmarks.throughput --shipped-qps
+    .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --cases BW --w-without list,event
 
 Needs what the e2e tier needs (root, the cached Kubernetes binaries); run it under the tier's lock.
 """
