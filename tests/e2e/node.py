@@ -155,9 +155,21 @@ class KubeletNode:
         return st.st_ino, st.st_ctime_ns
 
     def restart_kubelet(self) -> None:
+        """Stop and start the kubelet; returns once the new kubelet has made its own kubelet.sock (the old
+        file outlives the old process, and the new kubelet answers healthz before it replaces it)."""
         assert self.kubelet is not None
+        before = self.kubelet_sock_identity()
         self.kubelet.stop()
         self.start_kubelet()
+        wait_until(
+            "a new kubelet.sock", lambda: self._sock_identity_or_none() not in (None, before), 30, [self.kubelet]
+        )
+
+    def _sock_identity_or_none(self) -> tuple[int, int] | None:
+        try:
+            return self.kubelet_sock_identity()
+        except FileNotFoundError:  # between the new kubelet's removal of the old one and its own
+            return None
 
     def stop(self) -> None:
         for proc in (self.kubelet, self.cri):
