@@ -326,16 +326,14 @@ class Bench:
         started = time.monotonic()
         with ThreadPoolExecutor(CREATORS) as pool:
             list(pool.map(create, range(pods)))
-        failures = recorder.failures + (binder.failures if binder is not None else [])
-        while len(recorder.bound) < pods and time.monotonic() - started < BOUND_TIMEOUT and not failures:
+        failures = lambda: recorder.failures + (binder.failures if binder is not None else [])  # noqa: E731
+        while len(recorder.bound) < pods and time.monotonic() - started < BOUND_TIMEOUT and not failures():
             time.sleep(0.1)
-            failures = recorder.failures + (binder.failures if binder is not None else [])
         recorder.stop()
         if binder is not None:
             binder.stop()
-            failures = recorder.failures + binder.failures
-        if failures:
-            raise RuntimeError(f"case {case}: {failures[0]!r}")
+        if failures():
+            raise RuntimeError(f"case {case}: {failures()[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
         after, binds_after = self._cpu(), self._binds()
         per_pod = {name: round((after[name] - cpu.get(name, 0)) * 1000 / pods, 1) for name in after}
