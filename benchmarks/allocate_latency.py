@@ -10,11 +10,11 @@ API server) against the test kubelet, and drives it the way the extender and kub
 * ``reboot``: all N pods hold receipts and the kubelet re-allocates every one concurrently (node
   reboot): N Allocate RPCs in flight at the same time. Each still decides on a LIST begun after it
   arrived, shared with the Allocates that arrived while the previous LIST was in flight
-  (:mod:`device_plugin.fresh_read`), so the burst costs a LIST per round trip, not one each.
+  (:mod:`device_plugin.kubelet.fresh_read`), so the burst costs a LIST per round trip, not one each.
 
 Prints p50/p99/max per mode, the process's peak RSS and the hardware. Target: p99 ≤ 10 ms. The RSS
 counts what the real daemon loads but this run does not use, the Kubernetes client
-(:mod:`device_plugin.kube`) and pynvml (:mod:`device_plugin.nvml_backend`), both imported first;
+(:mod:`device_plugin.cluster.kube`) and pynvml (:mod:`device_plugin.gpus.nvml_backend`), both imported first;
 it also counts the test kubelet and the in-memory API sharing the process, and leaves out what
 only a real node pays: the NVML driver library that ``nvmlInit`` loads and the Kubernetes client's
 connections and watch buffers.
@@ -35,13 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from device_plugin.slices import slice_id
+from device_plugin.gpus.slices import slice_id
 from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, allocation, gpu_file, grant, make_pod, uid_of
 from tests.device_plugin.harness import plugin
 from vgpu.names import SystemAnnotation
 
 # What the real daemon imports but this run never calls: loaded anyway so that the RSS counts them.
-DAEMON_ONLY_MODULES = ("device_plugin.kube", "device_plugin.nvml_backend")
+DAEMON_ONLY_MODULES = ("device_plugin.cluster.kube", "device_plugin.gpus.nvml_backend")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -73,7 +73,7 @@ async def bench(pods: int) -> None:
                 text = allocation(uid_of(pod), gpus=[grant(gpu, index=i % 2, tflops=1000)])
                 began = time.perf_counter()
                 kube.annotate(uid_of(pod), SystemAnnotation.ALLOCATION.value, text)
-                await kubelet.allocate(device)
+                await kubelet.allocate(device, pod=pod["metadata"]["name"])
                 handoff.append(time.perf_counter() - began)
                 while kube.annotation(uid_of(pod), SystemAnnotation.HANDOFF.value) is None:  # the gate opens
                     await asyncio.sleep(0.0005)

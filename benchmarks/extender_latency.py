@@ -65,7 +65,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE_ENV = "TF_BENCH_CODE"
 sys.path.insert(0, os.environ.get(CODE_ENV, str(ROOT)))
 
-from scheduler_extender.gateway import Kind, Listing, PodEvent, RawObject, WatchEvent  # noqa: E402
+from scheduler_extender.gateway import Kind, PodEvent  # noqa: E402
+from tf_shell.kube.api import Listing, RawObject, WatchEvent  # noqa: E402
 from vgpu.contract import allocation as allocation_contract  # noqa: E402
 from vgpu.contract import inventory as inventory_contract  # noqa: E402
 from vgpu.contract import resolved as resolved_contract  # noqa: E402

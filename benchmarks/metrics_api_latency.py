@@ -37,16 +37,18 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.metrics_api.app import create_app
-from scheduler_extender.metrics_api.auth import front_proxy
-from scheduler_extender.metrics_api.collector import Collector, Target
-from scheduler_extender.metrics_api.main import server_context, serving
-from scheduler_extender.periodic import Periodic
 from tests.e2e.pki import make_pki
-from tests.scheduler_extender.metrics_api.builders import node_usage, used
-from tests.scheduler_extender.metrics_api.test_app import FakeCluster
-from tests.scheduler_extender.metrics_api.test_auth import PUBLISHED
+from tests.tf_metrics.test_app import FakeCluster
+from tests.tf_metrics.test_auth import PUBLISHED
+from tests.vgpu.usage_builders import node_usage, used
+from tf_metrics.app import create_app
+from tf_metrics.auth import front_proxy
+from tf_metrics.main import server_context, serving
+from tf_metrics.samples import SamplePoller
+from tf_shell.periodic import Periodic
+from tf_shell.usage_feed import Target, UsageFeed
 from vgpu.contract import usage
+from vgpu.usage_samples import node_samples
 
 PODS_PER_NODE, NAMESPACES = 8, 10
 HEADERS = {"X-Remote-User": "system:serviceaccount:kube-system:horizontal-pod-autoscaler", "Accept": "application/json"}
@@ -71,7 +73,7 @@ def percentile(samples: list[float], q: float) -> float:
 def bench(pods: int, rounds: int, interval_s: float) -> None:
     bodies = plugins(pods, time.time())
     found = [Target(url.split("/")[2], url) for url in bodies]
-    timed = Collector(lambda: found, bodies.__getitem__, 32, CollectorRegistry())
+    timed = SamplePoller(UsageFeed(lambda: found, bodies.__getitem__, 32, CollectorRegistry(), node_samples))
     cpu, passes = time.process_time(), 20
     for _ in range(passes):
         timed.poll()
@@ -81,7 +83,7 @@ def bench(pods: int, rounds: int, interval_s: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pki = make_pki(Path(tmp))
         proxy = front_proxy({**PUBLISHED, "requestheader-client-ca-file": pki.front_proxy_ca.read_text()})
-        collector = Collector(lambda: found, bodies.__getitem__, 32, CollectorRegistry())
+        collector = SamplePoller(UsageFeed(lambda: found, bodies.__getitem__, 32, CollectorRegistry(), node_samples))
         app = create_app(proxy=proxy, samples=lambda: collector.snapshot, cluster=FakeCluster(), ready=lambda: True,
                          registry=CollectorRegistry())  # fmt: skip
         with socket.socket() as probe:

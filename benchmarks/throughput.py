@@ -54,17 +54,18 @@ from kubernetes.client import CoreV1Api
 from kubernetes.watch.watch import iter_resp_lines
 
 from benchmarks.hardware import describe
-from scheduler_extender.binder import rfc3339
 from scheduler_extender.events import REASON_GRANTED
 from scheduler_extender.gateway import KubeGateway, PodEvent
-from scheduler_extender.kube.gateway import KubernetesGateway, api_client
+from scheduler_extender.kube.gateway import KubernetesGateway
 from scheduler_extender.objects import allocated_node_label, allocated_on_selector
 from tests.e2e.cluster import Cluster
 from tests.e2e.fake_nodes import add_fake_node, gpus
 from tests.e2e.kube import emptied
 from tests.e2e.pods import IMAGE, gpu_pod, receipt_patch
+from tf_shell.kube.client import api_client
 from vgpu.contract import allocation
 from vgpu.names import DEFAULT_POOL, LABEL_ALLOCATED_NODE, SCHEDULER_NAME, Annotation, Qos
+from vgpu.timefmt import rfc3339
 
 NAMESPACE = "bench-throughput"
 GPUS_PER_NODE = 8

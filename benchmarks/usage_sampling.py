@@ -1,10 +1,10 @@
 """The usage sampler's cost: CPU per sampling pass and per GPU, with 1,000 containers' processes on a node.
 
-Runs the daemon's own pass (:meth:`device_plugin.sampler.UsageSampler.sample`) over
+Runs the daemon's own pass (:meth:`device_plugin.usage.sampler.UsageSampler.sample`) over
 
 * the fake GPU file: 8 A100s and one scripted process per container, spread evenly, each on a step
   profile, so every pass computes every figure and re-checks the file;
-* the real ``/proc`` resolver (:class:`device_plugin.process_owner.ProcResolver`) over a synthetic
+* the real ``/proc`` resolver (:class:`device_plugin.usage.process_owner.ProcResolver`) over a synthetic
   ``/proc`` whose cgroup files name each process's pod and container as systemd and containerd spell
   them, so every pass opens, reads and parses one file per process;
 * one pod record per container, each with its allocation and container status, as the pod cache holds them.
@@ -27,12 +27,12 @@ from pathlib import Path
 import yaml
 
 from benchmarks.hardware import describe
-from device_plugin.board import discover
-from device_plugin.fake_probe import FAKE_PID_BASE, FakeProbe
+from device_plugin.cluster.pods import PodRecord, from_json
+from device_plugin.gpus.board import discover
+from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
-from device_plugin.pods import PodRecord, from_json
-from device_plugin.process_owner import ProcResolver
-from device_plugin.sampler import UsageSampler
+from device_plugin.usage.process_owner import ProcResolver
+from device_plugin.usage.sampler import UsageSampler
 from tests.device_plugin.fakes import allocation, grant, make_pod, uid_of
 from vgpu.catalog import builtin
 

@@ -1,1 +1,2 @@
-"""The node side: the kubelet device plugin daemon (NVML discovery, virtual slices, Allocate)."""
+"""``tf-device-plugin``: the node side, the kubelet device plugin daemon (GPU discovery, virtual slices, Allocate,
+enforcement, the node's inventory and usage)."""

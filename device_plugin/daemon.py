@@ -10,115 +10,97 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from device_plugin.allocator import Allocator, AllocatorConfig
-from device_plugin.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
-from device_plugin.envs import EnforcementPaths
-from device_plugin.gateway import KubeGateway
-from device_plugin.handoff import HandoffKeeper
-from device_plugin.health import HealthPolicy
-from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET, PodDevices, list_pod_devices
-from device_plugin.lifecycle import PluginServer, SocketConfig
-from device_plugin.live_files import LiveLimits
+from device_plugin.cluster.gateway import KubeGateway
+from device_plugin.cluster.handoff import HandoffKeeper
+from device_plugin.cluster.node_events import NodeEvents
+from device_plugin.cluster.pod_cache import PodCache, PodFeed
+from device_plugin.cluster.publisher import InventoryPublisher
+from device_plugin.enforcement.live_files import LiveLimits
+from device_plugin.gpus.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
+from device_plugin.gpus.probe import GpuProbe
+from device_plugin.kubelet.allocator import Allocator, AllocatorConfig
+from device_plugin.kubelet.kubelet_api import PodDevices, list_pod_devices
+from device_plugin.kubelet.lifecycle import DEFAULT_POLL_S, DEFAULT_RETRY_S, PluginServer
+from device_plugin.kubelet.server import DevicePluginServicer
 from device_plugin.metrics import GpuCollector, PluginMetrics, UsageCollector
-from device_plugin.node_events import NodeEvents
-from device_plugin.pod_cache import PodCache, PodFeed
-from device_plugin.probe import GpuProbe
-from device_plugin.process_owner import ProcessResolver, ProcResolver
-from device_plugin.publisher import InventoryPublisher
-from device_plugin.sampler import UsageSampler
-from device_plugin.server import DevicePluginServicer
-from vgpu.catalog import Catalog, builtin
+from device_plugin.settings import PluginSettings
+from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
+from device_plugin.usage.sampler import UsageSampler
+from vgpu.catalog import Catalog
 from vgpu.contract import usage
-from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PluginConfig:
-    node: str
-    sockets: SocketConfig = field(default_factory=SocketConfig)
-    podresources_socket: Path = Path(DEFAULT_PODRESOURCES_SOCKET)
-    slices_per_gpu: int = DEFAULT_SLICES_PER_GPU
-    backend: EnforcementBackend = EnforcementBackend.NONE
-    paths: EnforcementPaths = field(default_factory=EnforcementPaths)
-    default_tflops: int = 0  # milli-TFLOPS for models missing from the catalog
-    health: HealthPolicy = field(default_factory=HealthPolicy)
-    health_check_s: float = 5.0
-    pool: str | None = None
-    heartbeat_s: float = 30.0
-    lookup_wait_s: float = 2.0
-    reconcile_s: float = 10.0
-    cache_sync_s: float = 30.0
-    layout_check_s: float = 30.0  # how often the GPUs are listed again to notice a MIG reconfiguration
-    metrics_port: int = 0  # 0: no /metrics and /usage server, and no usage sampling
-    metrics_address: str = "0.0.0.0"
-    usage_interval_s: float = 5.0
-    # Per-container live-limits directories (docs/live-limits.md); None: limits are fixed at container start.
-    live_limits_dir: Path | None = None
-    live_limits_check_s: float = 5.0  # a pass at least this often, besides one on every pod change
-    live_limits_grace_s: float = 30.0  # a directory no pod on the node owns is kept this long after its last change
-    catalog: Catalog = field(default_factory=builtin)
+CACHE_SYNC_S: Final = 30.0  # how long serving waits for the first list of the node's pods
 
 
 class Daemon:
     def __init__(
         self,
-        config: PluginConfig,
+        settings: PluginSettings,
         probe: GpuProbe,
         gateway: KubeGateway,
         *,
+        catalog: Catalog,
         pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
         metrics: PluginMetrics | None = None,
         resolver: ProcessResolver | None = None,
+        live_limits_grace_s: float = 30.0,
+        socket_poll_s: float = DEFAULT_POLL_S,
+        socket_retry_s: float = DEFAULT_RETRY_S,
     ) -> None:
-        """``resolver`` maps GPU processes to pods (default: ``/proc``)."""
-        self.config = config
+        """``catalog``: the GPU models (built in, and ``--gpu-catalog``'s); ``resolver`` maps GPU processes to
+        pods (default: ``/proc``). The rest are timings no operator needs, shortened by tests: how long a
+        live-limits directory no pod on the node owns is kept after its last change, and how often the
+        kubelet's socket directory is polled and a failed serve or registration retried."""
+        self.settings = settings
+        self.catalog = catalog
         self.probe, self.gateway = probe, gateway
         self.metrics = metrics or PluginMetrics()
-        gpus = discover(probe.devices(), config.catalog, config.default_tflops)
-        self.board = DeviceBoard(gpus, config.slices_per_gpu, config.health)
+        node = settings.node
+        gpus = discover(probe.devices(), catalog, settings.default_milli_tflops)
+        self.board = DeviceBoard(gpus, settings.slices_per_gpu, settings.health)
         self.cache = PodCache()
-        self.feed = PodFeed(gateway, config.node, self.cache)
+        self.feed = PodFeed(gateway, node, self.cache)
         if pod_devices is None:
-            socket = config.podresources_socket
+            socket = settings.podresources_path
 
             async def from_kubelet() -> PodDevices:
                 return await list_pod_devices(socket)
 
             pod_devices = from_kubelet
+        live_dir = settings.live_limits_path
         self.live = (
             None
-            if config.live_limits_dir is None
-            else LiveLimits(config.live_limits_dir, config.backend, self.metrics, grace_s=config.live_limits_grace_s)
+            if live_dir is None
+            else LiveLimits(live_dir, settings.backend, self.metrics, grace_s=live_limits_grace_s)
         )
-        self.keeper = HandoffKeeper(gateway, self.cache, config.node, self.metrics, pod_devices=pod_devices)
+        self.keeper = HandoffKeeper(gateway, self.cache, node, self.metrics, pod_devices=pod_devices)
         allocator_config = AllocatorConfig(
-            node=config.node, backend=config.backend, paths=config.paths, lookup_wait_s=config.lookup_wait_s
+            node=node, backend=settings.backend, paths=settings.enforcement_paths, lookup_wait_s=settings.lookup_wait
         )
         self.allocator = Allocator(
             allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics, pod_devices, self.live
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
-        self.server = PluginServer(self.servicer, config.sockets, self.metrics)
-        self.node_events = NodeEvents(gateway, config.node, self.metrics)
+        sockets = dataclasses.replace(settings.sockets, poll_s=socket_poll_s, retry_s=socket_retry_s)
+        self.server = PluginServer(self.servicer, sockets, self.metrics)
+        self.node_events = NodeEvents(gateway, node, self.metrics)
         self.monitor = HealthMonitor(
-            probe, self.board, check_interval_s=config.health_check_s, on_flip=self.node_events.gpu_flipped
+            probe, self.board, check_interval_s=settings.health_check_interval, on_flip=self.node_events.gpu_flipped
         )
         self.publisher = InventoryPublisher(
             gateway,
             self.board,
             self.metrics,
-            node=config.node,
-            backend=config.backend,
-            pool=config.pool,
-            heartbeat_s=config.heartbeat_s,
+            node=node,
+            backend=settings.backend,
+            pool=settings.pool,
+            heartbeat_s=settings.heartbeat,
         )
 
         self.sampler = UsageSampler(
@@ -127,8 +109,8 @@ class Daemon:
             self.board.gpus,
             self.cache.pods,
             self.metrics,
-            node=config.node,
-            interval_s=config.usage_interval_s,
+            node=node,
+            interval_s=settings.usage_interval,
         )
 
     def latest_usage(self) -> str | None:
@@ -140,25 +122,26 @@ class Daemon:
         """Run every part until ``stopping`` is set; the server removes its socket on the way out."""
         self.feed.start(asyncio.get_running_loop())
         http = None
-        if self.config.metrics_port:
-            node, sampler = self.config.node, self.sampler
+        settings = self.settings
+        if settings.metrics_port:
+            node, sampler = settings.node, self.sampler
             self.metrics.registry.register(GpuCollector(self.probe, self.board.gpus, node, lambda: sampler.allocated))
             self.metrics.registry.register(UsageCollector(node, lambda: sampler.latest, lambda: sampler.supported))
-            http = self.metrics.serve(self.config.metrics_port, self.latest_usage, self.config.metrics_address)
+            http = self.metrics.serve(settings.metrics_port, self.latest_usage, settings.metrics_address)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.cache.synced.wait(), self.config.cache_sync_s)
+            await asyncio.wait_for(self.cache.synced.wait(), CACHE_SYNC_S)
         if not self.cache.synced.is_set():
-            log.warning("pod cache not synced after %.0fs; serving anyway", self.config.cache_sync_s)
+            log.warning("pod cache not synced after %.0fs; serving anyway", CACHE_SYNC_S)
         watch = LayoutWatch(
-            self.probe, self.board, self.config.catalog, self.config.default_tflops, self.config.layout_check_s
+            self.probe, self.board, self.catalog, settings.default_milli_tflops, settings.layout_check_interval
         )
         background: list[Coroutine[Any, Any, None]] = [
             watch.run(stopping),
             self.monitor.run(),
             self.publisher.run(),
-            self.keeper.run(self.allocator, self.config.reconcile_s),
+            self.keeper.run(self.allocator, settings.reconcile_interval),
             *([self.sampler.run()] if http is not None else []),
-            *([self.live.run(self.cache, self.config.node, self.config.live_limits_check_s)] if self.live else []),
+            *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),
         ]
         tasks = [asyncio.create_task(c) for c in background]
         try:

@@ -17,22 +17,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from device_plugin import owned
-from device_plugin.daemon import Daemon, PluginConfig
-from device_plugin.envs import EnforcementPaths
-from device_plugin.fake_probe import FakeProbe
-from device_plugin.health import HealthPolicy
-from device_plugin.lifecycle import SocketConfig
-from device_plugin.owned import OwnedProbe
-from device_plugin.probe import GpuProbe, ProbeError
-from device_plugin.probe_report import report
-from device_plugin.process_owner import ProcessResolver, ProcResolver
+from device_plugin.daemon import Daemon
+from device_plugin.gpus import owned
+from device_plugin.gpus.fake_probe import FakeProbe
+from device_plugin.gpus.owned import OwnedProbe
+from device_plugin.gpus.probe import GpuProbe, ProbeError
+from device_plugin.gpus.probe_report import report
 from device_plugin.settings import PluginSettings
-from vgpu import settings_cli
+from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
+from tf_shell import settings_cli
+from tf_shell.catalog_file import CatalogFileError, load
+from tf_shell.logfmt import formatter
 from vgpu.catalog import Catalog
-from vgpu.catalog_file import CatalogFileError, load
-from vgpu.logfmt import formatter
-from vgpu.quantity import parse_milli
 
 log = logging.getLogger("device_plugin")
 
@@ -49,42 +45,17 @@ def settings_from(argv: Sequence[str] | None = None) -> PluginSettings:
     )
 
 
-def _catalog(settings: PluginSettings) -> Catalog:
+def catalog_from(settings: PluginSettings) -> Catalog:
+    """The built-in GPU catalog with ``--gpu-catalog``'s models; a bad file stops the plugin naming it."""
     try:
         return load(Path(settings.gpu_catalog) if settings.gpu_catalog else None)
     except CatalogFileError as exc:
         raise SystemExit(f"tf-device-plugin: --gpu-catalog {exc}") from None
 
 
-def config_from(settings: PluginSettings) -> PluginConfig:
+def _require_node(settings: PluginSettings) -> None:
     if not settings.node_name:
         raise SystemExit("tf-device-plugin: --node-name (or $NODE_NAME) is required")
-    xids = frozenset(int(x) for x in settings.ignored_xids.split(",") if x.strip())
-    return PluginConfig(
-        node=settings.node_name,
-        sockets=SocketConfig(plugin_dir=Path(settings.plugin_dir), endpoint=settings.endpoint),
-        podresources_socket=Path(settings.podresources_socket),
-        slices_per_gpu=settings.slices_per_gpu,
-        backend=settings.backend,
-        paths=EnforcementPaths(
-            hami_library=settings.hami_library,
-            hami_preload=settings.hami_preload,
-            mps_pipe_host=settings.mps_pipe_host,
-            mps_pipe_container=settings.mps_pipe_container,
-        ),
-        default_tflops=parse_milli(settings.default_tflops),
-        catalog=_catalog(settings),
-        health=HealthPolicy(ignored_xids=xids, recovery_s=settings.health_recovery),
-        health_check_s=settings.health_check_interval,
-        pool=settings.pool,
-        heartbeat_s=settings.heartbeat,
-        lookup_wait_s=settings.lookup_wait,
-        reconcile_s=settings.reconcile_interval,
-        metrics_port=settings.metrics_port,
-        metrics_address=settings.metrics_address,
-        usage_interval_s=settings.usage_interval,
-        live_limits_dir=Path(settings.live_limits_dir) if settings.live_limits_dir else None,
-    )
 
 
 def _probe(settings: PluginSettings) -> tuple[GpuProbe, ProcessResolver]:
@@ -94,7 +65,7 @@ def _probe(settings: PluginSettings) -> tuple[GpuProbe, ProcessResolver]:
         if settings.fake_gpus:
             fake = FakeProbe(Path(settings.fake_gpus))
             return OwnedProbe(fake, owned.parse(settings.gpus)), fake
-        from device_plugin.nvml_backend import NvmlProbe  # only where a driver exists
+        from device_plugin.gpus.nvml_backend import NvmlProbe  # only where a driver exists
 
         return OwnedProbe(NvmlProbe(), owned.parse(settings.gpus)), ProcResolver()
     except ProbeError as exc:
@@ -102,10 +73,10 @@ def _probe(settings: PluginSettings) -> tuple[GpuProbe, ProcessResolver]:
 
 
 def _print_probe(settings: PluginSettings) -> int:
-    catalog, default_tflops = _catalog(settings), parse_milli(settings.default_tflops)
+    catalog = catalog_from(settings)
     probe, _ = _probe(settings)
     try:
-        sys.stdout.write(report(probe, catalog, default_tflops))
+        sys.stdout.write(report(probe, catalog, settings.default_milli_tflops))
     finally:
         probe.close()
     return 0
@@ -127,12 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.setFormatter(formatter(settings.log_format))
     if settings.probe:
         return _print_probe(settings)
-    config = config_from(settings)
-    from device_plugin.kube import KubeApi
+    _require_node(settings)
+    catalog = catalog_from(settings)
+    from device_plugin.cluster.kube import connect
 
     probe, resolver = _probe(settings)
     try:
-        asyncio.run(_serve(Daemon(config, probe, KubeApi(settings.kubeconfig), resolver=resolver)))
+        daemon = Daemon(settings, probe, connect(settings.kubeconfig), catalog=catalog, resolver=resolver)
+        asyncio.run(_serve(daemon))
     finally:
         probe.close()
     return 0

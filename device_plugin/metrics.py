@@ -5,7 +5,7 @@ One port serves both: Prometheus scrapes ``/metrics``, and whatever needs *use* 
 (:mod:`vgpu.contract.usage`) at ``/usage`` without a Prometheus in between. Names and labels come from
 :mod:`vgpu.metric_names` (the table in docs/metrics.md). GPU figures are collected at scrape time from
 the probe (NVML calls run in the server's thread, never on the gRPC loop); per-container figures are
-the usage sampler's last pass (:mod:`device_plugin.sampler`). Allocate latency, how long Allocate waited
+the usage sampler's last pass (:mod:`device_plugin.usage.sampler`). Allocate latency, how long Allocate waited
 for the pod's allocation to reach the cache (the hand-off gate's cost), and errors by reason are
 recorded by the servicer.
 """
@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
-from device_plugin.probe import GpuProbe
+from device_plugin.gpus.probe import GpuProbe
 from vgpu import metric_names as m
 from vgpu.contract import usage
 from vgpu.contract.inventory import GpuInfo, Health

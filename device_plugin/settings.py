@@ -1,23 +1,24 @@
 """The device plugin's settings: one typed object, read from flags and ``TF_PLUGIN_*`` environment variables.
 
 It exists so that every knob of the node daemon is named, typed, defaulted and documented in one place,
-the way the extender's and the webhook's are: :mod:`vgpu.settings_cli` makes each field a flag, and
-``main.config_from`` turns them into the daemon's :class:`~device_plugin.daemon.PluginConfig`.
+the way the extender's and the webhook's are: :mod:`tf_shell.settings_cli` makes each field a flag, and
+the daemon (:class:`~device_plugin.daemon.Daemon`) reads them, and the values derived from them, here.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from device_plugin.envs import EnforcementPaths
-from device_plugin.health import DEFAULT_IGNORED_XIDS
-from device_plugin.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
-from device_plugin.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR
+from device_plugin.enforcement.envs import EnforcementPaths
+from device_plugin.gpus.health import DEFAULT_IGNORED_XIDS, HealthPolicy
+from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
+from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
+from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.errors import DomainError
-from vgpu.logfmt import LogFormat, LogLevel
 from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
 from vgpu.quantity import parse_milli
 
@@ -56,6 +57,12 @@ class PluginSettings(BaseSettings):
         "pod's limits change in place (docs/live-limits.md). The same path inside the plugin's container. Empty: "
         "off, limits are fixed at container start.",
     )
+    live_limits_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between passes comparing each live-limits directory with its pod's allocation, "
+        "besides the pass on every pod change (docs/live-limits.md).",
+    )
     fake_gpus: str | None = Field(None, description="YAML/JSON file describing fake GPUs; replaces NVML.")
     gpus: str = Field(
         "",
@@ -91,6 +98,12 @@ class PluginSettings(BaseSettings):
         "the pod cache).",
     )
     reconcile_interval: float = Field(10.0, gt=0, description="Seconds between hand-off receipt reconciliations.")
+    layout_check_interval: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds between listings of the GPUs that notice a changed layout (a MIG reconfiguration, a "
+        "GPU gone or new); the plugin then exits, for its DaemonSet to start it again with the new layout.",
+    )
     metrics_port: int = Field(
         9400, ge=0, le=65535, description="Port of /metrics and /usage; 0 disables both, and usage sampling."
     )
@@ -142,3 +155,43 @@ class PluginSettings(BaseSettings):
         if not all(x.strip().isdecimal() for x in value.split(",") if x.strip()):
             raise ValueError("must be XID numbers separated by commas, such as 13,79")
         return value
+
+    # --- values derived from the fields ----------------------------------------------------------
+    @property
+    def node(self) -> str:
+        """This node's name (the caller has checked it is set: the CLI refuses to start without it)."""
+        if not self.node_name:
+            raise ValueError("node_name is not set (--node-name or $NODE_NAME)")
+        return self.node_name
+
+    @property
+    def sockets(self) -> SocketConfig:
+        return SocketConfig(plugin_dir=Path(self.plugin_dir), endpoint=self.endpoint)
+
+    @property
+    def podresources_path(self) -> Path:
+        return Path(self.podresources_socket)
+
+    @property
+    def enforcement_paths(self) -> EnforcementPaths:
+        return EnforcementPaths(
+            hami_library=self.hami_library,
+            hami_preload=self.hami_preload,
+            mps_pipe_host=self.mps_pipe_host,
+            mps_pipe_container=self.mps_pipe_container,
+        )
+
+    @property
+    def default_milli_tflops(self) -> int:
+        """TFLOPS for models missing from the catalog, in milli-TFLOPS."""
+        return parse_milli(self.default_tflops)
+
+    @property
+    def health(self) -> HealthPolicy:
+        xids = frozenset(int(x) for x in self.ignored_xids.split(",") if x.strip())
+        return HealthPolicy(ignored_xids=xids, recovery_s=self.health_recovery)
+
+    @property
+    def live_limits_path(self) -> Path | None:
+        """Where the live-limits directories are; None: off."""
+        return Path(self.live_limits_dir) if self.live_limits_dir else None

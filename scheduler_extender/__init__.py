@@ -1,1 +1,1 @@
-"""The scheduler side: the kube-scheduler extender (filter, prioritize, bind, preempt), the webhook and the CLI."""
+"""``tf-extender``: the kube-scheduler extender (filter, prioritize, bind, preempt), with the workload autoscaler."""

@@ -29,20 +29,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import scheduler_extender.core.fragmentation  # noqa: F401  (registers the fragmentation policy)
-from scheduler_extender import routes
-from scheduler_extender.autoscaler.controller import AutoscalerController, Report, autoscaler_off, with_autoscaling
+import vgpu.scheduling.fragmentation  # noqa: F401  (registers the fragmentation policy)
+from scheduler_extender import feeds, routes
+from scheduler_extender.autoscaler.controller import (
+    AutoscalerController,
+    Report,
+    autoscaler_off,
+    dated,
+    with_autoscaling,
+)
 from scheduler_extender.binder import Binder
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.policy import Policies
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind, KubeGateway
 from scheduler_extender.handoff import HandoffGate
-from scheduler_extender.informer import Informer
-from scheduler_extender.leader import LeaseElector, default_identity, own_namespace
+from scheduler_extender.leader import LeaseElector, default_identity
 from scheduler_extender.metrics import Metrics
-from scheduler_extender.metrics_api.collector import Collector, HttpFetcher, targets
-from scheduler_extender.periodic import Periodic
 from scheduler_extender.pool_status import pool_statuses
 from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.refresh import Refresher
@@ -52,10 +54,15 @@ from scheduler_extender.status import ObjectRef, StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import workload_statuses
+from tf_shell.catalog_file import load as load_catalog
+from tf_shell.kube.client import own_namespace
+from tf_shell.kube.list_watch import Informer
+from tf_shell.periodic import Periodic
+from tf_shell.usage_feed import HttpFetcher, UsageFeed, targets
 from vgpu.catalog import Catalog
-from vgpu.catalog_file import load as load_catalog
 from vgpu.metric_names import AUTOSCALER
 from vgpu.names import PLURAL_GPU_POOL, PLURAL_WORKLOAD
+from vgpu.scheduling.policy import Policies
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +187,7 @@ def build(
         metrics.errors.labels(f"watch-{kind.lower()}", reason).inc()
 
     informers = tuple(
-        Informer(
+        feeds.informer(
             gateway,
             kind,
             cache,
@@ -201,18 +208,19 @@ def build(
         on_error=metrics.errors.labels("leader-election", "api").inc,
     )
     synced = lambda: all(i.synced.is_set() for i in informers)  # noqa: E731
-    collector = Collector(
+    feed = UsageFeed(
         lambda: targets(gateway.list_endpoint_slices(namespace, settings.plugin_service), settings.plugin_port_name),
         HttpFetcher(PLUGIN_FETCH_TIMEOUT),
         PLUGIN_FETCH_WORKERS,
         metrics.registry,
+        dated,
         prefix=AUTOSCALER,
     )
     autoscaler = AutoscalerController(
         gateway,
         cache,
         events,
-        collector,
+        feed,
         namespace=namespace,
         max_replicas=settings.autoscaler_max_replicas,
         checkpoint_interval=settings.autoscaler_checkpoint_interval,

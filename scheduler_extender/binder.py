@@ -1,51 +1,13 @@
 """bind: take the node's hand-off gate, re-check and place on fresh state, reserve, annotate, Bind, commit.
 
-kube-scheduler binds asynchronously and many binds may run at once, so the ledger transitions are
-serialised by the cache's lock, which is held only around the pure read-place-reserve step, never
-across an API call; two binds of one pod never run at once (the second is refused at once). Every
-step before the Binding can fail (the pod was deleted, the API server refused or stalled); each
-failure undoes everything done so far — the allocation annotation is removed, the reservation
-released, the gate given back — and comes back as the bind Error, so the scheduler retries and
-nothing is left behind. Once the Binding is posted nothing can turn the bind into a failure: the
-reservation is the bind's own from the start (filter and prioritize never touch it, cache.py), and
-committing it cannot be refused.
-A failed Binding POST is not always a Binding that did not happen: a timeout, a lost answer, a 409
-Conflict or a 5xx may hide one the API server committed. So the binder then re-reads the pod: bound
-to the node, the bind succeeded (a GPU pod keeps its allocation: undoing it would leave a bound pod
-without its GPUs); not bound, it undoes everything; unreadable (the API server is stalled), the
-outcome is unknown, so the allocation stays on the pod, held in the ledger and the gate, and the
-bind answers an Error: if the Binding lands, the pod is bound with its GPUs; if not, the
-scheduler's next bind of the pod finds the allocation on the unbound pod and undoes it first.
-Every API call gets a timeout cut from the bind's deadline (deadline.py), so a bind answers within
-``bind_timeout`` while the API server is stalled. GPU pods and plain pods post their Binding through
-the same step. A GPU pod that kube-scheduler showed filter or prioritize unbound and unallocated is not
-read again (shown.py): the allocation patch is conditional on the resourceVersion of that copy, and a 409
-on it undoes the bind's steps and starts it over from a fresh read, as if there had been no copy.
-
-Two extender replicas may bind the same pod at once (a rolling restart, a drain, a leader change:
-the old kube-scheduler's binds still run). The API server is the only arbiter they share, so the two
-writes that matter are conditional, and the loser backs off without undoing the winner:
-- the allocation is written by a merge patch carrying the ``metadata.resourceVersion`` of the pod the
-  bind just read (and its UID): if anything changed the pod since, the API server answers 409. The bind
-  then re-reads it: another allocation on it, or the pod bound, means another extender is binding it,
-  so this bind releases only its own reservation and gate hold and answers an Error saying so; nothing
-  that matters changed (a status update moved the resourceVersion), it writes once more. A merge patch
-  with a resourceVersion rather than a JSON patch ``test`` on the annotation, because "unchanged since
-  read" also covers a Binding or a deletion that landed in between;
-- the allocation is removed (rollback, or the cleanup of an unfinished bind) only while it still reads
-  exactly what this binder wrote: a JSON patch ``test`` of the UID and of the annotation's value, then
-  ``remove``. A failed test (422) means the allocation is someone else's; it is left alone, quietly.
-- two replicas binding *different* pods to one node each place from their own cache, which may not yet
-  show the other's allocation. So the allocation is written with the label ``allocated-node``, and
-  before the Binding the bind lists every pod with that label for its node, consistently: an
-  allocation there that the placement did not count makes this bind back off (undoing itself). Write
-  first, read after: of two binds that missed each other, the later one's list shows the earlier's
-  write, so at most one goes on and no GPU is promised twice (``_arbitrate``).
-An unbound pod carrying an allocation this binder did not write is another replica's bind in
-progress, unless its ``boundAt`` is older than a bind can last (``bind_timeout`` plus clock slack):
-only then is it an abandoned bind's, removed (conditionally) before binding afresh. The ledger
-follows the same rule: a failed or lost bind releases only its own reservation, never an allocation
-the watch saw on the pod, and never another pod's gate hold seen on the node.
+The ledger step runs under the cache's lock, never across an API call, and every API call gets a
+timeout cut from the bind's deadline (deadline.py). A failure before the Binding undoes everything
+(allocation, reservation, gate hold) and becomes the bind's Error; once the Binding is posted nothing
+turns the bind into a failure, and a failed Binding POST is settled by re-reading the pod. Two
+extender replicas may bind at once, so the writes that matter are conditional (the allocation's
+merge patch on the resourceVersion read, its removal by a JSON patch ``test``), and a write-then-list
+of the node's allocations (``_arbitrate``) keeps two binds from promising one GPU twice.
+The steps and every rule, with why: scheduler_extender/HANDOFF.md, section "Bind".
 """
 
 from __future__ import annotations
@@ -56,17 +18,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.demand import demand_from_request
-from scheduler_extender.core.filter import filter_nodes
-from scheduler_extender.core.ledger import LedgerRefusal
-from scheduler_extender.core.model import Demand, Snapshot
-from scheduler_extender.core.placement import Placement, place
-from scheduler_extender.core.policy import Policies
 from scheduler_extender.deadline import BudgetSpent, Deadline
-from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject, precondition_failed
+from scheduler_extender.gateway import KubeGateway
 from scheduler_extender.handoff import GateBusy, HandoffGate, bound_at
 from scheduler_extender.objects import (
     PodRef,
@@ -79,10 +34,18 @@ from scheduler_extender.objects import (
 )
 from scheduler_extender.shown import ShownPods
 from scheduler_extender.wire import ExtenderBindingArgs
+from tf_shell.kube.api import GatewayError, RawObject, precondition_failed
 from vgpu.catalog import Catalog
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import LABEL_ALLOCATED_NODE, SystemAnnotation
+from vgpu.scheduling.demand import demand_from_request
+from vgpu.scheduling.filter import filter_nodes
+from vgpu.scheduling.ledger import LedgerRefusal
+from vgpu.scheduling.model import Demand, Snapshot
+from vgpu.scheduling.placement import Placement, place
+from vgpu.scheduling.policy import Policies
+from vgpu.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +73,6 @@ class BindOutcome:
 
     allocation: PodAllocation | None
     gate_wait: float
-
-
-def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Binder:

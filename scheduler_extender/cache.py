@@ -1,27 +1,12 @@
 """The cluster cache: watched Nodes and Pods turned into the core's Snapshot, plus the live Ledger.
 
-State comes only from the API server: node inventories from Node annotations, committed
-allocations from pods' allocation annotations (so a restarted extender rebuilds its ledger from
-pods alone, no local files), and in-memory reservations for binds in progress and for the node a
-pending pod is expected to land on (the next pod's filter may arrive before this pod's bind).
-Every transition is a method here with no I/O; the informer threads and the HTTP handlers call
-them, and one re-entrant lock serialises them, so a bind's read-decide-reserve is atomic.
-A relist (after a 410 Gone) is the new truth: a pod it does not show holding GPUs holds none, and
-that includes GPUs a bind committed for a pod whose events the 410 swallowed. Two kinds of entry
-survive it: a bind still in progress (it commits or undoes its own reservation), and one reserved
-or committed after the LIST was requested (its pod may be younger than the list; the watch that
-follows delivers it, or its deletion).
-Per-node views (inventory + ledger usage) are kept up to date on each change, so a request only
-copies a dict of ready NodeStates. The core's Ledger is kept one per node: a pod's GPUs are all on
-one node, so the per-GPU checks are the same, and each (copying) transition costs O(pods on that
-node) instead of O(pods in the cluster), which is what makes rebuilding 50,000 allocations cheap.
-A pod bound to a node without an allocation of its own (a Binding posted by hand, a static pod) that
-asks for vGPU device IDs gets them from the kubelet all the same, so its IDs count against the
-node's free slots until it is gone or finished (it never gets a GPU grant: the device plugin refuses
-to start it).
-Live pods that name a TensorFusionWorkload are remembered too, allocated or not, so that the
-workload's status (``workload_status.py``) can say which of its pods still wait for GPUs; and the pool
-of every GPU pod still waiting for a node, so that ``/metrics`` can say how many wait, per pool.
+State comes only from the API server (inventories from Node annotations, allocations from pods'
+annotations), plus in-memory reservations for binds in progress and for the node a pending pod is
+expected to land on. Every transition is a method here with no I/O, serialised by one re-entrant
+lock, so a bind's read-decide-reserve is atomic. A relist (after a 410 Gone) is the new truth. Per-node
+views are kept current on each change, and the ledger is kept one per node. Pods bound without an
+allocation still count their vGPU IDs; workload pods and pending pods' pools are remembered for status
+and metrics. Details and why: scheduler_extender/README.md, section "The cache".
 """
 
 from __future__ import annotations
@@ -34,9 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from scheduler_extender.core.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
-from scheduler_extender.core.model import NodeState, Snapshot, workload_key
-from scheduler_extender.gateway import Kind, RawObject, WatchEvent
+from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.kubelet_devices import vgpu_device_ids
 from scheduler_extender.objects import (
@@ -50,8 +33,11 @@ from scheduler_extender.objects import (
     pod_ref,
     workload_pod,
 )
+from tf_shell.kube.api import RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
+from vgpu.scheduling.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
+from vgpu.scheduling.model import NodeState, Snapshot, workload_key
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,11 @@
 """A bind's time budget: one deadline from which every API call's timeout and the gate wait are cut.
 
-kube-scheduler waits ``httpTimeout`` for a bind (10 s as shipped) and then forgets the call: it
-reports the bind failed and schedules the pod again while the late bind may still post its Binding.
-So a bind must answer within ``bind_timeout`` (below ``httpTimeout``) whatever the API server does.
-The budget starts when the request arrives (time spent waiting for a worker thread counts) and is
-split in two. The forward steps — reading the pod, waiting for the node's hand-off gate, writing the
-allocation, posting the Binding — must end ``CLEANUP_SHARE`` of the budget before the deadline; that
-last share is kept for what a failed step needs afterwards (re-reading the pod after a failed
-Binding, removing the allocation again), so even a call that stalled to the end of its timeout
-leaves time to clean up. The gate wait also leaves ``CALLS_SHARE`` for the two writes after it.
-A call whose share is already spent is not made (:class:`BudgetSpent`); a cleanup call always gets
-at least ``MIN_CALL``, so the bound may be passed by that much, never more.
+kube-scheduler forgets a bind after its ``httpTimeout`` while the late bind may still post its
+Binding, so a bind must answer within ``bind_timeout`` whatever the API server does. The budget starts
+when the request arrives; the forward steps end ``CLEANUP_SHARE`` of it early, kept for cleaning up
+after a failed step, and the gate wait also leaves ``CALLS_SHARE`` for the two writes after it. A call
+whose share is spent is not made (:class:`BudgetSpent`); a cleanup call gets at least ``MIN_CALL``.
+See scheduler_extender/HANDOFF.md, section "Bind".
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler_extender.gateway import GatewayError
+from tf_shell.kube.api import GatewayError
 
 CLEANUP_SHARE: Final = 1 / 6  # of bind_timeout, kept after the forward steps for the re-read and the rollback
 CALLS_SHARE: Final = 1 / 6  # of bind_timeout, kept after the gate wait for the annotation patch and the Binding

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scheduler_extender.core.summary import summarize
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.objects import ScheduledPod, pod_record, pod_ref, scheduled_pod
 from scheduler_extender.verbs import Verbs
@@ -26,6 +25,7 @@ from vgpu.errors import DomainError, FieldError
 from vgpu.fields import shown
 from vgpu.names import SystemAnnotation
 from vgpu.request import PodView, is_enabled, referenced_profile, referenced_workload, resolve
+from vgpu.scheduling.summary import summarize
 
 
 def explain_pod(verbs: Verbs, gate: HandoffGate, pod: RawObject) -> dict[str, Any]:

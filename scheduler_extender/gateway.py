@@ -1,9 +1,9 @@
-"""The port through which the extender talks to the Kubernetes API, and the errors it may raise.
+"""The port through which the extender talks to the Kubernetes API, and the bodies it sends.
 
-The app, the binder and the informer depend on this Protocol only; ``scheduler_extender.kube`` is
-the one real implementation (the only importer of ``kubernetes``) and the tests use an in-memory
-fake that speaks the same protocol. Requests and objects are plain JSON-shaped dicts, built by pure
-helpers here, so both sides agree on the exact bodies.
+The app, the binder and the informers depend on this Protocol only; ``scheduler_extender.kube`` is
+the one real implementation and the tests use an in-memory fake that speaks the same protocol. Its
+errors are the shared ones of :mod:`tf_shell.kube.api`. Request bodies are built by pure helpers
+here, so both sides agree on them exactly.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
-RawObject = dict[str, Any]
-EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+from tf_shell.kube.api import Listing, RawObject, WatchEvent
 
 
 class Kind(StrEnum):
@@ -22,42 +21,6 @@ class Kind(StrEnum):
 
     NODE = "Node"
     POD = "Pod"
-
-
-class GatewayError(Exception):
-    """A Kubernetes API call failed. ``status`` is the HTTP status when there was a response."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class GatewayTimeout(GatewayError):
-    """The API server did not answer within the call's timeout: it is stalled, overloaded or unreachable.
-
-    Whether a write took effect is then unknown: the request may still be applied after the answer is lost.
-    """
-
-
-class GoneError(GatewayError):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
-
-    def __init__(self, message: str = "resourceVersion too old") -> None:
-        super().__init__(message, 410)
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """The result of a list: the objects and the collection's resourceVersion to watch from."""
-
-    items: list[RawObject]
-    resource_version: str
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: EventType
-    object: RawObject
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,12 +192,6 @@ def eviction_body(namespace: str, name: str, uid: str) -> RawObject:
 def nomination_patch(uid: str, node: str) -> RawObject:
     """The merge patch of ``pods/status`` nominating ``node``, checked against the pod's UID."""
     return {"metadata": {"uid": uid}, "status": {"nominatedNodeName": node}}
-
-
-def precondition_failed(exc: GatewayError) -> bool:
-    """A conditional write refused because the object is not as the condition said: 409 Conflict (UID or
-    resourceVersion) or 422 (a JSON patch ``test`` that failed, or a path that is no longer there)."""
-    return exc.status in (409, 422)
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str) -> RawObject:

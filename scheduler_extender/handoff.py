@@ -1,19 +1,12 @@
 """The per-node hand-off gate: between "allocation written" and "receipt seen", one pod per node and Allocate size.
 
-kubelet's Allocate tells the device plugin only device IDs, not which pod they are for (DESIGN §6); the
-plugin matches it to the pod in hand-off whose next container asks for exactly that many IDs. So two
-pods bound to one node may both be waiting for Allocate only when no Allocate could be for either: their
-*Allocate sizes* (the vGPU limits of their containers, :func:`~scheduler_extender.kubelet_devices.allocate_sizes`)
-are disjoint. A 1-GPU pod and a 2-GPU pod hand over at once; two 1-GPU pods one after the other. A pod
-whose sizes are unknown excludes every other. So bind for node N first takes N's gate for its sizes, and
-the gate stays taken until the device plugin writes its hand-off receipt on the pod, the pod is deleted
-or finishes, or, as a last resort, ``ttl`` seconds after the allocation's ``bound_at``. Only a bound pod
-holds a gate (the kubelet admits nothing else); between annotation and Binding the bind itself holds it.
-Waiting is event-driven: the cache calls :meth:`HandoffGate.observe` on every pod change and waiters wake
-at once. A pod deleted before its receipt keeps the gate ``deletion_grace`` seconds more: the kubelet may
-still be admitting it, and a successor bound in that window could be matched to the dead pod's Allocate.
-The full rules are in ``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from
-the same text.
+kubelet's Allocate tells the device plugin only device IDs, not which pod they are for (DESIGN §6), so
+two pods bound to one node may wait for Allocate at once only when their *Allocate sizes*
+(:func:`~scheduler_extender.kubelet_devices.allocate_sizes`) are disjoint. Bind for node N takes N's
+gate for its sizes; the gate stays taken until the device plugin's receipt, the pod's end or deletion
+(after ``deletion_grace``), or ``ttl`` seconds after ``bound_at``. Waiting is event-driven: the cache
+calls :meth:`HandoffGate.observe` on every pod change. The full rules are in
+``scheduler_extender/HANDOFF.md``; the device plugin implements the node side from the same text.
 """
 
 from __future__ import annotations
@@ -24,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 
 from scheduler_extender.objects import PodRecord
+from vgpu.timefmt import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +68,7 @@ def distinguishable(a: frozenset[int], b: frozenset[int]) -> bool:
 def bound_at(text: str, default: float) -> float:
     """Wall-clock seconds of an allocation's ``boundAt`` (``default`` when unreadable)."""
     try:
-        return datetime.fromisoformat(text).timestamp()
+        return parse_rfc3339(text)
     except ValueError:
         return default
 

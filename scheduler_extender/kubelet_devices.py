@@ -41,7 +41,7 @@ def vgpu_device_ids(pod: Mapping[str, Any]) -> int | None:
 def allocate_sizes(pod: Mapping[str, Any]) -> frozenset[int]:
     """How many device IDs the kubelet's Allocate calls for this pod can carry: one call per container with
     a vGPU limit (init containers included), each carrying that limit's count of IDs. The device plugin
-    matches an Allocate to a pod by that count (device_plugin/lookup.py), so pods whose sizes are disjoint
+    matches an Allocate to a pod by that count (device_plugin/kubelet/lookup.py), so pods whose sizes are disjoint
     can be in hand-off on one node at once (HANDOFF.md)."""
     return frozenset(count for _, count in _asking(pod) if count)
 

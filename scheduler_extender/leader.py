@@ -1,19 +1,12 @@
 """Leader election over a coordination.k8s.io/v1 Lease: which extender replica writes status.
 
-With two extender replicas (the chart's default) both would write every TensorFusionWorkload's and
-GPUPool's status (``status.py``), each from its own cache; only the replica holding the extender's
-own Lease does. Standard
-lease semantics, as client-go's leader election: the holder renews ``renewTime`` every
-``renew_every`` seconds; another replica takes the Lease over only once it has seen the same
-record unchanged for ``duration`` seconds of its own monotonic clock (never comparing the holder's
-timestamps with its own clock); every create, renewal and takeover is conditional (create fails on
-an existing Lease, an update carries the resourceVersion it read), so of two replicas racing for it
-exactly one wins. The holder counts itself leader only while its last successful renewal is less
-than ``renew_deadline`` old, shorter than ``duration``: it stops before anyone else may start.
-
-The bind path does not consult the Lease: verbs arrive only from the kube-scheduler in the same pod,
-over loopback, so the active bind path already follows kube-scheduler's own leader election, and a
-bind that still runs in a replica that lost it is made safe by its conditional writes (binder.py).
+With two extender replicas both would write every TensorFusionWorkload's and GPUPool's status
+(``status.py``) from its own cache; only the replica holding the extender's own Lease does. Standard
+lease semantics, as client-go's leader election: conditional creates, renewals and takeovers, a
+takeover only after the record was seen unchanged for ``duration`` on the taker's own monotonic clock,
+and a holder that stops ``renew_deadline`` after its last renewal, before anyone else may start.
+The bind path does not consult the Lease: its conditional writes make a bind in a replica that lost
+it safe (binder.py). See scheduler_extender/README.md, section "Two replicas".
 """
 
 from __future__ import annotations
@@ -25,23 +18,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 
-from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject, precondition_failed
-from scheduler_extender.periodic import Periodic
+from scheduler_extender.gateway import KubeGateway
+from tf_shell.kube.api import GatewayError, RawObject, precondition_failed
+from tf_shell.periodic import Periodic
+from vgpu.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """The pod's namespace, from its service account; 'default' outside a pod."""
-    try:
-        return path.read_text().strip() or "default"
-    except OSError:
-        return "default"
 
 
 def default_identity() -> str:
@@ -59,11 +42,6 @@ class LeaseTerms:
     renew_deadline: float = 10.0
 
 
-def micro_time(seconds: float) -> str:
-    """A MicroTime as the API server writes it."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def lease_body(
     name: str, identity: str, terms: LeaseTerms, now: float, *, acquired: float, transitions: int
 ) -> RawObject:
@@ -75,8 +53,8 @@ def lease_body(
         "spec": {
             "holderIdentity": identity,
             "leaseDurationSeconds": int(terms.duration),
-            "acquireTime": micro_time(acquired),
-            "renewTime": micro_time(now),
+            "acquireTime": rfc3339(acquired, "microseconds"),
+            "renewTime": rfc3339(now, "microseconds"),
             "leaseTransitions": transitions,
         },
     }

@@ -1,7 +1,7 @@
 """``tf-extender``: run the scheduler extender (flags override ``TF_EXTENDER_*`` environment variables).
 
 Every :class:`Settings` field is a flag, spelled with dashes (``--handoff-wait 5``); ``--help``
-prints each with its description, its variable and its default (:mod:`vgpu.settings_cli`). The
+prints each with its description, its variable and its default (:mod:`tf_shell.settings_cli`). The
 process builds the Kubernetes gateway from ``--kubeconfig`` (or in-cluster config), creates the apps
 and serves them with uvicorn on one event loop: the verbs on ``--verbs-address``/``--verbs-port``
 (loopback, for the kube-scheduler in the same pod: whoever reaches bind can place pods), the
@@ -22,11 +22,12 @@ import uvloop
 from fastapi import FastAPI
 
 from scheduler_extender.app import create_app, public_app
-from scheduler_extender.kube.gateway import KubernetesGateway, api_client
+from scheduler_extender.kube.gateway import KubernetesGateway
 from scheduler_extender.settings import Settings
-from vgpu import settings_cli
-from vgpu.catalog_file import CatalogFileError
-from vgpu.logfmt import formatter
+from tf_shell import settings_cli
+from tf_shell.catalog_file import CatalogFileError
+from tf_shell.kube.client import api_client
+from tf_shell.logfmt import formatter
 
 
 def settings_from(argv: Sequence[str] | None = None) -> Settings:

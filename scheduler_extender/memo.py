@@ -1,25 +1,12 @@
 """Per-node memo of the core's verdicts and scores, valid while a node's state object is unchanged.
 
-Filter and prioritize judge every offered node: at 5,000 nodes that is ~40,000 GPU checks per call
-in Python, most of them repeated, because kube-scheduler asks about the same nodes for pod after
-pod with the same request (replicas), and a node's state only changes when something is reserved,
-bound or released on it. The cache replaces a node's ``NodeState`` object on every such change, so
-"same object" means "same state": a verdict computed by the core for (request, node object) stays
-true and is reused. The memo never decides anything itself; a miss calls the core on the missed
-nodes only. Keys are what the core reads of the pod's Demand (``core.demand.decision_key``: its shape
-and where it may run, not which pod or workload it is, so a new workload of a known shape finds its
-nodes judged) plus, for scores, the policy's name and ``revision`` (a learning policy bumps it when its
-scores change).
-
-The lookup runs on every request over every offered node, so it is written as C-level passes
-(``map``/``compress`` over the names) instead of a Python loop: at 5,000 nodes that is ~0.3 ms
-instead of ~1.5 ms. Only the misses are touched one by one.
-
-Per request key the memo holds two flat dicts (name → node object, name → value), not a (node, value)
-pair per name: a pair is one more object the cyclic GC tracks, and at 5,000 nodes × 16 keys × two memos
-the pairs were ~160k objects that every full collection walked — a gen-2 pass of tens of milliseconds
-in the middle of a cold decision (its p99). The two dicts are read together under the lock, so a
-concurrent store never pairs a node with another's value.
+The cache replaces a node's ``NodeState`` object on every change, so a verdict computed for (request,
+node object) stays true and is reused. The memo never decides anything itself; a miss calls the core
+on the missed nodes only. Keys are what the core reads of the pod's Demand
+(``vgpu.scheduling.demand.decision_key``) plus, for scores, the policy's name and ``revision``. The
+lookup is written as C-level passes over the names, and each key holds two flat dicts (names to node
+objects, names to values) rather than pairs, which the cyclic GC would have to walk.
+Why, and what it measured: scheduler_extender/README.md, section "The memo".
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from itertools import compress, repeat
 from operator import is_not
 from typing import Any, Final, Generic, TypeVar, cast
 
-from scheduler_extender.core.model import NodeState
+from vgpu.scheduling.model import NodeState
 
 V = TypeVar("V")
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from scheduler_extender.core.demand import gpu_slots
-from scheduler_extender.core.model import GpuState, NodeState
 from scheduler_extender.kubelet_devices import allocate_sizes, vgpu_device_ids
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
@@ -26,6 +24,8 @@ from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
 from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
 from vgpu.request import GpuRequest
+from vgpu.scheduling.demand import gpu_slots
+from vgpu.scheduling.model import GpuState, NodeState
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

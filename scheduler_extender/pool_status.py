@@ -1,15 +1,10 @@
 """The status of each GPUPool: its nodes and GPUs, their capacity, what pods hold there, and Ready.
 
-Nothing else can say what a pool offers right now: pools are a name on nodes, and only the extender's
-cache has every node's GPU inventory and every pod's allocation. A node's pool is the one the cache
-places it by (its inventory's pool, else its ``tensor-fusion.ai/gpupool`` label, else the default
-pool), and a node counts only as a GPU node: one with a GPU inventory (a corrupt one included) or
-the pool label, so CPU-only nodes are in no pool. The status says ``nodes``, ``gpus``,
-``healthyGPUs`` (healthy and not in MIG mode: the GPUs the extender places pods on),
-``capacityTflops``/``capacityVram`` over those (what the device plugins advertise as node resources)
-and ``allocatedTflops``/``allocatedVram`` that pods holding GPUs on its nodes reserve; and one
-condition, ``Ready``: True while a healthy GPU is there, False with reason ``NoNodes`` or
-``NoHealthyGPUs``.
+Pools are a name on nodes, and only the extender's cache has every node's GPU inventory and every
+pod's allocation, so only it can say what a pool offers right now. A node's pool is the one the cache
+places it by; CPU-only nodes are in no pool. The status counts nodes, GPUs and healthy GPUs, the
+healthy GPUs' capacity and what pods reserve there, and one condition, ``Ready``. The fields and
+rules: deploy/README.md, section "Workload and pool status".
 
 Pure; ``status.py`` lists the pools, compares and patches (the leader only).
 """
@@ -20,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_extender.core.model import NodeState
 from scheduler_extender.objects import PodRecord
 from scheduler_extender.status import NOTHING, READY, Condition, ObjectRef, Status, StatusOf, reserved_by
 from vgpu.names import LABEL_NODE_POOL
 from vgpu.quantity import format_bytes, format_milli
+from vgpu.scheduling.model import NodeState
 
 
 @dataclass(frozen=True, slots=True)

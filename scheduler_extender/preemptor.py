@@ -1,25 +1,13 @@
 """Preemption kube-scheduler cannot see: a pod that fits a node's GPU totals but no single GPU there.
 
-kube-scheduler counts GPU shares only as node totals (``tensor-fusion.ai/milli-tflops``, ``…/vram``).
-When a node's totals have room for a pod but no GPU of it has (fragmentation), the pod passes the
-in-tree filters and fails ours; the in-tree preemption dry run then reprieves every victim (the totals
-fit with all of them), finds no candidate, and never calls our ``preempt`` verb. The pod would stay
-Pending behind lower-QoS pods for good.
-
-So the filter verb hands such a pod here (``consider``): a GPU pod above the lowest QoS that failed
-every offered node — nodes that passed kube-scheduler's in-tree filters, totals included. After
-``settle`` seconds — by then kube-scheduler's own PostFilter of the same cycle has called our preempt
-verb if its dry run found candidates, and such a pod is left to it — a worker re-reads the pod. If it
-is still unbound and not being deleted, the core (``core.preempt.plan``) picks
-the node and the fewest, lowest-QoS pods (strictly lower than the pod's) whose removal makes room on
-one set of its GPUs. Each victim is evicted through the Eviction API, so PodDisruptionBudgets are
-honoured (a refusal stops the plan; that victim is not chosen again for ``hold`` seconds), and gets a
-``Preempted`` event, as kube-scheduler's victims do. The pod gets ``status.nominatedNodeName`` (as
-after kube-scheduler's preemption) and the cache holds the freed GPUs for it from the moment the
-victims are gone until ``hold`` passes: its next filter finds them, no other pod's does.
-
-One preemption per pod at a time: for ``hold`` seconds after it, the pod is not planned for again.
-Only the replica whose kube-scheduler leads gets filter calls, so only it preempts.
+kube-scheduler counts GPU shares only as node totals, so when the totals have room but no GPU has
+(fragmentation) its preemption dry run reprieves every victim and never calls our ``preempt`` verb.
+So the filter verb hands such a pod here (``consider``); after ``settle`` seconds, if it is still
+unbound, not being deleted and not left to kube-scheduler's own preemption, the core
+(``vgpu.scheduling.preempt.plan``) picks the node and the fewest, lowest-QoS victims, which are
+evicted through the Eviction API. The pod is nominated and the freed GPUs are held for it for
+``hold`` seconds. Only the replica whose kube-scheduler leads gets filter calls, so only it preempts.
+The whole rule: deploy/README.md, section "GPU shares as node resources".
 """
 
 from __future__ import annotations
@@ -32,15 +20,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.model import Demand
-from scheduler_extender.core.policy import Policies
-from scheduler_extender.core.preempt import Candidate, Plan, Victim, plan
 from scheduler_extender.events import REASON_PREEMPTED, REASON_PREEMPTING, REASON_PREEMPTION_BLOCKED, EventRecorder
-from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject
+from scheduler_extender.gateway import KubeGateway
 from scheduler_extender.objects import PodRecord, PodRef, ScheduledPod
-from scheduler_extender.periodic import Periodic
+from tf_shell.kube.api import GatewayError, RawObject
+from tf_shell.periodic import Periodic
 from vgpu.catalog import Catalog
 from vgpu.quantity import format_bytes, format_milli
+from vgpu.scheduling.model import Demand
+from vgpu.scheduling.policy import Policies
+from vgpu.scheduling.preempt import Candidate, Plan, Victim, plan
 
 log = logging.getLogger(__name__)
 

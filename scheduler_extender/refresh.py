@@ -1,18 +1,13 @@
 """Learning policies refresh on a background thread, never inside a request.
 
-The fragmentation policy re-learns its pod mix when the number of committed pods doubles (then
-every 4,096), and the cutting-stock LP in that refresh takes 0.2–1.5 s for 32–64 pod sizes. Run
-inside ``observe`` it would stall the /bind that happened to be the due one. Here every learning
-policy is switched to deferred mode as it is created: ``observe`` (on the bind path) only counts,
-and a :class:`~scheduler_extender.periodic.Periodic` pass takes a copy of the counts when a refresh
-is due, solves it and swaps the result in. Filter, prioritize and bind always read the last
-finished mix; one refresh runs at a time.
-
-The same pass shows every learning policy (a :class:`~scheduler_extender.core.policy.ClusterAware`
-one) the whole cluster, as the cache holds it (every node with what its pods hold), when the policy is
-new and every ``see_every`` seconds after: it weighs GPUs per node kind (which models pinned demand
-needs), and ``observe`` tells it of pods that come but not of pods that leave. O(nodes × GPUs) a call,
-off the request path.
+A refresh of the fragmentation policy's mix solves a cutting-stock LP (up to seconds), which inside
+``observe`` would stall the /bind that happened to be the due one. So every learning policy is
+switched to deferred mode as it is created: ``observe`` only counts, and a
+:class:`~tf_shell.periodic.Periodic` pass takes, solves and swaps in a refresh when one is due;
+filter, prioritize and bind read the last finished mix. The same pass shows every
+:class:`~vgpu.scheduling.policy.ClusterAware` policy the whole cluster when it is new and every
+``see_every`` seconds after. Figures and why: vgpu/scheduling/README.md, section "The fragmentation
+policy".
 """
 
 from __future__ import annotations
@@ -23,10 +18,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from scheduler_extender.core.fragmentation import FragmentationPolicy, learn
-from scheduler_extender.core.model import NodeState
-from scheduler_extender.core.policy import Policy
-from scheduler_extender.periodic import Periodic
+from tf_shell.periodic import Periodic
+from vgpu.scheduling.fragmentation import FragmentationPolicy, learn
+from vgpu.scheduling.model import NodeState
+from vgpu.scheduling.policy import Policy
 
 log = logging.getLogger(__name__)
 

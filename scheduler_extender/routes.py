@@ -1,30 +1,13 @@
 """The HTTP routes: the four extender verbs (``verbs``), and the read-only ones (``public``):
 explain, health, readiness and metrics.
 
-The two routers exist because they are served on different listeners: anyone who can reach
-``/bind`` can pin a pod to a node, so the verbs listen on loopback for the kube-scheduler beside
-the extender, while probes, Prometheus and ``tfctl explain`` reach the read-only routes on their own
-port (``app.py``, ``main.py``). Every JSON body is decoded by ``strict_json`` (a lone surrogate,
-invalid UTF-8 or runaway nesting is refused before a verb runs, with a message naming it).
-
-preempt and explain are sync ``def``s (FastAPI runs them in its thread pool), and so is the work of
-bind: it makes blocking Kubernetes calls and waits on the hand-off gate, and all of them take the
-cache's lock. bind takes its deadline on the event loop as the request arrives, so a wait for a free
-worker thread counts against the bound it must answer within (``deadline.py``).
-filter and prioritize are the hot path (every pod, every node): they never wait on anything but the
-cache's lock, so they run on the event loop when that lock is free (taken for the whole verb, so
-nothing inside can block) and go to the thread pool only when it is busy (an informer relist, a
-bind). That saves the two thread hand-offs per request, which on a loaded box are most of the tail.
-Those two also have a shorter way in (``HotVerbs``): FastAPI's request handling around them (its
-middlewares, routing, dependency solving, validation through a model field, the response wrapper)
-cost ~0.25 ms a request (0.45-0.57 ms a filter + prioritize pair at 1,000 nodes, in process), half
-of what the memoised verbs themselves cost. ``HotVerbs`` sits in front of the app's routing, and for
-a JSON POST to one of their paths whose body decodes and validates as ``ExtenderArgs`` it calls the
-route's own verb function; every other request, a bad body included, goes on to the app with its
-body replayed, so each error is answered by the same handlers as before.
-A route only times itself, delegates to ``Verbs``/``Binder``/``explain`` and shapes the answer; any
-unexpected exception inside a verb still becomes HTTP 200 with an ``Error`` (filter, bind) or the
-verb's neutral answer, because kube-scheduler cannot read anything from a 5xx.
+Two routers because two listeners: anyone who can reach ``/bind`` can pin a pod to a node, so the verbs
+listen on loopback for the kube-scheduler beside the extender (``app.py``, ``main.py``). Every JSON
+body is decoded by ``strict_json``. bind's work runs in the thread pool with its deadline taken on
+arrival; filter and prioritize run on the event loop while the cache's lock is free, and a good JSON
+body reaches them past FastAPI's request handling (``HotVerbs``). Any unexpected exception in a verb
+still becomes HTTP 200 with an ``Error`` or the verb's neutral answer: kube-scheduler cannot read a 5xx.
+Why, and what it saves: scheduler_extender/README.md, section "Request handling".
 """
 
 from __future__ import annotations
@@ -42,12 +25,10 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from scheduler_extender import strict_json
 from scheduler_extender.binder import BindError
 from scheduler_extender.deadline import Deadline
 from scheduler_extender.events import REASON_GRANTED
 from scheduler_extender.explain import MalformedPod, explain_pod, explain_submission
-from scheduler_extender.gateway import GatewayError
 from scheduler_extender.objects import PodRef
 from scheduler_extender.verbs import offered
 from scheduler_extender.wire import (
@@ -59,6 +40,8 @@ from scheduler_extender.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
+from tf_shell import strict_json
+from tf_shell.kube.api import GatewayError
 
 if TYPE_CHECKING:
     from scheduler_extender.app import Extender
@@ -316,7 +299,7 @@ def healthz() -> dict[str, str]:
 @public.get("/readyz", tags=["ops"])
 def readyz(request: Request) -> JSONResponse:
     ext = _extender(request)
-    synced = {i.kind.value: i.synced.is_set() for i in ext.informers}
+    synced = {i.name: i.synced.is_set() for i in ext.informers}
     return JSONResponse({"ready": ext.ready, "synced": synced}, status_code=200 if ext.ready else 503)
 
 

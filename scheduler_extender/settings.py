@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
-from vgpu.logfmt import LogFormat, LogLevel
+from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.names import (
     DEFAULT_POOL,
     DEVICE_PLUGIN_METRICS_PORT_NAME,

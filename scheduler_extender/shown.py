@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Final
 
-from scheduler_extender.gateway import RawObject
+from tf_shell.kube.api import RawObject
 
 # Between a pod's prioritize and its bind kube-scheduler schedules other pods; a few hundred binds in
 # flight is far beyond what one scheduler keeps waiting (its binding goroutines wait on the extender).

@@ -2,17 +2,10 @@
 
 Only the extender knows which pods hold GPUs and what the nodes of every pool offer, so it writes the
 status of TensorFusionWorkloads (``workload_status.py``) and GPUPools (``pool_status.py``), off the
-request path: once the cache has its first list, a worker thread lists each kind every ``interval``
-seconds, works out from the cache alone what each object's status should say, and patches only the
-objects whose status says something else. Listing every pass (the API server answers it from its
-watch cache) is what lets a status that went stale while the extender was down, or was written by a
-replica that has since lost the Lease, be corrected, and a spec change (``metadata.generation``) be
-seen. With several extender replicas only the one holding the Lease (``leader.py``) writes.
-
-Conditions have metav1.Condition's shape: ``status`` "True"/"False", a CamelCase ``reason``, a
-``message``, the ``observedGeneration`` they were computed from and a ``lastTransitionTime`` that
-changes only when ``status`` flips. A patch is sent only when a field, or a condition's status, reason,
-message or observedGeneration, differs from what the object says; ``lastUpdateTime`` says when.
+request path: a worker thread lists each kind every ``interval`` seconds, works out from the cache
+what each status should say, and patches only what differs. Only the replica holding the Lease
+(``leader.py``) writes. Why it lists every pass, and when a patch is sent: deploy/README.md, section
+"Workload and pool status".
 
 The comparison and the patch body are pure (``status_patch``); ``StatusWriter`` is the thin shell.
 """
@@ -24,11 +17,12 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from scheduler_extender.binder import rfc3339
-from scheduler_extender.gateway import GatewayError, KubeGateway, RawObject
+from scheduler_extender.gateway import KubeGateway
 from scheduler_extender.objects import PodRecord
-from scheduler_extender.periodic import Periodic
+from tf_shell.kube.api import GatewayError, RawObject
+from tf_shell.periodic import Periodic
 from vgpu.quantity import format_bytes, format_milli
+from vgpu.timefmt import rfc3339
 
 log = logging.getLogger(__name__)
 

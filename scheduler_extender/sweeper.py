@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.periodic import Periodic
+from tf_shell.periodic import Periodic
 
 SWEEP_INTERVAL: Final = 0.5  # seconds
 

@@ -17,16 +17,6 @@ from operator import is_, is_not
 from typing import cast
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.demand import decision_key, demand_from_request
-from scheduler_extender.core.filter import FilterResult, filter_nodes
-from scheduler_extender.core.ledger import LedgerRefusal
-from scheduler_extender.core.model import Demand, Snapshot
-from scheduler_extender.core.placement import place
-from scheduler_extender.core.policy import Policies
-from scheduler_extender.core.preempt import Victim, select_victims
-from scheduler_extender.core.reasons import Reason
-from scheduler_extender.core.scoring import score_nodes, to_extender_scores, top_nodes
-from scheduler_extender.core.summary import leading_reason, summarize
 from scheduler_extender.events import REASON_FAILED, EventRecorder
 from scheduler_extender.memo import NodeMemo
 from scheduler_extender.objects import ScheduledPod, scheduled_pod
@@ -45,6 +35,16 @@ from scheduler_extender.wire import (
     pdb_violations,
 )
 from vgpu.catalog import Catalog
+from vgpu.scheduling.demand import decision_key, demand_from_request
+from vgpu.scheduling.filter import FilterResult, filter_nodes
+from vgpu.scheduling.ledger import LedgerRefusal
+from vgpu.scheduling.model import Demand, Snapshot
+from vgpu.scheduling.placement import place
+from vgpu.scheduling.policy import Policies
+from vgpu.scheduling.preempt import Victim, select_victims
+from vgpu.scheduling.reasons import Reason
+from vgpu.scheduling.scoring import score_nodes, to_extender_scores, top_nodes
+from vgpu.scheduling.summary import leading_reason, summarize
 
 NO_POD = "request has no Pod"
 

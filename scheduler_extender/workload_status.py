@@ -1,15 +1,11 @@
 """The status of each TensorFusionWorkload: how many of its pods hold GPUs, what they reserve, and Ready.
 
-The webhook creates the workload; only the extender knows which of its pods hold an allocation, so
-the extender writes ``status.replicas``, ``status.allocatedTflops`` and ``status.allocatedVram``
-(what ``kubectl get tensorfusionworkloads`` shows, and what the auto-scaling work acts on), and one
-condition, ``Ready``: True when every desired pod holds its GPUs, False while some do not. Desired
-is ``spec.replicas`` when set (TensorFusion's worker count, which its CRD says local-GPU mode
-ignores), else the live pods that name the workload. False says why: ``PodsPending`` names the
-first few pods still waiting for GPUs, ``ReplicasMissing`` says fewer pods exist than
-``spec.replicas`` asks for. A ``StandaloneWorkerMode`` condition (False, ``NotImplemented``) says that
-field is recorded only. Everything comes from the cache (``ClusterCache.workload_pods``); a
-pod's workload is the one its resolved request names.
+The webhook creates the workload; only the extender knows which of its pods hold an allocation, so it
+writes ``status.replicas``, ``status.allocatedTflops`` and ``status.allocatedVram``, and one condition,
+``Ready``: True when every desired pod holds its GPUs, else False with ``PodsPending`` or
+``ReplicasMissing`` (a ``StandaloneWorkerMode`` condition says that spec field is recorded only).
+Everything comes from the cache (``ClusterCache.workload_pods``). The fields and reasons:
+deploy/README.md, section "Workload and pool status".
 
 Pure; ``status.py`` lists the workloads, compares and patches (the leader only).
 """

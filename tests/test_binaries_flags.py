@@ -1,4 +1,4 @@
-"""Every binary answers --version, and takes its settings one way (vgpu.settings_cli): each flag's --help
+"""Every binary answers --version, and takes its settings one way (tf_shell.settings_cli): each flag's --help
 names its environment variable and its plain default (no enum reprs, no reST markup), a variable sets a
 value and a flag overrides it, and a bad value from either exits 2 with one line naming both."""
 
@@ -12,13 +12,13 @@ from pydantic_settings import BaseSettings
 
 from device_plugin.main import settings_from as plugin_settings
 from device_plugin.settings import PluginSettings
-from scheduler_extender.cli import parser as tfctl_parser
 from scheduler_extender.main import settings_from as extender_settings
-from scheduler_extender.metrics_api.main import settings_from as metrics_settings
-from scheduler_extender.metrics_api.settings import MetricsSettings
 from scheduler_extender.settings import Settings
-from scheduler_extender.webhook.main import settings_from as webhook_settings
-from scheduler_extender.webhook.settings import WebhookSettings
+from tf_metrics.main import settings_from as metrics_settings
+from tf_metrics.settings import MetricsSettings
+from tf_webhook.main import settings_from as webhook_settings
+from tf_webhook.settings import WebhookSettings
+from tfctl.main import parser as tfctl_parser
 from vgpu.names import DISTRIBUTION, PlacementPolicy
 
 Read = Callable[[list[str]], object]
@@ -93,6 +93,10 @@ def test_help_names_every_flags_variable_and_default(
         (plugin_settings, "(env TF_PLUGIN_IGNORED_XIDS, default: 13,31,43,45,68,109)"),
         (plugin_settings, "--probe, --no-probe Print the GPUs found"),
         (plugin_settings, "(env TF_PLUGIN_PROBE, default: false)"),
+        (plugin_settings, "--layout-check-interval LAYOUT_CHECK_INTERVAL Seconds between listings of the GPUs"),
+        (plugin_settings, "(env TF_PLUGIN_LAYOUT_CHECK_INTERVAL, default: 30.0)"),
+        (plugin_settings, "--live-limits-interval LIVE_LIMITS_INTERVAL Seconds between passes"),
+        (plugin_settings, "(env TF_PLUGIN_LIVE_LIMITS_INTERVAL, default: 5.0)"),
     ],
 )
 def test_help_shows_defaults_as_they_are_typed(read: Read, shown: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,6 +125,14 @@ def test_plugin_variable_sets_and_flag_overrides_booleans_too(monkeypatch: pytes
     assert (plugin_settings([]).probe, plugin_settings([]).slices_per_gpu) == (True, 4)
     given = plugin_settings(["--no-probe", "--slices-per-gpu=8"])
     assert (given.probe, given.slices_per_gpu) == (False, 8)
+
+
+def test_plugin_intervals_that_had_no_flag_have_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = plugin_settings([])
+    assert (defaults.layout_check_interval, defaults.live_limits_interval) == (30.0, 5.0)
+    monkeypatch.setenv("TF_PLUGIN_LAYOUT_CHECK_INTERVAL", "60")
+    given = plugin_settings(["--live-limits-interval=2.5"])
+    assert (given.layout_check_interval, given.live_limits_interval) == (60.0, 2.5)
 
 
 def test_plugin_node_name_falls_back_to_the_pods_node_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,6 +201,13 @@ def test_plugin_node_name_falls_back_to_the_pods_node_name(monkeypatch: pytest.M
             {"TF_PLUGIN_PROBE": "maybe"},
             "tf-device-plugin: error: --probe (env TF_PLUGIN_PROBE) 'maybe': Input should be a valid boolean, "
             "unable to interpret input",
+        ),
+        (
+            plugin_settings,
+            ["--layout-check-interval=0"],
+            {},
+            "tf-device-plugin: error: --layout-check-interval (env TF_PLUGIN_LAYOUT_CHECK_INTERVAL) '0': Input "
+            "should be greater than 0",
         ),
         (
             plugin_settings,

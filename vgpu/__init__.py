@@ -1,5 +1,6 @@
-"""The shared domain of both binaries: quantities, the GPU catalog, the request model and the contracts.
+"""The pure domain every program shares: quantities, the GPU catalog, the request model, the contracts,
+the autoscaling arithmetic and the scheduling core.
 
-Pure Python with no I/O, so the scheduler extender, the device plugin and the webhook can agree on
-every decision and every wire format by importing the same code.
+Pure Python with no I/O, so every program agrees on every decision and every wire format by
+importing the same code.
 """

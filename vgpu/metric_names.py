@@ -20,7 +20,7 @@ PREFIX: Final = "tf"
 EXTENDER: Final = f"{PREFIX}_extender"  # scheduler_extender/metrics.py prefixes its names with it
 WEBHOOK: Final = f"{PREFIX}_webhook"
 DEVICE_PLUGIN: Final = f"{PREFIX}_device_plugin"
-METRICS_API: Final = f"{PREFIX}_metrics"  # tf-metrics, the custom metrics API (scheduler_extender/metrics_api/)
+METRICS_API: Final = f"{PREFIX}_metrics"  # tf-metrics, the custom metrics API (tf_metrics/)
 AUTOSCALER: Final = f"{PREFIX}_autoscaler"  # the autoscaler in the extender (scheduler_extender/autoscaler/)
 
 GPU_LABELS: Final = ("node", "gpu", "index", "model")

@@ -1,22 +1,12 @@
 """MIG instances as schedulable units: how one is named, sized and asked for.
 
-A GPU in MIG mode is split by the driver into instances, each a hard-isolated device with its own
-UUID (``MIG-…``); the parent's UUID gives a container no usable CUDA device. So the device plugin
+A GPU in MIG mode is split by the driver into hard-isolated instances with their own UUIDs
+(``MIG-…``), and the parent's UUID gives a container no usable CUDA device. So the device plugin
 publishes the parent as not schedulable and every instance as a unit of its own, and every binary
-that names, sizes or matches units does it here:
-
-- **Profile name**: ``<compute slices>g.<memory>gb`` with the memory in GiB rounded up, NVIDIA's
-  spelling (``1g.5gb`` is 1 compute slice and 4864 MiB on an A100-40GB; ``3g.40gb`` on an
-  A100-80GB, 40192 MiB).
-- **Product name**: the parent's model and the profile, ``A100-SXM4-40GB MIG 1g.5gb``.
-- **TFLOPS**: the parent's catalog TFLOPS × compute slices ÷ the parent's compute slices (7 on an
-  A100 or H100, 4 on an A30), rounded down to a thousandth. A compute slice is an equal share of the
-  SMs, so this is the unit's SM share of the parent's dense TFLOPS (1g on an A100: 312 / 7 = 44.571).
-- **Matching**: a ``gpu-model`` names a profile (``1g.5gb``, ``mig-1g.5gb``, ``a100-1g.5gb``,
-  ``A100 MIG 1g.5gb``, ``nvidia.com/mig-1g.5gb``), optionally with a model that the parent must match.
-  A unit is chosen only by a request naming its profile — never by a plain model or no model: a MIG
-  profile is an operator's and a user's deliberate choice — and a request naming a profile never gets
-  a whole GPU. A unit is granted whole to one pod (its hard isolation is the point of MIG).
+that names, sizes or matches units does it here: the profile name (``1g.5gb``), the product name
+(``A100-SXM4-40GB MIG 1g.5gb``), the TFLOPS (the parent's, by compute slices) and the ``gpu-model``
+spellings that select a profile. A unit is chosen only by a request naming its profile, and is
+granted whole to one pod. The rules, with examples: deploy/README.md, section "MIG".
 """
 
 from __future__ import annotations

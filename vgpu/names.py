@@ -15,7 +15,7 @@ PREFIX: Final = f"{DOMAIN}/"
 # --- the label that opts a pod in ---------------------------------------------------------------
 LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
 
-# --- the namespace label that opts its NVIDIA GPU pods in (scheduler_extender/webhook/migration.py)
+# --- the namespace label that opts its NVIDIA GPU pods in (tf_webhook/migration.py)
 # Its value says what an ``nvidia.com/gpu`` meant in that namespace; any other value translates nothing.
 LABEL_MIGRATE_NVIDIA: Final = f"{DOMAIN}/migrate-nvidia-gpu"
 
@@ -107,7 +107,7 @@ DEFAULT_POOL: Final = "default-pool"
 EXTENDER_LEASE_NAME: Final = "tensor-fusion-extender"
 
 # --- the custom metrics API tf-metrics serves through the API server's aggregation layer -----------
-# (scheduler_extender/metrics_api/; the chart's APIServices; tfctl top). v1beta2 is preferred, v1beta1
+# (tf_metrics/; the chart's APIServices; tfctl top). v1beta2 is preferred, v1beta1
 # is what HPA's older clients and most guides query.
 CUSTOM_METRICS_GROUP: Final = "custom.metrics.k8s.io"
 CUSTOM_METRICS_VERSIONS: Final = ("v1beta2", "v1beta1")
@@ -207,9 +207,16 @@ class PlacementPolicy(StrEnum):
     BINPACK = "binpack"
     SPREAD = "spread"
     # FGD-style: place where the expected stranded GPU capacity, against the pod mix learned online,
-    # grows least (scheduler_extender/core/fragmentation.py; benchmarks/placement/README.md).
+    # grows least (vgpu/scheduling/fragmentation.py; benchmarks/placement/README.md).
     FRAGMENTATION = "fragmentation"
 
 
 # The installed distribution whose version every binary reports (--version).
 DISTRIBUTION: Final = "tensor-fusion-k8s"
+
+# --- the conditions the autoscaler writes on a TensorFusionWorkload (what `tfctl autoscale` shows) ----------
+CONDITION_LIMITS: Final = "LimitsAutoSet"
+CONDITION_REQUESTS: Final = "RequestsAutoSet"
+CONDITION_REPLICAS: Final = "ReplicasAutoSet"
+CONDITION_PREDICTION: Final = "Prediction"
+AUTOSCALING_CONDITIONS: Final = (CONDITION_LIMITS, CONDITION_REQUESTS, CONDITION_REPLICAS, CONDITION_PREDICTION)

@@ -1,16 +1,12 @@
 """TFLOPS and VRAM as node resources: what a node advertises and what a pod requests.
 
-kube-scheduler and the API server do not read our annotations, so without these the scheduler's
-preemption dry run thinks every node fits once CPU and memory do, ResourceQuota cannot count GPU
-shares, and ``kubectl describe node`` shows none. Extended resources are whole numbers with request
-equal to limit, so TFLOPS go in thousandths — the request model's unit, so nothing is rounded here;
-``parse_milli`` already rounds a sub-milli annotation up — and VRAM in bytes.
-
-A node advertises the sum over its schedulable GPUs (healthy; of a GPU in MIG mode, its instances
-instead of itself, vgpu.mig): a pod that fits one
-GPU in the extender's per-GPU ledger always fits the node's totals, so the totals are a prefilter that
-never refuses what the extender would place. They may accept what no single GPU can hold
-(fragmentation); the extender's filter still decides that.
+kube-scheduler and the API server do not read our annotations; without these resources the
+scheduler's preemption dry run, ResourceQuota and ``kubectl describe node`` see no GPU shares.
+Extended resources are whole numbers, so TFLOPS go in thousandths (the request model's unit: nothing
+is rounded here) and VRAM in bytes. A node advertises the sum over its schedulable GPUs (healthy; a
+MIG GPU's instances instead of itself), so the totals are a prefilter that never refuses what the
+extender would place; the extender's per-GPU filter still decides.
+See deploy/README.md, section "GPU shares as node resources".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The paper's baselines, BestFit and FGD, exactly as the FGD authors' simulator scores them.
 
-Both implement the core's :class:`~scheduler_extender.core.policy.Policy` protocol so the same
+Both implement the core's :class:`~vgpu.scheduling.policy.Policy` protocol so the same
 replay engine runs them, but they keep the paper's own integer scores (0–100, ``int()``
 truncation) and are replayed with :attr:`Selection.RAW` (highest score wins, ties to the smallest
 node rank), as in the paper's simulator where they were in-tree score plugins.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from math import exp
 
 from benchmarks.placement.traces import MILLI, TracePod
-from scheduler_extender.core.model import Demand, GpuState, NodeState
 from vgpu.names import LABEL_NODE_GPU_MODEL
+from vgpu.scheduling.model import Demand, GpuState, NodeState
 
 MAX_SPEC_CPU = 128_000  # the simulator's normalisers
 MAX_SPEC_GPU = 8_000

@@ -36,15 +36,15 @@ from benchmarks.placement.traces import (
     to_demand,
     to_node_state,
 )
-from scheduler_extender.core.fragmentation import FragmentationPolicy, learn
-from scheduler_extender.core.model import Demand, NodeState, Snapshot
-from scheduler_extender.core.placement import place
-from scheduler_extender.core.policy import REGISTRY
-from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
-from scheduler_extender.core.scoring import score_nodes
 from scheduler_extender.refresh import Refresher
 from vgpu.catalog import builtin
 from vgpu.names import LABEL_HOSTNAME
+from vgpu.scheduling.fragmentation import FragmentationPolicy, learn
+from vgpu.scheduling.model import Demand, NodeState, Snapshot
+from vgpu.scheduling.placement import place
+from vgpu.scheduling.policy import REGISTRY
+from vgpu.scheduling.replay import Cluster, Replay, ReplayConfig
+from vgpu.scheduling.scoring import score_nodes
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from benchmarks.placement import traces as openb
 from benchmarks.placement.pinned import pin
 from benchmarks.placement.protocol import prepare
 from benchmarks.placement.suite import MAX_PODS, policy_factory
-from scheduler_extender.core.fragmentation import FragmentationPolicy
-from scheduler_extender.core.fragmentation import idle as idle_of
-from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig
 from vgpu.catalog import builtin
+from vgpu.scheduling.fragmentation import FragmentationPolicy
+from vgpu.scheduling.fragmentation import idle as idle_of
+from vgpu.scheduling.replay import Cluster, Replay, ReplayConfig
 
 WHOLE_NODE = 8 * openb.MILLI  # an unconstrained pod asking this much needs an empty 8-GPU node
 

@@ -1,6 +1,6 @@
 """Which policies a benchmark run compares, and one (trace, seed) task that runs all of them.
 
-The compared policies, all replayed by :mod:`scheduler_extender.core.replay` on the same pod
+The compared policies, all replayed by :mod:`vgpu.scheduling.replay` on the same pod
 sequence and node ranks:
 
 - ``bestfit`` and ``fgd``: the paper's baselines with the paper's integer scores, highest score
@@ -37,10 +37,10 @@ from benchmarks.placement.traces import (
     to_demand,
     to_node_state,
 )
-from scheduler_extender.core.fragmentation import FragmentationPolicy
-from scheduler_extender.core.policy import Policy
-from scheduler_extender.core.replay import ReplayConfig, Selection, replay
 from vgpu.catalog import builtin
+from vgpu.scheduling.fragmentation import FragmentationPolicy
+from vgpu.scheduling.policy import Policy
+from vgpu.scheduling.replay import ReplayConfig, Selection, replay
 
 EXTENDER = ReplayConfig(selection=Selection.EXTENDER)
 RAW = ReplayConfig(selection=Selection.RAW)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from scheduler_extender.core.affinity import REQUIRED
-from scheduler_extender.core.model import Demand, GpuState, NodeState
 from vgpu.names import LABEL_NODE_GPU_MODEL
 from vgpu.quantity import MIB
+from vgpu.scheduling.affinity import REQUIRED
+from vgpu.scheduling.model import Demand, GpuState, NodeState
 
 MILLI: Final = 1000  # one GPU in trace units
 GPU_UNITS: Final = 1000  # compute (milli-TFLOPS) and memory (MiB) of every replayed GPU

@@ -1,27 +1,14 @@
 """The autoscaler: applies the three layers' decisions, from inside the extender, on the leader only.
 
-Why in the extender: the extender is the one writer of allocations (it writes them at bind) and the one
-owner of the ledger, and the limits layer changes allocations. Hosting the controller beside the ledger
-keeps both true without a second writer to arbitrate with; it runs only in the replica holding the
-extender's Lease (``leader.py``), like the status writer, and every allocation write is conditional on
-the pod's resourceVersion, so a replica that lost the Lease mid-pass changes nothing another has changed.
-
-Every ``--autoscaler-interval`` seconds, while some pod enables a layer:
-
-1. read the autoscaled workloads from the cache (``members.py``), and every device plugin's ``/usage``
-   (the same collector tf-metrics uses, over the plugins' metrics Service);
-2. feed the new samples to the pure state (``vgpu.autoscale.evaluate``) and evaluate each layer that is due;
-3. **limits**: patch the changed grants' ``tflopsLimit`` / ``vramLimit`` into the pod's allocation (the
-   device plugin on the node sees it and rewrites the live limit the enforcement backend reads, without a
-   restart; docs/live-limits.md) and put an Event on the pod; a failed write is retried on the next pass
-   (the decision is made again from the allocation then in force);
-4. **requests**: publish the recommendation in the workload's status (``report.py``); the webhook admits
-   new pods with it, and running pods move to it where their GPU has room (``resize.py``);
-5. **replicas**: own an ``autoscaling/v2`` HorizontalPodAutoscaler for the pods' controller
-   (``hpa.py``), applied when it differs from what it should be;
-6. every ``--autoscaler-checkpoint-interval`` seconds, save each workload's histograms in a ConfigMap in
-   the extender's namespace (VPA keeps its in VerticalPodAutoscalerCheckpoints); a new leader reads them
-   back, so a restart does not throw away days of history.
+It lives in the extender because the extender is the one writer of allocations and the one owner of
+the ledger, and the limits layer changes allocations; it runs only in the replica holding the
+extender's Lease (``leader.py``), and every allocation write is conditional on the pod's
+resourceVersion. Every ``--autoscaler-interval`` seconds it reads the autoscaled workloads
+(``members.py``) and the plugins' ``/usage`` (tf_shell.usage_feed), feeds the pure state
+(``vgpu.autoscale.evaluate``), and applies what is due: limits as allocation patches, requests in the
+workload's status (``report.py``, ``resize.py``), replicas through an HPA (``hpa.py``), and
+checkpoints of the histograms in ConfigMaps. Why, and each step: docs/autoscaling.md, section
+"How it is applied".
 """
 
 from __future__ import annotations
@@ -36,23 +23,32 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from scheduler_extender.autoscaler import checkpoints, hpa
 from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
-from scheduler_extender.autoscaler.report import CONDITIONS, autoscaling_status
+from scheduler_extender.autoscaler.report import autoscaling_status
 from scheduler_extender.autoscaler.resize import RequestResizer, read_allocation
-from scheduler_extender.binder import rfc3339
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
-from scheduler_extender.gateway import GatewayError, KubeGateway
-from scheduler_extender.metrics_api.collector import Collector
-from scheduler_extender.metrics_api.samples import sampled
+from scheduler_extender.gateway import KubeGateway
 from scheduler_extender.objects import OwnerRef, PodRef, controller_of
 from scheduler_extender.status import Condition, ObjectRef, Status, StatusOf
+from tf_shell.kube.api import GatewayError
+from tf_shell.usage_feed import UsageFeed
 from vgpu import metric_names
 from vgpu.autoscale.evaluate import Autoscaler, Evaluation, LimitDecision, WorkloadKey, samples_of
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import PodAllocation
-from vgpu.names import SystemAnnotation
+from vgpu.contract.usage import NodeUsage
+from vgpu.names import AUTOSCALING_CONDITIONS, SystemAnnotation
+from vgpu.timefmt import rfc3339
+from vgpu.usage_samples import sampled
 
 log = logging.getLogger(__name__)
+Dated = tuple[NodeUsage, float]  # a plugin's document and when it was sampled
+
+
+def dated(document: NodeUsage) -> Dated:
+    """What the autoscaler holds of a plugin's document: the document and its time (ValueError when unreadable)."""
+    return document, sampled(document).at
+
 
 RUNNING: Final = "AutoscalerRunning"
 Report = tuple[dict[str, Any], tuple[Condition, ...]]
@@ -67,7 +63,7 @@ class AutoscalerController:
         gateway: KubeGateway,
         cache: ClusterCache,
         events: EventRecorder,
-        collector: Collector,
+        feed: UsageFeed[Dated],
         *,
         namespace: str,
         max_replicas: int,
@@ -77,7 +73,7 @@ class AutoscalerController:
         ready: Callable[[], bool],
         registry: CollectorRegistry,
     ) -> None:
-        self._gateway, self._cache, self._events, self._collector = gateway, cache, events, collector
+        self._gateway, self._cache, self._events, self._feed = gateway, cache, events, feed
         self._namespace, self._max_replicas = namespace, max_replicas
         self._checkpoint_interval, self._clock, self._leading, self._ready = checkpoint_interval, clock, leading, ready
         self._state = Autoscaler()
@@ -135,10 +131,8 @@ class AutoscalerController:
             with self._lock:
                 self._reports = {}
             return
-        self._collector.poll()
-        # The collector holds only documents whose sampledAt it could read (samples.sampled).
-        documents = ((d, sampled(d).at) for d in self._collector.documents)
-        self._state.feed(samples_of(documents), (a.workload for a in found.values()))
+        self._feed.poll()
+        self._state.feed(samples_of(self._feed.held()), (a.workload for a in found.values()))
         self._restore(found)
         now = self._clock()
         reports = {}
@@ -366,7 +360,7 @@ def with_autoscaling(base: StatusOf, report: Callable[[ObjectRef], Report | None
             kept = tuple(
                 Condition(str(c["type"]), c.get("status") == "True", str(c.get("reason")), str(c.get("message") or ""))
                 for c in stated
-                if isinstance(c, Mapping) and c.get("type") in (*CONDITIONS, RUNNING)
+                if isinstance(c, Mapping) and c.get("type") in (*AUTOSCALING_CONDITIONS, RUNNING)
             )
             return Status(status.fields, status.conditions + kept)
         fields, conditions = extra

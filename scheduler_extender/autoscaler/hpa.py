@@ -1,23 +1,12 @@
 """The HorizontalPodAutoscaler the autoscaler owns for a workload with ``autoSetReplicas``: a pure manifest.
 
-Replicas go through the standard machinery rather than our own writes to the scale subresource: the HPA
-controller of kube-controller-manager already does HPA's rule, tolerance, missing-metric handling and
-rate limits, users and tools already read HPAs (``kubectl get hpa``, dashboards, alerts on
-``kube_horizontalpodautoscaler_*``), and a cluster admin can see and pause it like any other. The layer's
-fields map onto ``autoscaling/v2`` one to one:
-
-* ``targetTFlopsOfLimits`` × the most a replica's limit may reach → a ``Pods`` metric ``gpu_tflops``
-  (custom.metrics.k8s.io, served by tf-metrics) with that ``averageValue``;
-* ``scaleUpStep`` / ``scaleDownStep`` (``2`` or ``50%``) → ``behavior.scaleUp/scaleDown.policies`` of type
-  ``Pods`` / ``Percent`` with ``periodSeconds`` = ``evaluationPeriod``;
-* ``scaleUpCoolDownTime`` / ``scaleDownCoolDownTime`` → ``behavior.*.stabilizationWindowSeconds``;
-* the pod's ``replicas`` annotation / the profile's ``replicas`` → ``minReplicas`` (1 when unset);
-* the extender's ``--autoscaler-max-replicas`` → ``maxReplicas``.
-
-HPA bounds ``periodSeconds`` to 1–1800 and ``stabilizationWindowSeconds`` to 0–3600; a longer value is
-clamped and the clamp is named in the workload's status. The HPA is owned by its scale target, so it goes
-when the Deployment goes. Only Deployments, StatefulSets and bare ReplicaSets whose own pod template opts in
-are scaled (:func:`opted_in`).
+Replicas go through kube-controller-manager's HPA controller rather than our own writes to the scale
+subresource: it already implements HPA's rule, tolerance, missing-metric handling and rate limits,
+and users and tools already read and pause HPAs. The layer's fields map onto ``autoscaling/v2`` one
+to one (a ``Pods`` metric ``gpu_tflops``, ``behavior`` policies and stabilization windows); values
+past HPA's bounds are clamped and the clamp is named in the workload's status. The HPA is owned by
+its scale target, and only targets whose own pod template opts in are scaled (:func:`opted_in`).
+The mapping, field by field: docs/autoscaling.md, section "How it is applied".
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduler_extender.core.model import GpuState, NodeState
 from scheduler_extender.objects import OwnerRef, PodRecord
 from vgpu.autoscale.config import AutoScalingConfig, parse
 from vgpu.autoscale.evaluate import Grant, Member, Workload, WorkloadKey
 from vgpu.errors import DomainError
+from vgpu.scheduling.model import GpuState, NodeState
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,9 @@ from scheduler_extender.autoscaler.resize import NO_RECOMMENDATION
 from scheduler_extender.status import Condition
 from vgpu.autoscale.evaluate import Evaluation, LimitDecision, Workload
 from vgpu.autoscale.recommend import Decision, Reason
+from vgpu.names import CONDITION_LIMITS, CONDITION_PREDICTION, CONDITION_REPLICAS, CONDITION_REQUESTS
 from vgpu.quantity import format_bytes, format_milli
 
-LIMITS: Final = "LimitsAutoSet"
-REQUESTS: Final = "RequestsAutoSet"
-REPLICAS: Final = "ReplicasAutoSet"
-PREDICTION: Final = "Prediction"
-CONDITIONS: Final = (LIMITS, REQUESTS, REPLICAS, PREDICTION)
 MAX_PODS_SHOWN: Final = 20  # status.autoScaling.limits.pods: a status is no place for thousands of rows
 # Which limit decision speaks for the layer when pods differ: a change first, then a cap, then the rest.
 _RANK: Final = {
@@ -82,7 +78,7 @@ def autoscaling_status(
     if predictions:
         conditions.append(
             Condition(
-                PREDICTION,
+                CONDITION_PREDICTION,
                 False,
                 "NotImplemented",
                 f"{', '.join(predictions)}.prediction is enabled but nothing predicts usage yet; "
@@ -115,7 +111,7 @@ def _limits(decisions: Sequence[LimitDecision], last_change: str | None) -> dict
 
 def _limits_condition(decisions: Sequence[LimitDecision]) -> Condition:
     if not decisions:
-        return Condition(LIMITS, False, Reason.NO_SAMPLES.value, "no pod of the workload holds a GPU yet")
+        return Condition(CONDITION_LIMITS, False, Reason.NO_SAMPLES.value, "no pod of the workload holds a GPU yet")
     speaker = min(
         (x for d in decisions for x in (d.tflops, d.vram) if x.reason is not Reason.DISABLED),
         key=lambda x: _RANK.get(x.reason, 9),
@@ -124,7 +120,7 @@ def _limits_condition(decisions: Sequence[LimitDecision]) -> Condition:
     pod = next(d.pod for d in decisions if speaker in (d.tflops, d.vram))
     changed = sum(d.changed for d in decisions)
     return Condition(
-        LIMITS,
+        CONDITION_LIMITS,
         True,
         speaker.reason.value,
         f"{changed} of {len(decisions)} pod GPUs changed; pod {pod}: {speaker.message}",
@@ -143,13 +139,13 @@ def _requests(workload: Workload, tflops: Decision, vram: Decision) -> tuple[dic
             fields[key] = fmt(decision.value)
     speaker = tflops if tflops.reason is not Reason.DISABLED else vram
     fields["reason"] = speaker.reason.value
-    return fields, Condition(REQUESTS, True, speaker.reason.value, f"{tflops.message}; {vram.message}")
+    return fields, Condition(CONDITION_REQUESTS, True, speaker.reason.value, f"{tflops.message}; {vram.message}")
 
 
 def _replicas_condition(decision: Decision | None, hpa: str | None, problem: str | None) -> Condition:
     if problem:
-        return Condition(REPLICAS, False, "NoScaleTarget", problem)
+        return Condition(CONDITION_REPLICAS, False, "NoScaleTarget", problem)
     if decision is None:
-        return Condition(REPLICAS, True, Reason.NO_SAMPLES.value, "not evaluated yet")
+        return Condition(CONDITION_REPLICAS, True, Reason.NO_SAMPLES.value, "not evaluated yet")
     via = f"; HorizontalPodAutoscaler {hpa} scales the workload" if hpa else ""
-    return Condition(REPLICAS, True, decision.reason.value, decision.message + via)
+    return Condition(CONDITION_REPLICAS, True, decision.reason.value, decision.message + via)

@@ -1,21 +1,10 @@
 """autoSetRequests for running pods: move a pod's reservation to the recommendation where its GPU has room.
 
-New pods get the recommended requests at admission (the webhook). A running pod keeps its own, unless its
-GPU can hold the new ones beside everything else placed there — then its reservation in the ledger and its
-allocation on the pod change together, so no placement ever sees one without the other:
-
-1. the cache swaps the pod's entry for the new grants, under its lock, only if they fit (``cache.resize``);
-   from that moment every filter and bind of this replica counts the new figures;
-2. the allocation is patched, conditional on the pod's resourceVersion (the pod as it was read, still
-   carrying the allocation the decision was made from);
-3. the node's allocations are listed consistently and compared with what the ledger counted at step 1 —
-   the binder's write-then-list check: another extender replica that placed a pod there meanwhile from its
-   own cache is seen, and the resize is undone (the old allocation patched back, the old grants held again);
-   of two writers that missed each other, the later lister sees the earlier one's write;
-4. the hold is committed, and an Event on the pod says what changed.
-
-A lowering always fits; a raise the GPU cannot hold leaves the pod as it is (counted, and said in the
-workload's status). Failures at any step undo what was done and leave the next pass to try again.
+New pods get the recommended requests at admission (the webhook). A running pod keeps its own unless
+its GPU can hold the new ones; then its ledger entry (``cache.resize``) and its allocation on the pod
+change together, checked like a bind (conditional patch, then a consistent list of the node's
+allocations), so no placement ever sees one without the other. A failure at any step undoes what
+was done. The steps and why: docs/autoscaling.md, section "How it is applied", "Resizing a running pod".
 """
 
 from __future__ import annotations
@@ -27,8 +16,9 @@ from typing import Final
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
-from scheduler_extender.gateway import GatewayError, KubeGateway
+from scheduler_extender.gateway import KubeGateway
 from scheduler_extender.objects import PodRef, allocated_on_selector, uncounted
+from tf_shell.kube.api import GatewayError
 from vgpu.autoscale.config import Resource
 from vgpu.autoscale.evaluate import Workload
 from vgpu.autoscale.recommend import Decision, Reason

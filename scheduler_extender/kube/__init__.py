@@ -1,5 +1,5 @@
-"""The extender's Kubernetes adapters: the only package allowed to import ``kubernetes``.
+"""The extender's Kubernetes adapter: which API each gateway method calls, with which body.
 
-Everything else talks to the cluster through the small ports these modules implement, so the
-scheduling core, the webhook's decision and the HTTP shells test without a cluster.
+Everything else talks to the cluster through the ``scheduler_extender.gateway`` port, so the
+extender's logic and HTTP shell test without a cluster.
 """

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.placement.baselines import FGD, BestFit, TypicalShape, typical_shapes
 from benchmarks.placement.traces import TraceNode, TracePod, to_demand, to_node_state
-from scheduler_extender.core.model import NodeState
+from vgpu.scheduling.model import NodeState
 
 
 def node(name: str, used: list[int], cpu: int = 64_000, model: str = "G2") -> NodeState:

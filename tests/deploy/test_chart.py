@@ -13,10 +13,10 @@ import yaml
 from device_plugin.main import settings_from as plugin_settings
 from scheduler_extender.main import settings_from as extender_settings
 from scheduler_extender.settings import Settings
-from scheduler_extender.webhook.app import MIGRATE_PATHS, MUTATE_PATH
-from scheduler_extender.webhook.migration import ReplicaShare
-from scheduler_extender.webhook.settings import WebhookSettings
-from vgpu import catalog_file
+from tf_shell import catalog_file
+from tf_webhook.app import MIGRATE_PATHS, MUTATE_PATH
+from tf_webhook.migration import ReplicaShare
+from tf_webhook.settings import WebhookSettings
 from vgpu.names import (
     EXTENDER_PUBLIC_PORT,
     EXTENDER_VERBS_PORT,
@@ -276,13 +276,13 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         triples("discovery.k8s.io", "endpointslices", "list")
         | triples("", "configmaps", "get", "list", "create", "update")
     )
-    # scheduler_extender/kube/admission.py
+    # tf_webhook/kube.py
     assert role_rules("-webhook") == (
         triples(tf, "workloadprofiles", "get")
         | triples(tf, "gpupools", "list")
         | triples(tf, "tensorfusionworkloads", "get", "create", "update")
     )
-    # device_plugin/kube.py
+    # device_plugin/cluster/kube.py
     assert role_rules("-device-plugin") == (
         triples("", "nodes", "get", "patch")
         | triples("", "nodes/status", "patch")  # the node's TFLOPS and VRAM totals

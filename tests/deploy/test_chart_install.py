@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from device_plugin.main import settings_from as plugin_settings
-from scheduler_extender.cli import parser as tfctl_parser
 from tests.deploy.test_chart import CHART, by_kind_and_name, container, helm_template, objects, one, pod_spec, render
+from tfctl.main import parser as tfctl_parser
 from vgpu.names import (
     EXTENDER_PUBLIC_PORT,
     LABEL_ENABLED,

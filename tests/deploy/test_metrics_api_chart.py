@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.cli import parser as tfctl_parser
-from scheduler_extender.metrics_api.api import METRICS
-from scheduler_extender.metrics_api.settings import MetricsSettings
 from tests.deploy.test_chart import by_kind_and_name, container, objects, one, render, role_rules, triples
 from tests.deploy.test_chart_install import rendered_notes
+from tf_metrics.api import METRICS
+from tf_metrics.settings import MetricsSettings
+from tfctl.main import parser as tfctl_parser
 from vgpu.names import CUSTOM_METRICS_GROUP, CUSTOM_METRICS_VERSIONS, METRICS_API_PORT
 
 NAMESPACE = "tensor-fusion-system"
@@ -79,7 +79,7 @@ def test_tf_metrics_serves_its_certificate_on_its_port_and_finds_the_plugins(mon
 
 
 def test_tf_metrics_is_granted_exactly_what_it_calls() -> None:
-    # scheduler_extender/kube/metrics_api.py: the pods a labelSelector chooses, in any namespace ...
+    # tf_shell/kube/reads.py: the pods a labelSelector chooses, in any namespace ...
     assert role_rules("-metrics-api") == triples("", "pods", "list")
     # ... the plugins' EndpointSlices, in the release's namespace only ...
     plugins = one("Role", "metrics-api-plugins")

@@ -6,13 +6,15 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from device_plugin.gateway import Json, WatchKind
+from device_plugin.cluster.gateway import Json, WatchKind
+from tf_shell.kube.api import GatewayError, GoneError, Listing, RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant, PodAllocation, encode
 from vgpu.names import RESOURCE_VGPU, Qos, SystemAnnotation
 
@@ -33,7 +35,7 @@ def gpu_file(
     usage: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Two A100s on NUMA 0 and 1 (``numa`` overrides; None: unknown); ``fail`` makes a GPU's check fail;
-    ``events`` are XIDs; ``usage`` the scripted processes (device_plugin/fake_probe.py format)."""
+    ``events`` are XIDs; ``usage`` the scripted processes (device_plugin/gpus/fake_probe.py format)."""
     fail = fail or {}
     numa = {GPU0: 0, GPU1: 1, **(numa or {})}
     doc = {
@@ -129,11 +131,17 @@ def uid_of(pod: Json) -> str:
 
 
 class FakeKube:
-    """A :class:`~device_plugin.gateway.KubeGateway` over dicts, with a real watch stream.
+    """A :class:`~device_plugin.cluster.gateway.KubeGateway` over dicts, with a real watch stream.
 
     Every write gets the next resourceVersion and is logged, so a watch from a list's version replays
     exactly what followed it, as the API server does. ``watch_held`` models a lagging watch (the API
-    has the change, the stream has not delivered it yet): while set, watches deliver nothing."""
+    has the change, the stream has not delivered it yet): while set, watches deliver nothing. A watch
+    ends after ``watch_window_s`` (at most its timeout), as the API server ends watches, so the
+    informer watches again from the last version it saw; ``expire_watches`` makes that many watches
+    fail with 410 Gone, as when the server no longer has the version (the informer then lists again).
+    Failures are the gateway's: :class:`~tf_shell.kube.api.GatewayError` with a status."""
+
+    watch_window_s = 0.5
 
     def __init__(self, pods: Sequence[dict[str, Any]] = (), node_labels: Mapping[str, str] | None = None) -> None:
         self._lock = threading.Lock()
@@ -149,6 +157,7 @@ class FakeKube:
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
         self.fail_pod_lists = 0
+        self.expire_watches = 0
         self.watch_held = threading.Event()
         for pod in pods:
             self.put(pod, notify=False)
@@ -188,17 +197,22 @@ class FakeKube:
 
     # --- KubeGateway ------------------------------------------------------------------------------
 
-    def list_pods(self, node: str) -> tuple[list[Json], str]:
+    def list_pods(self, node: str) -> Listing:
         with self._lock:
             if self.fail_pod_lists:
                 self.fail_pod_lists -= 1
-                raise RuntimeError("injected API failure")
-            items: list[Json] = [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
-            return items, str(self._current)
+                raise GatewayError("list pods: HTTP 503 Service Unavailable: injected API failure", 503)
+            items = [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
+            return Listing(items=items, resource_version=str(self._current))
 
-    def watch_pods(self, node: str, resource_version: str, stop: threading.Event) -> Iterator[tuple[WatchKind, Json]]:
+    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        with self._lock:
+            if self.expire_watches:
+                self.expire_watches -= 1
+                raise GoneError(f"too old resource version: {resource_version}")
         after = int(resource_version)
-        while not stop.is_set():
+        deadline = time.monotonic() + min(timeout_seconds, self.watch_window_s)
+        while time.monotonic() < deadline:
             with self._changed:
                 ready = [] if self.watch_held.is_set() else [e for e in self._log if e[0] > after]
                 if not ready:
@@ -207,23 +221,23 @@ class FakeKube:
             for version, kind, pod in ready:
                 after = version
                 if pod["spec"]["nodeName"] == node:
-                    yield kind, copy.deepcopy(pod)
+                    yield WatchEvent(kind, copy.deepcopy(pod))
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> Json:
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> RawObject:
         with self._lock:
             if self.fail_pod_patches:
                 self.fail_pod_patches -= 1
-                raise RuntimeError("injected API failure")
+                raise GatewayError(f"patch pod {namespace}/{name}: HTTP 503 Service Unavailable: injected", 503)
             pod = next((p for p in self.pods.values() if p["metadata"]["name"] == name), None)
             if pod is None:
-                raise RuntimeError(f'HTTP 404 Not Found: pods "{name}" not found')
+                raise GatewayError(f'patch pod {namespace}/{name}: HTTP 404 Not Found: pods "{name}" not found', 404)
             pod["metadata"]["annotations"].update(annotations)
             self.pod_patches.append((namespace, name, dict(annotations)))
             out = self._stamp(pod)
             self._emit("MODIFIED", pod)
             return out
 
-    def get_node(self, name: str) -> Json:
+    def get_node(self, name: str) -> RawObject:
         with self._lock:
             return copy.deepcopy(self.node)
 
@@ -243,3 +257,15 @@ class FakeKube:
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         with self._lock:
             self.node_events.append((node, reason, message, warning))
+
+
+class CountingKube(FakeKube):
+    """The fake API server, counting the pod LISTs it answers."""
+
+    def __init__(self, pods: list[dict[str, object]]) -> None:
+        super().__init__(pods)
+        self.lists = 0
+
+    def list_pods(self, node: str) -> Listing:
+        self.lists += 1
+        return super().list_pods(node)

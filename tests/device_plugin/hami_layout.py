@@ -2,7 +2,7 @@
 
 Transcribed field by field from src/multiprocess/multiprocess_memory_limit.h at HAMi-core commit
 8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811 (layout version 1.2), independently of the plugin's offsets
-(device_plugin/hami_region.py), so a test comparing the two catches either being wrong. ctypes lays
+(device_plugin/enforcement/hami_region.py), so a test comparing the two catches either being wrong. ctypes lays
 structures out by the platform's C rules, as the compiler does for the real library.
 """
 

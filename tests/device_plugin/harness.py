@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from device_plugin.daemon import Daemon, PluginConfig
-from device_plugin.fake_probe import FakeProbe
-from device_plugin.kubelet_api import PodDevices
-from device_plugin.lifecycle import SocketConfig
+from device_plugin.daemon import Daemon
+from device_plugin.gpus.fake_probe import FakeProbe
+from device_plugin.kubelet.kubelet_api import PodDevices
+from device_plugin.settings import PluginSettings
 from tests.device_plugin.fakes import NODE, FakeKube
 from tests.device_plugin.kubelet import TestKubelet
+from vgpu.catalog import Catalog, builtin
 
 T = TypeVar("T")
 
@@ -32,10 +32,20 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def config(tmp: Path, **overrides: Any) -> PluginConfig:
-    sockets = SocketConfig(plugin_dir=tmp, endpoint="tf-vgpu.sock", poll_s=0.05, retry_s=0.2)
-    base = PluginConfig(node=NODE, sockets=sockets, slices_per_gpu=4, health_check_s=0.05, heartbeat_s=60)
-    return dataclasses.replace(base, **overrides)
+def settings(tmp: Path, **overrides: Any) -> PluginSettings:
+    """The plugin's settings for a test: its sockets in ``tmp``, fast health checks, no /metrics server and no
+    live-limits directories unless ``overrides`` (settings fields) ask for them."""
+    base: dict[str, Any] = {
+        "node_name": NODE,
+        "plugin_dir": str(tmp),
+        "endpoint": "tf-vgpu.sock",
+        "slices_per_gpu": 4,
+        "health_check_interval": 0.05,
+        "heartbeat": 60,
+        "metrics_port": 0,
+        "live_limits_dir": "",
+    }
+    return PluginSettings(**(base | overrides))
 
 
 @contextlib.asynccontextmanager
@@ -46,17 +56,27 @@ async def plugin(
     *,
     kubelet: TestKubelet | None = None,
     pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
+    catalog: Catalog | None = None,
+    live_limits_grace_s: float = 30.0,
     **overrides: Any,
 ) -> AsyncIterator[tuple[Daemon, TestKubelet]]:
-    """A registered plugin reading the test kubelet's PodResources record (unless ``pod_devices``); on exit
-    it is stopped (SIGTERM path) and the kubelet too."""
+    """A registered plugin reading the test kubelet's PodResources record (unless ``pod_devices``), with
+    ``overrides`` of its settings; on exit it is stopped (SIGTERM path) and the kubelet too."""
     own = kubelet is None
     if kubelet is None:
         kubelet = TestKubelet(tmp)
         await kubelet.start()
     probe = FakeProbe(gpus)  # its scripted processes' owners too, as under --fake-gpus
     daemon = Daemon(
-        config(tmp, **overrides), probe, kube, pod_devices=pod_devices or kubelet.pod_devices, resolver=probe
+        settings(tmp, **overrides),
+        probe,
+        kube,
+        catalog=catalog or builtin(),
+        pod_devices=pod_devices or kubelet.pod_devices,
+        resolver=probe,
+        live_limits_grace_s=live_limits_grace_s,
+        socket_poll_s=0.05,
+        socket_retry_s=0.2,
     )
     stopping = asyncio.Event()
     task = asyncio.create_task(daemon.run(stopping))

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from device_plugin.kubelet_api import PodDevices
+from device_plugin.kubelet.kubelet_api import PodDevices
 from protos.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.gen.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from vgpu.names import RESOURCE_VGPU

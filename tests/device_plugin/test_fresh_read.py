@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from device_plugin.fresh_read import FreshRead
+from device_plugin.kubelet.fresh_read import FreshRead
 from tests.device_plugin.harness import run
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.gateway import Json
-from device_plugin.health import HealthPolicy
-from device_plugin.slices import gpu_of, slice_id
+from device_plugin.gpus.slices import gpu_of, slice_id
 from tests.device_plugin.fakes import (
     GIB,
     GPU0,
     GPU1,
+    CountingKube,
     FakeKube,
     allocation,
     gpu_file,
@@ -119,7 +118,7 @@ def test_list_and_watch_follows_faults_and_recovery_and_inventory_follows(tmp_pa
     async def scenario() -> None:
         kube = FakeKube()
         gpus = gpu_file(tmp_path / "gpus.yaml")
-        async with plugin(tmp_path, kube, gpus, health=HealthPolicy(recovery_s=0.3)) as (_daemon, kubelet):
+        async with plugin(tmp_path, kube, gpus, health_recovery=0.3) as (_daemon, kubelet):
             assert all(h == "Healthy" for _, h in await kubelet.next_list())
             gpu_file(gpus, fail={GPU1: "fell off the bus"})
             devices = dict(await kubelet.next_list())
@@ -248,7 +247,7 @@ def test_allocate_errors_say_exactly_why(tmp_path: Path, case: str) -> None:
     kube = FakeKube(pods)
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.1) as (_, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=0.1) as (_, kubelet):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await kubelet.allocate(slice_id(GPU0, 0))
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -327,7 +326,7 @@ def test_a_pod_the_watch_has_not_delivered_yet_is_served_at_once(tmp_path: Path)
     kube = FakeKube()
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=5) as (daemon, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=5) as (daemon, kubelet):
             kube.watch_held.set()
             late = _bound("late")
             kube.put(late)
@@ -347,7 +346,7 @@ def test_a_deleted_pod_and_its_successor_never_shift_allocations(tmp_path: Path)
     kube = FakeKube()
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=2) as (_, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=2) as (_, kubelet):
             kube.watch_held.set()
             a = _bound("a")
             kube.put(a)
@@ -368,7 +367,7 @@ def test_a_stale_cache_never_serves_a_pod_the_api_no_longer_has(tmp_path: Path) 
     kube = FakeKube([gone, alone])
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.2) as (daemon, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=0.2) as (daemon, kubelet):
             await until(lambda: daemon.cache.get(uid_of(gone)) is not None)
             kube.watch_held.set()  # the cache still shows both: "ambiguous" there, one pod in the API
             kube.delete(uid_of(gone))
@@ -409,7 +408,7 @@ def test_a_pod_bound_after_the_allocate_arrived_is_never_its_pod(tmp_path: Path)
     kube = FakeKube()
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.5) as (_, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=0.5) as (_, kubelet):
             call = asyncio.create_task(kubelet.allocate(slice_id(GPU0, 0)))
             await asyncio.sleep(0.1)
             later = _bound("later")
@@ -438,16 +437,6 @@ def test_without_the_api_allocate_still_serves_from_the_watch(tmp_path: Path) ->
 
 
 # --- a node reboot: every pod re-allocated at once ---
-
-
-class CountingKube(FakeKube):
-    def __init__(self, pods: list[dict[str, object]]) -> None:
-        super().__init__(pods)
-        self.lists = 0
-
-    def list_pods(self, node: str) -> tuple[list[Json], str]:
-        self.lists += 1
-        return super().list_pods(node)
 
 
 def test_allocates_arriving_together_share_one_list_and_its_failure(tmp_path: Path) -> None:
@@ -521,7 +510,7 @@ def test_a_rogue_pod_admitted_after_the_hand_off_fails_allocate(tmp_path: Path) 
     kube = FakeKube([legit, make_pod("rogue")])
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait_s=0.1) as (_, kubelet):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), lookup_wait=0.1) as (_, kubelet):
             await kubelet.allocate(slice_id(GPU0, 0), pod="legit")
             await receipt(kube, uid_of(legit))
             with pytest.raises(grpc.aio.AioRpcError) as err:

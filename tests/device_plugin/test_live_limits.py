@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin import hami_region
-from device_plugin.envs import EnforcementPaths, LiveMount, Target, build
-from device_plugin.hami_region import State
-from device_plugin.live_files import LiveLimits
-from device_plugin.live_limits import (
+from device_plugin.cluster.pods import from_json
+from device_plugin.enforcement import hami_region
+from device_plugin.enforcement.envs import EnforcementPaths, LiveMount, Target, build
+from device_plugin.enforcement.hami_region import State
+from device_plugin.enforcement.live_files import LiveLimits
+from device_plugin.enforcement.live_limits import (
     GpuLimit,
     SlotWrite,
     Wanted,
@@ -30,9 +31,8 @@ from device_plugin.live_limits import (
     resident,
     wanted,
 )
+from device_plugin.gpus.slices import slice_id
 from device_plugin.metrics import PluginMetrics
-from device_plugin.pods import from_json
-from device_plugin.slices import slice_id
 from tests.device_plugin.fakes import (
     A100_TFLOPS,
     GIB,
@@ -360,7 +360,11 @@ def test_a_limit_changed_in_place_reaches_the_live_files_and_a_deleted_pods_dire
     home = root / uid / "main"
 
     async def scenario() -> None:
-        overrides = {"backend": EnforcementBackend.HAMI_CORE, "live_limits_dir": root, "live_limits_check_s": 0.05}
+        overrides = {
+            "backend": EnforcementBackend.HAMI_CORE,
+            "live_limits_dir": str(root),
+            "live_limits_interval": 0.05,
+        }
         async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), live_limits_grace_s=0, **overrides) as (
             _daemon,
             kubelet,

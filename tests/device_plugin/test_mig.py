@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from device_plugin.board import DeviceBoard, LayoutWatch, discover
-from device_plugin.fake_probe import FakeProbe
-from device_plugin.health import HealthPolicy
+from device_plugin.gpus.board import DeviceBoard, LayoutWatch, discover
+from device_plugin.gpus.fake_probe import FakeProbe
+from device_plugin.gpus.health import HealthPolicy
 from vgpu.catalog import builtin
 from vgpu.contract.inventory import Health
 

@@ -8,20 +8,23 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
 
-from device_plugin.board import DeviceBoard, discover
-from device_plugin.fake_probe import FakeProbe, FakeProbeError
-from device_plugin.handoff import HandoffKeeper
-from device_plugin.health import HealthPolicy
-from device_plugin.kubelet_api import PodDevices
-from device_plugin.main import config_from, main, settings_from
+from device_plugin.cluster.handoff import HandoffKeeper
+from device_plugin.cluster.pod_cache import PodCache
+from device_plugin.cluster.publisher import InventoryPublisher, label_value
+from device_plugin.daemon import Daemon
+from device_plugin.gpus.board import DeviceBoard, discover
+from device_plugin.gpus.fake_probe import FakeProbe, FakeProbeError
+from device_plugin.gpus.health import HealthPolicy
+from device_plugin.gpus.probe import GpuDevice
+from device_plugin.kubelet.kubelet_api import PodDevices
+from device_plugin.main import catalog_from, main, settings_from
 from device_plugin.metrics import GpuCollector, PluginMetrics
-from device_plugin.pod_cache import PodCache
-from device_plugin.probe import GpuDevice
-from device_plugin.publisher import InventoryPublisher, label_value
-from tests.device_plugin.fakes import GIB, GPU0, GPU1, FakeKube, allocation, gpu_file, make_pod, uid_of
+from tests.device_plugin.fakes import GIB, GPU0, GPU1, NODE, FakeKube, allocation, gpu_file, make_pod, uid_of
 from tests.device_plugin.harness import plugin, run
+from tests.device_plugin.kubelet import TestKubelet
 from vgpu.catalog import builtin
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
 from vgpu.contract.inventory import decode
@@ -51,7 +54,7 @@ class Book:
 
 def _keeper(kube: FakeKube, truth: PodDevices) -> tuple[HandoffKeeper, PodCache]:
     cache = PodCache()
-    cache.replace(kube.list_pods("node-a")[0])
+    cache.replace(kube.list_pods("node-a").items)
 
     async def pod_devices() -> PodDevices:
         return truth
@@ -217,10 +220,9 @@ def test_cli_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_from(
         ["--node-name", "n1", "--ignored-xids", "13,79", "--default-tflops", "2.5", "--podresources-socket", "/x.sock"]
     )
-    config = config_from(settings)
-    assert config.node == "n1" and config.backend is EnforcementBackend.MPS
-    assert config.health.ignored_xids == {13, 79} and config.default_tflops == 2500
-    assert config.podresources_socket == Path("/x.sock")
+    assert settings.node == "n1" and settings.backend is EnforcementBackend.MPS
+    assert settings.health.ignored_xids == {13, 79} and settings.default_milli_tflops == 2500
+    assert settings.podresources_path == Path("/x.sock")
 
 
 def test_the_podresources_socket_cannot_be_switched_off(capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,7 +240,7 @@ def test_pod_cache_never_takes_an_older_version_of_a_pod_nor_revives_a_deleted_o
     # A busy watch delivers old versions after a hand-off patch's answer or a fresh LIST was applied.
     pod = make_pod("p", alloc=allocation("p"))
     kube = FakeKube([pod])
-    listed = kube.list_pods("node-a")[0]
+    listed = kube.list_pods("node-a").items
     uid = uid_of(pod)
     cache = PodCache()
     cache.replace(listed)
@@ -264,11 +266,11 @@ def test_a_gpu_catalog_file_changes_the_tflops_the_plugin_publishes(
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text("- {key: A100-SXM4-80GB, tflops: '250.5', memoryMiB: 81920}\n- {key: Z1, tflops: 1}\n")
     monkeypatch.setenv("TF_PLUGIN_GPU_CATALOG", str(catalog))
-    config = config_from(settings_from(["--node-name", "node-a"]))
+    catalog = catalog_from(settings_from(["--node-name", "node-a"]))
     kube = FakeKube()
 
     async def scenario() -> None:
-        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), catalog=config.catalog):
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), catalog=catalog):
             while (text := kube.node["metadata"]["annotations"].get(SystemAnnotation.NODE_INVENTORY.value)) is None:
                 await asyncio.sleep(0.01)
             assert [(g.uuid, g.model, g.tflops) for g in decode(text).gpus] == [
@@ -300,7 +302,7 @@ def test_a_bad_gpu_catalog_file_stops_the_plugin_naming_the_file(
         catalog.write_text(text)
     settings = settings_from(["--node-name", "node-a", "--gpu-catalog", str(catalog)])
     with pytest.raises(SystemExit) as stopped:
-        config_from(settings)
+        catalog_from(settings)
     assert f"tf-device-plugin: --gpu-catalog {tmp_path}/{expected}" in str(stopped.value)
 
 
@@ -315,3 +317,39 @@ def test_probe_shows_the_tflops_a_gpu_catalog_file_sets(tmp_path: Path, capsys: 
     assert out[2] == "  published as A100-SXM4-80GB: 250.5 TFLOPS, 80Gi VRAM, NUMA node 0, MIG off"
     assert out[7] == "  health check: fell off the bus"
     assert out[8] == "  now: utilization 31%, memory used 1Gi, temperature 40 °C, power 90.5 W, compute processes 1"
+
+
+def test_the_layout_check_interval_flag_reaches_the_daemon(tmp_path: Path) -> None:
+    # 30 s by default: with the flag the daemon notices a GPU gone within a fraction of a second and stops.
+    gpus = gpu_file(tmp_path / "gpus.yaml")
+    flags = f"--node-name {NODE} --layout-check-interval 0.05 --health-check-interval 0.05 --metrics-port 0"
+    settings = settings_from([*flags.split(), "--plugin-dir", str(tmp_path), "--live-limits-dir", ""])
+    assert settings.layout_check_interval == 0.05
+
+    async def scenario() -> None:
+        kubelet = TestKubelet(tmp_path)
+        await kubelet.start()
+        probe = FakeProbe(gpus)
+        daemon = Daemon(
+            settings,
+            probe,
+            FakeKube(),
+            catalog=builtin(),
+            pod_devices=kubelet.pod_devices,
+            resolver=probe,
+            socket_poll_s=0.05,
+        )
+        stopping = asyncio.Event()
+        task = asyncio.create_task(daemon.run(stopping))
+        try:
+            await asyncio.wait_for(kubelet.registrations.get(), 5)
+            doc = yaml.safe_load(gpus.read_text())
+            gpus.write_text(yaml.safe_dump({**doc, "gpus": doc["gpus"][:1]}))  # GPU1 is gone
+            await asyncio.wait_for(task, 5)
+            assert stopping.is_set()
+        finally:
+            stopping.set()
+            await asyncio.wait_for(task, 5)
+            await kubelet.stop()
+
+    run(scenario())

@@ -14,12 +14,12 @@ from typing import Any
 import pynvml
 import pytest
 
-from device_plugin import nvml_backend
-from device_plugin.board import DeviceBoard, HealthMonitor, discover
-from device_plugin.health import HealthPolicy
+from device_plugin.gpus import nvml_backend
+from device_plugin.gpus.board import DeviceBoard, HealthMonitor, discover
+from device_plugin.gpus.health import HealthPolicy
+from device_plugin.gpus.nvml_backend import NvmlProbe
+from device_plugin.gpus.probe import GpuDevice, GpuSample, MigUnit, ProbeError, ProcessReport, ProcessSample, XidEvent
 from device_plugin.main import main
-from device_plugin.nvml_backend import NvmlProbe
-from device_plugin.probe import GpuDevice, GpuSample, MigUnit, ProbeError, ProcessReport, ProcessSample, XidEvent
 from tests.device_plugin.harness import run
 from vgpu.catalog import builtin
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from device_plugin.board import discover
-from device_plugin.fake_probe import FakeProbe
+from device_plugin.gpus.board import discover
+from device_plugin.gpus.fake_probe import FakeProbe
+from device_plugin.gpus.owned import OwnedProbe, parse
+from device_plugin.gpus.probe import ProbeError
+from device_plugin.gpus.slices import slices
 from device_plugin.main import main
-from device_plugin.owned import OwnedProbe, parse
-from device_plugin.probe import ProbeError
-from device_plugin.slices import slices
 from vgpu.catalog import builtin
 
 UUIDS = [f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(4)]

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from device_plugin.kubelet_api import devices_of, list_pod_devices
+from device_plugin.kubelet.kubelet_api import devices_of, list_pod_devices
 from protos import generate
 from protos.gen.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.gen.podresources.v1 import api_pb2 as pr

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from device_plugin.envs import EnforcementPaths, Target, build, sm_percent
-from device_plugin.health import HEALTHY, GpuHealth, HealthBoard, HealthPolicy, on_check, on_xid
-from device_plugin.lookup import AllocateError, Match, choose, validate
-from device_plugin.pods import from_json
-from device_plugin.proof import Answer, Holder, Outcome, Settled, refusal, settle
-from device_plugin.slices import SliceIdError, gpu_of, preferred, slice_id, slices
+from device_plugin.cluster.pods import from_json
+from device_plugin.enforcement.envs import EnforcementPaths, Target, build, sm_percent
+from device_plugin.gpus.health import HEALTHY, GpuHealth, HealthBoard, HealthPolicy, on_check, on_xid
+from device_plugin.gpus.slices import SliceIdError, gpu_of, preferred, slice_id, slices
+from device_plugin.kubelet.lookup import AllocateError, Match, choose, validate
+from device_plugin.kubelet.proof import Answer, Holder, Outcome, Settled, refusal, settle
 from tests.device_plugin.fakes import A100_TFLOPS, A100_VRAM, GIB, GPU0, GPU1, allocation, grant, make_pod
 from vgpu.contract.allocation import Handoff, decode, encode_handoff
 from vgpu.contract.inventory import GpuInfo, Health

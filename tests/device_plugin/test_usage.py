@@ -20,13 +20,13 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from device_plugin.fake_probe import FAKE_PID_BASE, FakeProbe, FakeProbeError
+from device_plugin.cluster.pods import PodRecord, from_json
+from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe, FakeProbeError
+from device_plugin.gpus.probe import GpuDevice, GpuSample, ProcessReport, ProcessSample, XidEvent
 from device_plugin.metrics import PluginMetrics, UsageCollector
-from device_plugin.pods import PodRecord, from_json
-from device_plugin.probe import GpuDevice, GpuSample, ProcessReport, ProcessSample, XidEvent
-from device_plugin.process_owner import ProcessOwner, ProcResolver, owner_from_cgroup
-from device_plugin.sampler import UsageSampler
-from device_plugin.usage import GpuProcesses, Skip, allocated, node_usage
+from device_plugin.usage.process_owner import ProcessOwner, ProcResolver, owner_from_cgroup
+from device_plugin.usage.sampler import UsageSampler
+from device_plugin.usage.usage import GpuProcesses, Skip, allocated, node_usage
 from tests.device_plugin.fakes import (
     A100_TFLOPS,
     GIB,
@@ -563,7 +563,7 @@ def test_the_whole_loop_in_the_plugin_serves_scripted_use_on_usage_and_metrics(t
 
     async def scenario() -> None:
         async with plugin(
-            tmp_path, kube, path, metrics_port=port, metrics_address="127.0.0.1", usage_interval_s=0.05
+            tmp_path, kube, path, metrics_port=port, metrics_address="127.0.0.1", usage_interval=0.05
         ) as (daemon, _):
             base = f"http://127.0.0.1:{port}"
             gpu_file(path, usage=entries)

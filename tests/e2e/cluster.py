@@ -182,7 +182,7 @@ class Cluster(AbstractContextManager["Cluster"]):
         self.write_fake_nvml(fake_nvml_yaml(self.gpus, faults))
 
     def write_fake_nvml(self, text: str) -> None:
-        """Replace the plugin's fake GPU file (device_plugin/fake_probe.py format) with ``text``."""
+        """Replace the plugin's fake GPU file (device_plugin/gpus/fake_probe.py format) with ``text``."""
         staged = self.fake_nvml.with_suffix(".staged")
         staged.write_text(text)
         staged.replace(self.fake_nvml)  # atomic: the plugin never reads half a file

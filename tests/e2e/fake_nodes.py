@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from kubernetes.client import ApiClient, CoreV1Api
 
-from device_plugin.publisher import node_labels
+from device_plugin.cluster.publisher import node_labels
 from vgpu import catalog
 from vgpu.contract import inventory
 from vgpu.names import RESOURCE_VGPU, EnforcementBackend
@@ -54,7 +54,7 @@ def gpus(prefix: str, count: int, name: str = "NVIDIA A100-SXM4-80GB") -> tuple[
 def fake_nvml_yaml(
     fake: tuple[FakeGpu, ...], faults: Mapping[str, str], usage: Sequence[Mapping[str, Any]] = ()
 ) -> str:
-    """The device plugin's fake-NVML file (device_plugin/fake_probe.py format); ``faults`` maps a
+    """The device plugin's fake-NVML file (device_plugin/gpus/fake_probe.py format); ``faults`` maps a
     GPU's UUID to the text its health check fails with; ``usage`` scripts pods' processes."""
     doc = {
         "gpus": [

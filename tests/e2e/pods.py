@@ -92,7 +92,7 @@ def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodA
     pod has the same share of the same A100), written out by the scenario rather than recomputed
     here. The cluster's device plugin runs the hami-core backend, so HAMi's variables are checked
     too: its per-GPU ``CUDA_DEVICE_SM_LIMIT_<i>`` and the shared ``CUDA_DEVICE_SM_LIMIT``, which
-    device_plugin/envs.py sets to the largest per-GPU percent (here the same one).
+    device_plugin/enforcement/envs.py sets to the largest per-GPU percent (here the same one).
     """
     uuids = [g.uuid for g in alloc.gpus]
     assert env.get(Env.NVIDIA_VISIBLE_DEVICES) == ",".join(uuids), (env, uuids)

@@ -10,11 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import Extender, create_app
-from scheduler_extender.core import filter as filter_module
-from scheduler_extender.core import scoring as scoring_module
 from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.fakes import FakeGateway
+from tests.vgpu.scheduling.conftest import checks  # noqa: F401  (the fixture: the core's fit checks, counted)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
@@ -47,7 +46,7 @@ class Running:
         with self.fake._cond:
             latest = {k: max((rv for rv, kk, _ in self.fake.log if kk is k), default=0) for k in Kind}
         wait_for(
-            lambda: all(int(i.resource_version or 0) >= latest[i.kind] for i in self.ext.informers),
+            lambda: all(int(i.resource_version or 0) >= latest[Kind(i.name)] for i in self.ext.informers),
             what="cache to catch up",
         )
 
@@ -74,18 +73,3 @@ def run(fake: FakeGateway) -> Iterator[Callable[..., Running]]:
     fake.close()
     for client in clients:
         client.__exit__(None, None, None)
-
-
-@pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The node of every fit check the core makes from here on, in order."""
-    checked: list[str] = []
-    real = filter_module.check_node
-
-    def counted(demand: Any, node: Any, match: Any) -> Any:
-        checked.append(node.name)
-        return real(demand, node, match)
-
-    monkeypatch.setattr(filter_module, "check_node", counted)
-    monkeypatch.setattr(scoring_module, "check_node", counted)
-    return checked

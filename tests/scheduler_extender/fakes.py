@@ -17,16 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from scheduler_extender.gateway import (
-    GatewayError,
-    GatewayTimeout,
-    GoneError,
-    Kind,
-    Listing,
-    PodEvent,
-    RawObject,
-    WatchEvent,
-)
+from scheduler_extender.gateway import Kind, PodEvent
+from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, Listing, RawObject, WatchEvent
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from scheduler_extender.autoscaler.controller import KEEP, AutoscalerController, autoscaler_off, with_autoscaling
+from scheduler_extender.autoscaler.controller import KEEP, AutoscalerController, autoscaler_off, dated, with_autoscaling
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
-from scheduler_extender.metrics_api.collector import Collector, Target
 from scheduler_extender.status import Condition, Status
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tf_shell.usage_feed import Target, UsageFeed
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import usage
 from vgpu.contract.allocation import GpuGrant, PodAllocation
@@ -106,12 +106,12 @@ class World:
         self.cache.replace(Kind.POD, pods)
         self.events = EventRecorder(fake, interval=0)
         self.registry = CollectorRegistry()
-        collector = Collector(
+        feed = UsageFeed(
             lambda: [Target(NODE, "http://n1/usage")], lambda _: document(self.pods, self.tflops), 1, self.registry,
-            prefix="tf_autoscaler",
+            dated, prefix="tf_autoscaler",
         )  # fmt: skip
         self.controller = AutoscalerController(
-            fake, self.cache, self.events, collector, namespace="tf-system", max_replicas=4, checkpoint_interval=0.01,
+            fake, self.cache, self.events, feed, namespace="tf-system", max_replicas=4, checkpoint_interval=0.01,
             clock=time.time, leading=lambda: self.leading, ready=lambda: True, registry=self.registry,
         )  # fmt: skip
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.gateway import GatewayError, Kind
+from scheduler_extender.gateway import Kind
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tf_shell.kube.api import GatewayError
 from vgpu.contract import allocation as allocation_contract
 from vgpu.names import SystemAnnotation
 

@@ -8,17 +8,19 @@ from typing import Any
 
 import pytest
 
+from scheduler_extender import feeds
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.core.ledger import LedgerRefusal
-from scheduler_extender.gateway import GatewayError, Kind, WatchEvent
+from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
-from scheduler_extender.informer import Backoff, Informer
 from scheduler_extender.objects import PodRef
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tf_shell.kube.api import GatewayError, WatchEvent
+from tf_shell.kube.list_watch import Backoff, Informer
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import Qos, SystemAnnotation
+from vgpu.scheduling.ledger import LedgerRefusal
 
 
 def grant(node: str, index: int = 0, vram: int = 4 * GI) -> GpuGrant:
@@ -190,7 +192,7 @@ def test_node_deleted_and_readded(cache: ClusterCache) -> None:
 
 # --- the informer loop ------------------------------------------------------------------------------
 def informer(fake: FakeGateway, cache: ClusterCache, kind: Kind) -> Informer:
-    return Informer(fake, kind, cache, watch_timeout=1, backoff_max=0.05, stop=threading.Event())
+    return feeds.informer(fake, kind, cache, watch_timeout=1, backoff_max=0.05, stop=threading.Event())
 
 
 def test_informer_lists_then_watches_from_the_list_version(cache: ClusterCache) -> None:
@@ -315,7 +317,7 @@ def test_informer_backs_off_and_resumes_after_errors(cache: ClusterCache) -> Non
     fake = FakeGateway()
     fake.put(Kind.NODE, make_node("n1"))
     errors: list[str] = []
-    loop = Informer(
+    loop = feeds.informer(
         fake,
         Kind.NODE,
         cache,

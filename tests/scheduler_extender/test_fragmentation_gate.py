@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler_extender.core.affinity import REQUIRED
-from scheduler_extender.core.fragmentation import FragmentationPolicy, kind_of
-from scheduler_extender.core.model import Demand, NodeState
-from scheduler_extender.core.replay import Cluster, Replay
 from tests.scheduler_extender.test_replay_fragmentation import on
 from vgpu.catalog import builtin
 from vgpu.names import LABEL_HOSTNAME
 from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
+from vgpu.scheduling.affinity import REQUIRED
+from vgpu.scheduling.fragmentation import FragmentationPolicy, kind_of
+from vgpu.scheduling.model import Demand, NodeState
+from vgpu.scheduling.replay import Cluster, Replay
 
 MIB = 1024 * 1024
 

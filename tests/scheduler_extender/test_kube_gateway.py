@@ -14,24 +14,15 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import yaml
 
-from scheduler_extender.gateway import GatewayTimeout
-from scheduler_extender.kube.gateway import KubernetesGateway, api_client
+from scheduler_extender.kube.gateway import KubernetesGateway
+from tests.local_api import kubeconfig
+from tf_shell.kube.api import GatewayError, GatewayTimeout
+from tf_shell.kube.client import api_client
 
 
 def gateway_to(port: int, tmp_path: Path) -> KubernetesGateway:
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig), encoding="utf-8")
-    return KubernetesGateway(api_client(str(path), pool_size=1))
+    return KubernetesGateway(api_client(kubeconfig(port, tmp_path), pool_size=1))
 
 
 @pytest.fixture
@@ -129,3 +120,15 @@ def test_the_node_allocations_list_is_a_consistent_read_across_namespaces(tmp_pa
         "labelSelector=tensor-fusion.ai/allocated-node=n1"
     )
     assert "resourceVersion" not in path
+
+
+def test_a_refused_connection_is_an_error_not_a_stall(tmp_path: Path) -> None:
+    """Nothing listens: nothing was sent, so the outcome is known (urllib3 files it under connect timeouts)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    gateway = gateway_to(port, tmp_path)
+    with pytest.raises(GatewayError) as failed:
+        gateway.get_pod("default", "p", timeout=2.0)
+    assert not isinstance(failed.value, GatewayTimeout)
+    assert failed.value.status is None and "get pod default/p" in str(failed.value)

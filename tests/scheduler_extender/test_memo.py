@@ -12,8 +12,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.core.model import NodeState
 from scheduler_extender.memo import NodeMemo
+from vgpu.scheduling.model import NodeState
 
 NAMES = [f"n{i}" for i in range(8)]
 

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler_extender.gateway import GatewayError, Kind
+from scheduler_extender.gateway import Kind
 from scheduler_extender.preemptor import RESULTS as PREEMPTION_RESULTS
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_cache import allocated_pod, grant
 from tests.scheduler_extender.test_verbs import args, preempt_args
+from tf_shell.kube.api import GatewayError
 from vgpu.names import DISTRIBUTION, SystemAnnotation
 
 A100 = "NVIDIA A100-SXM4-80GB"

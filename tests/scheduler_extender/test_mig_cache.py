@@ -4,10 +4,11 @@ inventory; the node's view follows at once, nothing fails, and the pod's entry g
 from __future__ import annotations
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.gateway import Kind, WatchEvent
+from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
-from tests.scheduler_extender.core.test_mig_placement import MIB, PARENT, UNITS, mig_node_object
 from tests.scheduler_extender.test_cache import allocated_pod
+from tests.vgpu.scheduling.test_mig_placement import MIB, PARENT, UNITS, mig_node_object
+from tf_shell.kube.api import WatchEvent
 from vgpu.contract.allocation import GpuGrant
 
 UNIT = UNITS[0]

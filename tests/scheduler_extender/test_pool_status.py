@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler_extender.core.model import NodeState
 from scheduler_extender.gateway import Kind
 from scheduler_extender.objects import node_state
 from scheduler_extender.pool_status import PoolTotals, pool_ready, pool_statuses, pool_totals
@@ -16,6 +15,7 @@ from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_no
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_workload_status import record
 from vgpu.names import LABEL_NODE_POOL, PLURAL_GPU_POOL
+from vgpu.scheduling.model import NodeState
 
 JOIN = f"{LABEL_NODE_POOL}=p"
 

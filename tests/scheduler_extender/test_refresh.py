@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler_extender.core.fragmentation import FragmentationPolicy
-from scheduler_extender.core.model import NodeState
-from scheduler_extender.core.policy import Policies
 from scheduler_extender.gateway import Kind
 from scheduler_extender.refresh import Refresher
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, make_node
 from tests.scheduler_extender.test_replay_fragmentation import demand, gpu, node
+from vgpu.scheduling.fragmentation import FragmentationPolicy
+from vgpu.scheduling.model import NodeState
+from vgpu.scheduling.policy import Policies
 
 
 def observe(policy: FragmentationPolicy, pods: int) -> None:

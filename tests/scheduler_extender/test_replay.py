@@ -13,13 +13,13 @@ from dataclasses import replace
 
 import pytest
 
-import scheduler_extender.core.fragmentation  # noqa: F401  (registers the policy)
-from scheduler_extender.core.model import Demand, GpuState, NodeState, Snapshot
-from scheduler_extender.core.placement import place
-from scheduler_extender.core.policy import REGISTRY, Policy
-from scheduler_extender.core.replay import Cluster, Replay, ReplayConfig, Selection, replay
-from scheduler_extender.core.scoring import score_nodes, to_extender_scores, top_nodes
+import vgpu.scheduling.fragmentation  # noqa: F401  (registers the policy)
 from vgpu.catalog import builtin
+from vgpu.scheduling.model import Demand, GpuState, NodeState, Snapshot
+from vgpu.scheduling.placement import place
+from vgpu.scheduling.policy import REGISTRY, Policy
+from vgpu.scheduling.replay import Cluster, Replay, ReplayConfig, Selection, replay
+from vgpu.scheduling.scoring import score_nodes, to_extender_scores, top_nodes
 
 CATALOG = builtin()
 MIB = 1024 * 1024

@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler_extender.core import fragmentation as fragmentation_module
-from scheduler_extender.core.affinity import REQUIRED
-from scheduler_extender.core.fragmentation import FragmentationPolicy, Learned, learn
-from scheduler_extender.core.model import Demand, GpuState, NodeState
-from scheduler_extender.core.placement import place
-from scheduler_extender.core.policy import REGISTRY
 from vgpu.catalog import builtin
 from vgpu.names import LABEL_HOSTNAME
 from vgpu.names import LABEL_NODE_GPU_MODEL as MODEL_LABEL
+from vgpu.scheduling import fragmentation as fragmentation_module
+from vgpu.scheduling.affinity import REQUIRED
+from vgpu.scheduling.fragmentation import FragmentationPolicy, Learned, learn
+from vgpu.scheduling.model import Demand, GpuState, NodeState
+from vgpu.scheduling.placement import place
+from vgpu.scheduling.policy import REGISTRY
 
 MIB = 1024 * 1024
 

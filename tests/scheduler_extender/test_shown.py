@@ -10,12 +10,13 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler_extender.gateway import GatewayError, Kind
+from scheduler_extender.gateway import Kind
 from scheduler_extender.shown import ShownPods
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
 from tests.scheduler_extender.test_two_replicas import assert_one_allocation_never_removed
+from tf_shell.kube.api import GatewayError
 
 PATCH, LIST, BIND = (
     "patch default/p1 ['tensor-fusion.ai/allocation']",

@@ -14,14 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from scheduler_extender.binder import CLOCK_SLACK, rfc3339
-from scheduler_extender.gateway import Kind, RawObject
+from scheduler_extender.binder import CLOCK_SLACK
+from scheduler_extender.gateway import Kind
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
+from tf_shell.kube.api import RawObject
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import LABEL_ALLOCATED_NODE, Qos, SystemAnnotation
+from vgpu.timefmt import rfc3339
 
 ALLOCATION = SystemAnnotation.ALLOCATION.value
 

@@ -11,18 +11,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler_extender.app import create_app
-from scheduler_extender.core.demand import demand_from_request
-from scheduler_extender.core.filter import filter_nodes
-from scheduler_extender.core.scoring import score_nodes, to_extender_scores
-from scheduler_extender.gateway import GatewayError, Kind, Listing
+from scheduler_extender.gateway import Kind
 from scheduler_extender.objects import scheduled_pod
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
-from vgpu.catalog_file import CatalogFileError
+from tf_shell.catalog_file import CatalogFileError
+from tf_shell.kube.api import GatewayError, Listing
 from vgpu.contract import resolved as resolved_contract
 from vgpu.names import LABEL_ENABLED, Qos, SystemAnnotation
+from vgpu.scheduling.demand import demand_from_request
+from vgpu.scheduling.filter import filter_nodes
+from vgpu.scheduling.scoring import score_nodes, to_extender_scores
 
 
 @pytest.fixture

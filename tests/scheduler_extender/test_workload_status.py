@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.gateway import GatewayError, Kind, WatchEvent
+from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.objects import PodRecord, PodRef, WorkloadPod
 from scheduler_extender.status import Reserved, StatusKind, StatusWriter
@@ -18,6 +18,7 @@ from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_cache import allocated_pod
+from tf_shell.kube.api import GatewayError, WatchEvent
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import PLURAL_WORKLOAD, Qos
 

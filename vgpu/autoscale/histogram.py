@@ -1,21 +1,12 @@
 """Usage histograms in the style of the Kubernetes VPA recommender, with checkpoints a controller can store.
 
-The requests layer needs a percentile of usage over a long period (a day to two weeks) at a cost that
-does not grow with the samples: a week of 5-second samples is 120,960 of them per pod and resource.
-VPA's answer, copied here: a histogram with exponentially growing buckets (each 5 % wider than the
-last, so the error of a percentile is at most 5 %) whose samples decay — a sample's weight doubles
-every half-life, relative to a reference time, which is the same as older samples halving — so
-recent use counts more and the memory is fixed (176 buckets). Two kinds:
-
-* :class:`DecayingHistogram` — every sample, weighted (TFLOPS: VPA weights CPU samples by the
-  container's request, at least 0.1; :func:`sample_weight`);
-* :class:`PeakHistogram` — VRAM: one sample per interval, that interval's peak (VPA's memory
-  aggregation), because memory is sized by its peaks, not its average.
-
-Both keep how many samples they took and the first and last sample times, for the requests layer's
-confidence rule. ``to_checkpoint`` gives a plain JSON-able dict and ``from_checkpoint`` reads one back
-strictly (VPA keeps its histograms in VerticalPodAutoscalerCheckpoint objects; a controller restart
-must not forget a week of history). Values are in the domain's units: milli-TFLOPS and bytes.
+The requests layer needs a percentile of usage over a day to two weeks at a cost that does not grow
+with the samples, so samples go into fixed, exponentially growing buckets and decay (recent use counts
+more). :class:`DecayingHistogram` takes every TFLOPS sample, weighted (:func:`sample_weight`);
+:class:`PeakHistogram` takes one VRAM sample per interval, its peak. Both keep their sample count and
+first and last sample times (the confidence rule); ``to_checkpoint`` / ``from_checkpoint`` keep the
+history across a controller restart. Values are in milli-TFLOPS and bytes.
+Buckets, decay and weights: docs/autoscaling.md, section "The usage histograms".
 """
 
 from __future__ import annotations

@@ -3,20 +3,9 @@
 Each returns the value to set (TFLOPS in milli, VRAM in bytes, or replicas), a reason code for the
 workload's status conditions and events (``LimitsRaised``, ``AtMaxRatio``, ``WaitingForHistory``, …)
 and a message that says why in numbers. Nothing here reads a clock: ``now_s`` is passed in, as are the
-last change times, so a decision can be replayed. The rules (docs/autoscaling.md has the table):
-
-* missing samples never lower anything — no fresh sample means no change at all, and a lowering needs
-  a window whose samples are all (MIN_COVERAGE of them) there;
-* limits go up towards the window's peak × (1 + ``extraTFlopsBufferRatio``) — by the full
-  ``scaleUpStep`` when usage presses on the limit, since its true demand is then unknown — by at most
-  ``scaleUpStep`` of the limit per evaluation, never above ``maxRatioToRequests`` × request nor what the
-  GPU can hold; they come back down, never below the admitted limit, and ignore changes within
-  ``ignoredDeltaRange``;
-* requests go to the ``percentileForAutoRequests`` percentile × (1 + ``extraBufferRatio``), only once the
-  history covers a whole aggregation period, never above the limit nor the GPU, ignoring changes of
-  under REQUEST_CHANGE_THRESHOLD (VPA's updater);
-* replicas follow HPA's rule, ``ceil(replicas × usage ÷ target)`` outside HPA's tolerance, by at most one
-  step, after the cool-down, where the target is ``targetTFlopsOfLimits`` of the most a limit may reach.
+last change times, so a decision can be replayed. Missing samples never lower anything.
+The rules of each layer (MIN_COVERAGE, REQUEST_CHANGE_THRESHOLD, HPA's rule and tolerance):
+docs/autoscaling.md, section "How each layer decides".
 """
 
 from __future__ import annotations

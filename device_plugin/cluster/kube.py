@@ -1,0 +1,135 @@
+"""The real :class:`~device_plugin.cluster.gateway.KubeGateway`: the one device-plugin module importing ``kubernetes``.
+
+Every call goes through :mod:`tf_shell.kube.client` (raw JSON, the one error taxonomy, drained
+responses, no hidden retries), so the plugin reduces exactly what the API server sent, the same
+shape the fake gateway serves in tests. Every call blocks; callers run them in threads.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from kubernetes import client
+
+from tf_shell.kube.api import Listing, RawObject, WatchEvent
+from tf_shell.kube.client import CALL_TIMEOUT, WATCH_SLACK, api_client, call, drained, json_body, watch_events
+from vgpu.timefmt import rfc3339
+
+# (connect, read) seconds. Allocate waits on the pod LIST (and concurrent Allocates share it), so a
+# hung API server must turn into an error the allocator falls back from, quickly; other calls are
+# off the kubelet's path and may take the shared CALL_TIMEOUT.
+LIST_TIMEOUT: Final = (2.0, 5.0)
+EVENT_COMPONENT: Final = "tensor-fusion-device-plugin"
+_KINDS: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+
+
+def connect(kubeconfig: str | None) -> KubeApi:
+    """The gateway over the kubeconfig at that path, else in-cluster config, else ~/.kube/config."""
+    return KubeApi(api_client(kubeconfig))
+
+
+class KubeApi:
+    """KubeGateway over one ApiClient (thread-safe: the pod informer and the loop's worker threads share it)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._core = client.CoreV1Api(api)
+
+    def _node_pods(self, **options: Any) -> Any:
+        return self._core.list_pod_for_all_namespaces(_preload_content=False, **options)
+
+    def list_pods(self, node: str) -> Listing:
+        body = call(
+            f"list pods on node {node}",
+            lambda: json_body(self._node_pods(field_selector=f"spec.nodeName={node}", _request_timeout=LIST_TIMEOUT)),
+            LIST_TIMEOUT,
+        )
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return Listing(items=[i for i in body.get("items") or [] if isinstance(i, dict)], resource_version=rv)
+
+    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        what = f"watch pods on node {node}"
+        limit = (CALL_TIMEOUT[0], timeout_seconds + WATCH_SLACK)
+        response = call(
+            what,
+            lambda: self._node_pods(
+                field_selector=f"spec.nodeName={node}",
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                allow_watch_bookmarks=True,
+                _request_timeout=limit,
+            ),
+            limit,
+        )
+        for type_, obj in watch_events(response, what):
+            if type_ in _KINDS:
+                yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> RawObject:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        return call(
+            f"patch pod {namespace}/{name}",
+            lambda: json_body(
+                self._core.patch_namespaced_pod(
+                    name, namespace, body, _preload_content=False, _request_timeout=CALL_TIMEOUT
+                )
+            ),
+        )
+
+    def get_node(self, name: str) -> RawObject:
+        return call(
+            f"get node {name}",
+            lambda: json_body(self._core.read_node(name, _preload_content=False, _request_timeout=CALL_TIMEOUT)),
+        )
+
+    def patch_node(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+        body = {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}}
+        call(
+            f"patch node {name}",
+            lambda: drained(self._core.patch_node(name, body, _preload_content=False, _request_timeout=CALL_TIMEOUT)),
+        )
+
+    def patch_node_resources(self, name: str, resources: Mapping[str, str]) -> None:
+        body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
+        call(
+            f"patch node {name} status",
+            lambda: drained(
+                self._core.patch_node_status(name, body, _preload_content=False, _request_timeout=CALL_TIMEOUT)
+            ),
+        )
+
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+        call(
+            f"event on node {node}",
+            lambda: drained(
+                self._core.create_namespaced_event(
+                    "default",
+                    node_event(node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
+            ),
+        )
+
+
+def node_event(node: str, reason: str, message: str, *, warning: bool) -> RawObject:
+    """The Event posted about ``node``, in the ``default`` namespace."""
+    now = rfc3339(time.time())
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+        "reason": reason,
+        "message": message,
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": EVENT_COMPONENT, "host": node},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": node,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -1,0 +1,53 @@
+"""The one error rule of every Kubernetes call: API errors keep their status, 410 is Gone, no answer in time is a
+timeout, any other transport failure is a plain error naming the call."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
+
+from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError
+from tf_shell.kube.client import call
+
+
+def failing(exc: Exception) -> object:
+    def fn() -> object:
+        raise exc
+
+    return fn
+
+
+def test_an_api_error_keeps_its_status_and_the_servers_message() -> None:
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = '{"message": "pods is forbidden"}'
+    with pytest.raises(GatewayError, match=r"^list pods: HTTP 403 Forbidden: pods is forbidden$") as failed:
+        call("list pods", failing(exc))  # type: ignore[arg-type]
+    assert failed.value.status == 403
+
+
+def test_410_is_gone() -> None:
+    with pytest.raises(GoneError) as failed:
+        call("watch pods", failing(ApiException(status=410, reason="Gone")))  # type: ignore[arg-type]
+    assert failed.value.status == 410
+
+
+def test_no_answer_in_time_is_a_timeout_naming_the_limit() -> None:
+    stalled = MaxRetryError(None, "/api", ReadTimeoutError(None, "/api", "read timed out"))  # type: ignore[arg-type]
+    with pytest.raises(GatewayTimeout, match=r"get pod a/b: the API server did not answer within 1s to connect"):
+        call("get pod a/b", failing(stalled), (1.0, 3.0))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MaxRetryError(None, "/api", NewConnectionError(None, "Connection refused")),  # type: ignore[arg-type]
+        ProtocolError("Connection aborted."),
+        ConnectionResetError("reset by peer"),
+    ],
+    ids=["refused", "aborted", "reset"],
+)
+def test_other_transport_failures_are_plain_errors_without_a_status(exc: Exception) -> None:
+    with pytest.raises(GatewayError, match=r"^get node n1: ") as failed:
+        call("get node n1", failing(exc))  # type: ignore[arg-type]
+    assert not isinstance(failed.value, GatewayTimeout) and failed.value.status is None

@@ -1,0 +1,430 @@
+"""The admission decision on AdmissionReview payloads shaped as the API server sends them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tf_webhook import review
+from tf_webhook.decision import Decision, decide
+from vgpu.contract import resolved
+from vgpu.names import (
+    LABEL_ENABLED,
+    QOS_PRIORITY_VALUE,
+    RESOURCE_MILLI_TFLOPS,
+    RESOURCE_VGPU,
+    RESOURCE_VRAM,
+    SCHEDULER_NAME,
+    Annotation,
+    Qos,
+    SystemAnnotation,
+)
+
+from .builders import FakeCluster, apply_patch, decode_patch, default_pool, review_of, seed_review
+
+A = Annotation
+GI = 1024**3
+BASIC = {A.TFLOPS_REQUEST.value: "10", A.VRAM_REQUEST.value: "4Gi"}
+SEED_PROFILE = {"spec": {"gpuModel": "A100", "autoScalingConfig": {"autoSetLimits": {"enable": True}}}}
+
+
+def run(doc: dict[str, Any], cluster: FakeCluster | None = None) -> tuple[dict[str, Any], Decision]:
+    """AdmissionReview in, AdmissionReview response out (what the HTTP shell sends back)."""
+    req = review.parse(json.dumps(doc).encode())
+    decision = decide(req, cluster or FakeCluster())
+    out = review.respond(req.uid, decision.verdict)
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    assert out["response"]["uid"] == doc["request"]["uid"]
+    return out["response"], decision
+
+
+def patched_pod(doc: dict[str, Any], cluster: FakeCluster | None = None) -> dict[str, Any]:
+    response, _ = run(doc, cluster)
+    assert response["allowed"] is True, response
+    pod: dict[str, Any] = apply_patch(doc["request"]["object"], decode_patch(response))
+    return pod
+
+
+def denial(doc: dict[str, Any], cluster: FakeCluster | None = None) -> str:
+    response, decision = run(doc, cluster)
+    assert response["allowed"] is False and "patch" not in response
+    assert decision.upsert is None
+    message: str = response["status"]["message"]
+    return message
+
+
+def test_seed_pod_is_mutated_for_our_scheduler_and_device_plugin() -> None:
+    cluster = FakeCluster(profiles={("default", "default-profile"): SEED_PROFILE})
+    pod = patched_pod(seed_review(), cluster)
+    resources = pod["spec"]["containers"][0]["resources"]
+    ours = {RESOURCE_VGPU: "1", RESOURCE_MILLI_TFLOPS: "10000", RESOURCE_VRAM: str(4 * 1024**3)}
+    assert resources == {"requests": ours, "limits": ours}  # the shares: 10 TFLOPS and 4Gi, on the node
+    assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
+    assert pod["spec"]["priorityClassName"] == Qos.MEDIUM.priority_class
+    assert pod["spec"]["priority"] == QOS_PRIORITY_VALUE[Qos.MEDIUM]
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.tflops_request, got.tflops_limit, got.vram_request, got.vram_limit) == (10_000, 20_000, 4 * GI, 4 * GI)
+    assert (got.pool, got.containers, got.gpu_model, got.workload) == (
+        "default-pool",
+        ("python",),
+        "A100",  # from the WorkloadProfile the pod names
+        "pytorch-example",
+    )
+    assert pod["metadata"]["annotations"][A.TFLOPS_LIMIT] == "20"  # the tenant's own keys stay
+
+
+def test_generate_workload_asks_for_the_resolved_spec_to_be_written() -> None:
+    cluster = FakeCluster(profiles={("default", "default-profile"): SEED_PROFILE})
+    _, decision = run(seed_review(), cluster)
+    assert decision.upsert is not None
+    assert (decision.upsert.namespace, decision.upsert.name) == ("default", "pytorch-example")
+    spec = decision.upsert.spec
+    assert spec["resources"] == {"requests": {"tflops": "10", "vram": "4Gi"}, "limits": {"tflops": "20", "vram": "4Gi"}}
+    assert (spec["replicas"], spec["qos"], spec["gpuModel"], spec["isLocalGPU"]) == (1, "medium", "A100", True)
+    assert spec["standaloneWorkerMode"] is False
+    assert spec["autoScalingConfig"] == {"autoSetLimits": {"enable": True}}
+
+
+def test_standalone_worker_mode_travels_through_the_generated_workload() -> None:
+    local = {A.IS_LOCAL_GPU.value: "true", A.NO_STANDALONE_WORKER_MODE.value: "true", A.WORKLOAD.value: "w"}
+    _, decision = run(review_of({**BASIC, **local, A.GENERATE_WORKLOAD.value: "true"}))
+    assert decision.upsert is not None
+    assert decision.upsert.spec["standaloneWorkerMode"] is True
+    cluster = FakeCluster(workloads={("default", "w"): {"spec": decision.upsert.spec}})
+    pod = patched_pod(review_of({A.WORKLOAD.value: "w", A.GENERATE_WORKLOAD.value: "false"}), cluster)
+    assert resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]).no_standalone_worker_mode
+
+
+def test_namespace_comes_from_the_request_when_the_object_has_none() -> None:
+    doc = review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"})
+    doc["request"]["namespace"] = "team-a"
+    del doc["request"]["object"]["metadata"]["namespace"]
+    pod = patched_pod(doc, FakeCluster(profiles={("team-a", "p"): {"spec": {"gpuCount": 2}}}))
+    assert pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE_VGPU] == "2"
+
+
+@pytest.mark.parametrize("labels", [{}, {"app": "x"}, {LABEL_ENABLED: "false"}])
+def test_pods_not_opted_in_are_untouched(labels: dict[str, str]) -> None:
+    response, decision = run(review_of({A.TFLOPS_REQUEST.value: "nonsense"}, labels=labels))
+    assert response == {"uid": response["uid"], "allowed": True}
+    assert decision.upsert is None
+
+
+@pytest.mark.parametrize("value", ["True", "yes", "1", ""])
+def test_a_malformed_enabled_label_is_denied(value: str) -> None:
+    message = denial(review_of(BASIC, labels={LABEL_ENABLED: value}))
+    assert f"label {LABEL_ENABLED}" in message and '"true" or "false"' in message
+
+
+def test_every_bad_annotation_is_reported_with_what_is_accepted() -> None:
+    message = denial(review_of({A.TFLOPS_REQUEST.value: "ten", A.QOS.value: "urgent", A.GPU_COUNT.value: "0"}))
+    assert f"{A.TFLOPS_REQUEST} 'ten'" in message and "Kubernetes quantity" in message
+    assert f"{A.QOS} 'urgent': must be one of low, medium, high, critical" in message
+    assert f"{A.GPU_COUNT} '0': must be a whole number from 1 to 128" in message
+
+
+def test_request_above_limit_is_denied() -> None:
+    message = denial(review_of({A.TFLOPS_REQUEST.value: "30", A.TFLOPS_LIMIT.value: "20", A.VRAM_REQUEST.value: "1Gi"}))
+    assert "must not exceed the tflops limit" in message
+
+
+def test_missing_profile_is_a_clear_denial() -> None:
+    message = denial(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "nope"}))
+    assert message == f"{A.WORKLOAD_PROFILE} 'nope': WorkloadProfile default/nope not found; create it or fix the name"
+
+
+def test_invalid_profile_is_denied_naming_its_field() -> None:
+    cluster = FakeCluster(profiles={("default", "p"): {"spec": {"qos": "gold"}}})
+    message = denial(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), cluster)
+    assert "WorkloadProfile default/p spec.qos 'gold': must be one of" in message
+
+
+def test_a_malformed_auto_scaling_config_is_denied_naming_field_value_and_what_is_accepted() -> None:
+    auto = {"autoSetRequests": {"percentileForAutoRequests": "95", "aggregationPeriod": "1 day"}}
+    cluster = FakeCluster(profiles={("default", "p"): {"spec": {"autoScalingConfig": auto}}})
+    message = denial(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p", A.AUTO_REQUESTS.value: "true"}), cluster)
+    where = "WorkloadProfile default/p spec.autoScalingConfig.autoSetRequests"
+    assert (
+        f"{where}.percentileForAutoRequests '95': must be a ratio above 0 and at most 1, such as 0.8 or 80%" in message
+    )
+    assert f"{where}.aggregationPeriod '1 day': must be a duration above 0 and at most 365d" in message
+
+
+def test_missing_pool_is_denied_listing_known_pools() -> None:
+    message = denial(review_of({**BASIC, A.GPUPOOL.value: "fast"}))
+    assert f"{A.GPUPOOL} 'fast': no such GPU pool; known: default-pool" in message
+
+
+def test_no_pools_at_all_is_denied() -> None:
+    message = denial(review_of(BASIC), FakeCluster(pools=[]))
+    assert "no such GPU pool; known: none" in message
+
+
+def test_pool_defaults_fill_what_the_pod_leaves_out() -> None:
+    pools = [default_pool("shared", qos="high", gpuCount=2)]
+    pod = patched_pod(review_of(BASIC), FakeCluster(pools=pools))
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.pool, got.qos, got.gpu_count) == ("shared", Qos.HIGH, 2)
+    assert pod["spec"]["priorityClassName"] == "tensor-fusion-high" and pod["spec"]["priority"] == 10000
+
+
+def test_several_default_pools_need_an_explicit_choice() -> None:
+    cluster = FakeCluster(pools=[default_pool("a"), default_pool("b")])
+    assert "several GPUPools are marked default (a, b)" in denial(review_of(BASIC), cluster)
+    assert patched_pod(review_of({**BASIC, A.GPUPOOL.value: "b"}), cluster)
+
+
+def test_a_broken_pool_is_reported_only_to_its_pods() -> None:
+    cluster = FakeCluster(pools=[default_pool("good"), {"metadata": {"name": "bad"}, "spec": {"defaults": {"qos": 7}}}])
+    assert patched_pod(review_of(BASIC), cluster)
+    assert "GPUPool bad spec.defaults.qos" in denial(review_of({**BASIC, A.GPUPOOL.value: "bad"}), cluster)
+
+
+def test_existing_workload_spec_is_used_when_not_generating() -> None:
+    cluster = FakeCluster(workloads={("default", "w"): {"spec": {"resources": {"requests": {"tflops": "7"}}}}})
+    doc = review_of({A.WORKLOAD.value: "w", A.GENERATE_WORKLOAD.value: "false"})
+    pod = patched_pod(doc, cluster)
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.tflops_request, got.tflops_limit) == (7_000, 7_000)
+    assert run(doc, cluster)[1].upsert is None
+
+
+def test_missing_workload_is_denied_when_not_generating() -> None:
+    message = denial(review_of({**BASIC, A.WORKLOAD.value: "w", A.GENERATE_WORKLOAD.value: "false"}))
+    assert "TensorFusionWorkload default/w not found" in message
+
+
+def test_generate_workload_without_a_name_is_denied() -> None:
+    message = denial(review_of({**BASIC, A.GENERATE_WORKLOAD.value: "true"}))
+    assert f"{A.GENERATE_WORKLOAD} 'true': needs {A.WORKLOAD}" in message
+
+
+@pytest.mark.parametrize("key", [SystemAnnotation.ALLOCATION, SystemAnnotation.HANDOFF])
+def test_tenant_written_system_annotations_are_stripped(key: SystemAnnotation) -> None:
+    response, _ = run(review_of({**BASIC, key.value: '{"version":"v1","gpus":["GPU-stolen"]}'}))
+    pod = apply_patch(review_of(BASIC)["request"]["object"], decode_patch(response))
+    assert key.value not in pod["metadata"]["annotations"]
+    assert any(key.value in w for w in response["warnings"])
+
+
+def test_tenant_written_resolved_request_is_replaced_by_the_derived_one() -> None:
+    forged = '{"version":"v1","gpuCount":8}'
+    pod = patched_pod(review_of({**BASIC, SystemAnnotation.RESOLVED_REQUEST.value: forged}))
+    value = pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    assert value != forged and resolved.decode(value).gpu_count == 1
+
+
+def test_forged_annotation_does_not_hide_a_denial() -> None:
+    doc = review_of({A.QOS.value: "x", SystemAnnotation.ALLOCATION.value: "{}"})
+    response, _ = run(doc)
+    assert response["allowed"] is False and response["warnings"]
+
+
+def test_a_chosen_priority_class_is_kept() -> None:
+    pod = patched_pod(review_of(BASIC, spec={"priorityClassName": "batch", "priority": 5}))
+    assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == ("batch", 5)
+
+
+def test_only_inject_containers_get_the_vgpu_resource() -> None:
+    sidecar_res = {"limits": {RESOURCE_VGPU: "4", "cpu": "1"}, "requests": {"cpu": "1"}}
+    doc = review_of({**BASIC, A.INJECT_CONTAINER.value: "python"}, containers=("python", "sidecar"))
+    doc["request"]["object"]["spec"]["containers"][1]["resources"] = sidecar_res
+    doc["request"]["object"]["spec"]["containers"][0]["resources"] = {"limits": {"memory": "1Gi"}}
+    response, _ = run(doc)
+    pod = apply_patch(doc["request"]["object"], decode_patch(response))
+    python, sidecar = pod["spec"]["containers"]
+    ours = {RESOURCE_VGPU: "1", RESOURCE_MILLI_TFLOPS: "10000", RESOURCE_VRAM: str(4 * 1024**3)}
+    assert python["resources"] == {"limits": {"memory": "1Gi", **ours}, "requests": ours}
+    assert sidecar["resources"] == {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}
+    assert any("sidecar" in w for w in response["warnings"])
+
+
+def test_multi_container_pod_without_inject_container_is_denied() -> None:
+    message = denial(review_of(BASIC, containers=("a", "b")))
+    assert f"{A.INJECT_CONTAINER}: required when the pod has several containers; choose from a, b" in message
+
+
+def test_pod_without_containers_is_denied() -> None:
+    assert "no containers" in denial(review_of(BASIC, containers=()))
+
+
+def test_cluster_read_failure_is_a_retryable_denial() -> None:
+    response, _ = run(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), FakeCluster(down=True))
+    assert response["allowed"] is False and response["status"]["code"] == 503
+    assert response["status"]["reason"] == "ServiceUnavailable"
+    assert "try again" in response["status"]["message"]
+
+
+# metav1.StatusReason for each HTTP code (k8s.io/apimachinery/pkg/apis/meta/v1/types.go).
+STATUS_REASON = {400: "BadRequest", 500: "InternalError", 503: "ServiceUnavailable"}
+
+
+@pytest.mark.parametrize("kind", list(review.Denial), ids=lambda d: d.name)
+def test_every_denial_goes_out_with_the_status_reason_of_its_code(kind: review.Denial) -> None:
+    status = review.respond("u", review.deny("no", denial=kind))["response"]["status"]
+    assert (status["code"], status["reason"]) == (kind.code, STATUS_REASON[kind.code])
+
+
+@pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
+def test_only_create_is_mutated(operation: str) -> None:
+    response, _ = run(review_of({A.QOS.value: "bogus"}, operation=operation))
+    assert response["allowed"] is True and "patch" not in response
+
+
+def test_patching_twice_changes_nothing_more() -> None:
+    doc = seed_review()
+    cluster = FakeCluster(profiles={("default", "default-profile"): SEED_PROFILE})
+    once = patched_pod(doc, cluster)
+    doc["request"]["object"] = once
+    assert patched_pod(doc, cluster) == once
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "problem"),
+    [
+        ("labels", {LABEL_ENABLED: 1}, "metadata.labels must map strings to strings"),
+        ("containers", ["python"], "spec.containers must be a list of objects"),
+    ],
+)
+def test_an_unreadable_pod_is_denied_as_malformed(where: str, value: Any, problem: str) -> None:
+    doc = review_of(BASIC)
+    obj = doc["request"]["object"]
+    (obj["metadata"] if where == "labels" else obj["spec"])[where] = value
+    assert denial(doc) == f"malformed pod: {problem}"
+
+
+def test_a_gpu_pod_that_names_its_node_is_denied_and_a_plain_one_is_not_ours_to_judge() -> None:
+    # A preset nodeName skips the scheduler and its grant: the kubelet would admit the pod beside a
+    # pod in hand-off, and its Allocate could not be told apart from that pod's.
+    message = denial(review_of(BASIC, spec={"nodeName": "gpu-node-1"}))
+    assert message == (
+        "spec.nodeName 'gpu-node-1': a tensor-fusion pod is placed by the tensor-fusion scheduler, which grants "
+        "its GPU share at bind; remove spec.nodeName and pin the pod with spec.nodeSelector, node affinity or "
+        "tensor-fusion.ai/gpupool instead (static pods cannot use tensor-fusion GPUs)"
+    )
+    response, _ = run(review_of(BASIC, labels={"app": "x"}, spec={"nodeName": "gpu-node-1"}))
+    assert response["allowed"] is True and "patch" not in response
+    assert patched_pod(review_of(BASIC, spec={"nodeName": ""}))["spec"]["schedulerName"] == SCHEDULER_NAME
+
+
+def test_accepted_values_nothing_acts_on_are_named_in_warnings() -> None:
+    # Never silence: replicas (without auto-replicas) and standaloneWorkerMode are stored but not acted on;
+    # the autoscaling layers are acted on by the autoscaler, so auto-limits warns no more.
+    annotations = {
+        **BASIC,
+        A.AUTO_LIMITS.value: "true",
+        A.AUTO_REPLICAS.value: "false",
+        A.REPLICAS.value: "3",
+        A.IS_LOCAL_GPU.value: "true",
+        A.NO_STANDALONE_WORKER_MODE.value: "true",
+    }
+    response, _ = run(review_of(annotations))
+    assert response["allowed"] is True
+    unkept = [w for w in response["warnings"] if "not acted on" in w or "recorded" in w]
+    assert unkept == [
+        "tensor-fusion.ai/replicas / replicas '3': recorded on the TensorFusionWorkload only; it creates and "
+        "scales no pods (the owning Deployment or StatefulSet's replicas decide). With "
+        "tensor-fusion.ai/auto-replicas it is the fewest replicas the autoscaler keeps",
+        "tensor-fusion.ai/no-standalone-worker-mode / standaloneWorkerMode: recorded only; every pod uses its "
+        "granted GPU from its own containers (there is no separate worker to run or skip)",
+    ]
+    quiet, _ = run(review_of(BASIC))
+    assert not [w for w in quiet.get("warnings") or [] if "not acted on" in w or "recorded" in w]
+    # With auto-replicas, replicas is the HPA's minimum: acted on, not warned about.
+    scaled, _ = run(review_of({**BASIC, A.AUTO_REPLICAS.value: "true", A.REPLICAS.value: "3"}))
+    assert not [w for w in scaled.get("warnings") or [] if "recorded" in w]
+
+
+def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
+    profile = {"spec": {"autoScalingConfig": {"autoSetRequests": {"enable": False, "prediction": {"enable": True}}}}}
+    cluster = FakeCluster(profiles={("default", "predicting"): profile})
+    response, _ = run(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "predicting"}), cluster)
+    assert response["allowed"] is True
+    assert [w for w in response["warnings"] if "prediction" in w] == [
+        "autoScalingConfig.autoSetRequests.prediction.enable: accepted but not implemented: no usage prediction is "
+        "made (decisions use measured usage only)"
+    ]
+
+
+NVIDIA = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("existing", "added"),
+    [
+        (None, [NVIDIA]),
+        ([{"key": "other", "operator": "Exists"}], [NVIDIA]),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists"}], []),  # any effect covers NoSchedule
+        ([{"operator": "Exists"}], []),  # tolerates every taint
+        ([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}], [NVIDIA]),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}], [NVIDIA]),
+    ],
+    ids=["none", "other-key", "same-key-any-effect", "everything", "one-value-only", "other-effect"],
+)
+def test_gpu_pods_tolerate_the_gpu_nodes_taint_unless_they_already_do(
+    existing: list[dict[str, str]] | None, added: list[dict[str, str]]
+) -> None:
+    def review_with(labels: dict[str, str] | None) -> review.ReviewRequest:
+        doc = review_of(BASIC, labels=labels)
+        pod_spec = doc["request"]["object"]["spec"]
+        pod_spec.pop("tolerations", None)
+        if existing is not None:
+            pod_spec["tolerations"] = existing
+        return review.parse(json.dumps(doc).encode())
+
+    req = review_with(None)
+    response = review.respond(req.uid, decide(req, FakeCluster(), [NVIDIA]).verdict)["response"]
+    pod = apply_patch(req.object, decode_patch(response))
+    assert pod["spec"].get("tolerations", []) == (existing or []) + added
+    plain = review_with({"app": "x"})
+    assert not decide(plain, FakeCluster(), [NVIDIA]).verdict.patch  # not a GPU pod: untouched
+
+
+def _workload_recommending(requests: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {}, "status": {"autoScaling": {"requests": requests}}}
+
+
+def test_auto_requests_admits_new_pods_with_the_workloads_recommendation_and_says_so() -> None:
+    cluster = FakeCluster(
+        workloads={("default", "train"): _workload_recommending({"tflopsRequest": "23", "vramRequest": "6Gi"})}
+    )
+    annotations = {**BASIC, A.WORKLOAD.value: "train", A.AUTO_REQUESTS.value: "true", A.TFLOPS_LIMIT.value: "20"}
+    response, _ = run(review_of(annotations), cluster)
+    pod = patched_pod(review_of(annotations), cluster)
+    req = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    # The request is the recommendation; a limit below it is raised to it (20 → 23), VRAM's limit too.
+    assert (req.tflops_request, req.tflops_limit) == (23_000, 23_000)
+    assert (req.vram_request, req.vram_limit) == (6 * 1024**3, 6 * 1024**3)
+    assert req.auto_requests == (
+        "TensorFusionWorkload default/train status.autoScaling.requests (autoSetRequests): "
+        "tflops request 10 → 23, vram request 4Gi → 6Gi"
+    )
+    assert [w for w in response["warnings"] if w.startswith("requests set by")] == [
+        f"requests set by {req.auto_requests}"
+    ]
+
+
+def test_auto_requests_changes_nothing_without_a_recommendation_or_outside_its_target() -> None:
+    waiting = FakeCluster(workloads={("default", "train"): _workload_recommending({"reason": "WaitingForHistory"})})
+    annotations = {**BASIC, A.WORKLOAD.value: "train", A.AUTO_REQUESTS.value: "true"}
+    req = resolved.decode(
+        patched_pod(review_of(annotations), waiting)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)
+    # The layer off: the recommendation is not used.
+    recommending = FakeCluster(workloads={("default", "train"): _workload_recommending({"tflopsRequest": "23"})})
+    off = {**BASIC, A.WORKLOAD.value: "train"}
+    req = resolved.decode(
+        patched_pod(review_of(off), recommending)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)
+    # targetResource vram: the TFLOPS recommendation is left alone.
+    profile = {"spec": {"autoScalingConfig": {"autoSetRequests": {"enable": True, "targetResource": "vram"}}}}
+    recommending.profiles[("default", "p")] = profile
+    vram_only = {**BASIC, A.WORKLOAD.value: "train", A.WORKLOAD_PROFILE.value: "p"}
+    req = resolved.decode(
+        patched_pod(review_of(vram_only), recommending)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    )
+    assert (req.tflops_request, req.auto_requests) == (10_000, None)

@@ -1,0 +1,160 @@
+"""The one way the project calls the Kubernetes API: an ApiClient, timeouts, errors, raw JSON, drained responses.
+
+Every program's adapter (the extender's gateway, the webhook's reads, the device plugin's calls,
+tf-metrics' and tfctl's reads) makes its calls through :func:`call`, so all of them share one rule:
+responses are raw JSON (``_preload_content=False``), never the client's models; every failure becomes
+the :mod:`tf_shell.kube.api` taxonomy with its HTTP status; a response whose body is not needed is
+read to its end and released (or its connection never returns to the pool); urllib3's own retries
+are off, because every caller retries in its own loop and a hidden retry multiplies a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, RawObject
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+# (connect, read) seconds for single calls; a watch reads for its own timeout plus this slack.
+CALL_TIMEOUT: Final = (5.0, 15.0)
+LIST_TIMEOUT: Final = (5.0, 120.0)  # a LIST of every pod in a big cluster takes a while to read
+WATCH_SLACK: Final = 30.0
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"  # the label tying an EndpointSlice to its Service
+RAW: Final[dict[str, Any]] = {"_preload_content": False, "_request_timeout": CALL_TIMEOUT}
+SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+T = TypeVar("T")
+
+
+def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
+    """An ApiClient from the kubeconfig at that path, else in-cluster config, else ~/.kube/config."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = pool_size
+    configuration.retries = 0
+    return client.ApiClient(configuration)
+
+
+def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The pod's namespace, from its service account; 'default' outside a pod."""
+    try:
+        return path.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def call(what: str, fn: Callable[[], T], timeout: float | tuple[float, float] = CALL_TIMEOUT) -> T:
+    """``fn()``, its failure as :class:`GatewayError` (410: :class:`GoneError`; no answer within ``timeout``:
+    :class:`GatewayTimeout`) naming ``what`` and the HTTP status."""
+    try:
+        return fn()
+    except ApiException as exc:
+        if exc.status == 410:
+            raise GoneError(f"{what}: {exc.reason}") from None
+        raise GatewayError(f"{what}: HTTP {exc.status} {exc.reason}: {_message(exc)}", exc.status) from None
+    except (HTTPError, OSError) as exc:
+        cause = exc.reason if isinstance(exc, MaxRetryError) else exc
+        # urllib3 makes a refused connection a kind of connect timeout; it is not one: nothing was sent.
+        if isinstance(cause, Urllib3Timeout | TimeoutError) and not isinstance(cause, NewConnectionError):
+            raise GatewayTimeout(
+                f"{what}: the API server did not answer within {_seconds(timeout)} (stalled?)"
+            ) from None
+        raise GatewayError(f"{what}: {exc.__class__.__name__}: {exc}") from None
+
+
+def _seconds(timeout: float | tuple[float, float]) -> str:
+    if isinstance(timeout, tuple):
+        return f"{timeout[0]:g}s to connect and {timeout[1]:g}s to read"
+    return f"{timeout:.1f}s"
+
+
+def drained(response: Any) -> None:
+    """Read the rest of a response whose body is not needed and give its connection back to the pool."""
+    try:
+        response.drain_conn()
+    finally:
+        response.release_conn()
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.body or "")[:200]
+    return str(body.get("message") or "") if isinstance(body, dict) else ""
+
+
+def json_body(response: Any) -> RawObject:
+    data = json.loads(response.data)
+    if not isinstance(data, dict):
+        raise GatewayError(f"unexpected response: {str(data)[:100]}")
+    return data
+
+
+def absent_is_none(what: str, read: Callable[[], Any]) -> RawObject | None:
+    try:
+        return call(what, lambda: json_body(read()))
+    except GatewayError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def items(what: str, lister: Callable[[], Any]) -> list[RawObject]:
+    body = call(what, lambda: json_body(lister()), LIST_TIMEOUT)
+    return [i for i in body.get("items") or [] if isinstance(i, dict)]
+
+
+def upsert(
+    what: str,
+    body: RawObject,
+    *,
+    create: Callable[[RawObject], Any],
+    read: Callable[[str], Any],
+    replace: Callable[[str, RawObject], Any],
+) -> None:
+    """Create ``body``; when one of its name exists, replace it at the resourceVersion just read (a 409 from
+    a concurrent writer surfaces: the caller's next pass retries)."""
+    try:
+        call(f"create {what}", lambda: drained(create(body)))
+        return
+    except GatewayError as exc:
+        if exc.status != 409:
+            raise
+    name = str(body["metadata"]["name"])
+    current = call(f"get {what}", lambda: json_body(read(name)))
+    replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+    call(f"replace {what}", lambda: drained(replace(name, replaced)))
+
+
+def watch_events(response: Any, what: str) -> Iterator[tuple[str, RawObject]]:
+    """The (type, object) events of a watch response, line by line; ``ERROR`` events raise (:class:`GoneError`
+    on 410), transport failures become :class:`GatewayError`, and the connection is released at the end."""
+    try:
+        for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise GoneError(str(obj.get("message") or "resourceVersion too old"))
+                raise GatewayError(f"{what}: {obj.get('message')}", obj.get("code"))
+            yield str(kind), obj
+    except (HTTPError, OSError, ValueError) as exc:
+        raise GatewayError(f"{what}: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        response.release_conn()

@@ -1,0 +1,108 @@
+"""From a policy's raw per-node scores to what kube-scheduler accepts, plus the cross-policy terms.
+
+Policies score in fine-grained floats; kube-scheduler's extender protocol only takes integers
+0–10 (``MaxExtenderPriority``), added as ``Score × weight × 10`` to the in-tree plugin total. So:
+:func:`score_nodes` collects raw scores (the policy's base in [0, 1] plus additive terms that hold
+for every policy — local-GPU affinity and an optional smaller-model preference), then
+:func:`to_extender_scores` stretches them min–max onto 0–10, and :func:`top_nodes` lets the
+filter keep only the best nodes when 11 buckets are too coarse to pick a winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from math import floor
+
+from vgpu.catalog import Catalog
+from vgpu.scheduling.fit import ModelMatcher, check_node, eligible_node
+from vgpu.scheduling.model import Demand, Snapshot
+from vgpu.scheduling.policy import Policy, scores_by_state
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreTerms:
+    """Additive terms on top of the policy's base score (which lives in [0, 1]).
+
+    ``locality`` is added on nodes where the pod's workload already holds GPUs, when the pod asks
+    for a local GPU; 1.0 makes any such node beat any other. ``smaller_model`` × (1 − the node's
+    largest eligible GPU TFLOPS / the largest among the scored nodes) prefers the smallest (usually
+    cheapest) model that fits; 0 turns it off.
+    """
+
+    locality: float = 1.0
+    smaller_model: float = 0.0
+
+
+def score_nodes(
+    demand: Demand,
+    snapshot: Snapshot,
+    node_names: Iterable[str],
+    policy: Policy,
+    catalog: Catalog,
+    terms: ScoreTerms = ScoreTerms(),
+    *,
+    passed: bool = False,
+) -> dict[str, float]:
+    """Raw scores (higher is better) of the offered nodes that can take the demand now; others are absent.
+
+    ``passed``: the caller's filter already found each of these node states able to take the demand,
+    so the fit check, the costliest part of a cold decision, is not run a second time. A policy that
+    scores by state alone (:func:`~vgpu.scheduling.policy.scores_by_state`) scores each node
+    state once; the locality term, which depends on the node's name, is added per node.
+    """
+    match = ModelMatcher(catalog, demand.gpu_model)
+    local: frozenset[str] = frozenset()
+    if demand.is_local_gpu and demand.workload is not None:
+        local = snapshot.workload_nodes.get(demand.workload, frozenset())
+    nodes = snapshot.nodes
+    raw: dict[str, float] = {}
+    largest: dict[str, int] = {}
+    policy_score = policy.score
+    by_state: dict[int, float] | None = {} if scores_by_state(policy) and not terms.smaller_model else None
+    for name in node_names:  # every offered node on a cold decision: the common case inline
+        node = nodes.get(name)
+        if node is None or name in raw or (not passed and check_node(demand, node, match) is not None):
+            continue
+        known = None if by_state is None else by_state.get(node.state())
+        if known is not None:
+            score = known
+        else:
+            totals = node.totals()
+            view = node if totals.all_healthy and match.every(totals.models) else eligible_node(demand, node, match)
+            score = policy_score(demand, view)
+            if by_state is not None:
+                by_state[node.state()] = score
+        if local and name in local:
+            score += terms.locality
+        raw[name] = score
+        if terms.smaller_model:
+            largest[name] = max(g.tflops for g in view.gpus)
+    if largest:
+        top = max(largest.values())
+        for name, tflops in largest.items():
+            raw[name] += terms.smaller_model * (1.0 - tflops / top if top else 0.0)
+    return raw
+
+
+def to_extender_scores(raw: Mapping[str, float]) -> dict[str, int]:
+    """Min–max onto kube-scheduler's integer 0–10: the best node gets 10, the worst 0, all equal all 10."""
+    if not raw:
+        return {}
+    low, high = min(raw.values()), max(raw.values())
+    if high <= low:
+        return dict.fromkeys(raw, MAX_EXTENDER_PRIORITY)
+    span = high - low
+    return {name: floor(MAX_EXTENDER_PRIORITY * (s - low) / span + 0.5) for name, s in raw.items()}
+
+
+def top_nodes(raw: Mapping[str, float], keep: int) -> tuple[str, ...]:
+    """The ``keep`` best-scored node names, best first (ties broken by name, for determinism)."""
+    if keep <= 0 or not raw:
+        return ()
+    if keep == 1:  # prioritize's case, every call: two linear passes instead of sorting every node
+        best = max(raw.values())
+        return (min([name for name, score in raw.items() if score == best]),)
+    return tuple(sorted(raw, key=lambda name: (-raw[name], name))[:keep])
