@@ -135,6 +135,15 @@ def test_merging_is_adding_every_sample_to_one_histogram(a: list[Any], b: list[A
         assert abs(B.find(merged.percentile(p)) - B.find(together.percentile(p))) <= 1
 
 
+def test_merging_keeps_a_weight_too_light_to_widen_the_others_range() -> None:
+    # Hypothesis' example: in ``b`` the old sample (14 half-lives back) is lighter than EPSILON, so b's range
+    # ends before its bucket; in the merged histogram that bucket lies inside the range and must weigh in.
+    a, b = [(316.0, 1.0, 50400.0)], [(0.0, 1.0, 50400.0), (100.0, 1.0, 0.0)]
+    merged = filled(a)
+    merged.merge(filled(b))
+    assert merged.percentile(0.5) == filled(a + b).percentile(0.5) == B.start(2)
+
+
 def test_only_histograms_of_one_kind_merge() -> None:
     with pytest.raises(ValueError, match="same buckets and half-life"):
         tflops_history(HOUR).merge(tflops_history(2 * HOUR))

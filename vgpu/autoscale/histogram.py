@@ -160,8 +160,11 @@ class DecayingHistogram:
             self._shift(other._reference_s)
         assert self._reference_s is not None
         factor = math.exp2((other._reference_s - self._reference_s) / self.half_life_s)
-        for bucket in range(other._min, other._max + 1):
-            self._weights[bucket] += other._weights[bucket] * factor
+        # Every bucket, not only other's [min, max]: a bucket lighter than EPSILON outside that range still
+        # weighs in the total, and may fall inside this histogram's range.
+        for bucket, weight in enumerate(other._weights):
+            if weight:
+                self._weights[bucket] += weight * factor
         self._total += other._total * factor
         self._min, self._max = min(self._min, other._min), max(self._max, other._max)
         self._narrow()
