@@ -45,7 +45,8 @@ def boolean(key: str, raw: str, errors: list[FieldError]) -> bool | None:
 
 def integer(key: str, raw: str, low: int, high: int, errors: list[FieldError]) -> int | None:
     text = raw.strip()
-    if text.lstrip("+").isdigit() and len(text) <= 12 and low <= int(text) <= high:
+    digits = text.lstrip("+")  # ASCII only: "²" is a digit to str.isdigit, and int() refuses it
+    if digits.isascii() and digits.isdigit() and len(text) <= 12 and low <= int(text) <= high:
         return int(text)
     errors.append(FieldError(key, shown(raw), f"must be a whole number from {low} to {high}"))
     return None

@@ -37,6 +37,8 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("qos", {**OK, f"{P}qos": "urgent"}, ("python",), "tensor-fusion.ai/qos 'urgent': must be one of low, medium, high, critical"),
     ("gpu-count zero", {**OK, f"{P}gpu-count": "0"}, ("python",), "tensor-fusion.ai/gpu-count '0': must be a whole number from 1 to 128"),
     ("gpu-count text", {**OK, f"{P}gpu-count": "two"}, ("python",), "tensor-fusion.ai/gpu-count 'two': must be a whole number from 1 to 128"),
+    ("gpu-count superscript", {**OK, f"{P}gpu-count": "²"}, ("python",), "tensor-fusion.ai/gpu-count '²': must be a whole number from 1 to 128"),
+    ("gpu-count arabic-indic", {**OK, f"{P}gpu-count": "٣"}, ("python",), "tensor-fusion.ai/gpu-count '٣': must be a whole number from 1 to 128"),
     ("gpu-count huge", {**OK, f"{P}gpu-count": "129"}, ("python",), "tensor-fusion.ai/gpu-count '129': must be a whole number from 1 to 128"),
     ("replicas", {**OK, f"{P}replicas": "-1"}, ("python",), "tensor-fusion.ai/replicas '-1': must be a whole number from 0 to 1000000"),
     ("boolean", {**OK, f"{P}is-local-gpu": "yes"}, ("python",), 'tensor-fusion.ai/is-local-gpu \'yes\': must be "true" or "false"'),
