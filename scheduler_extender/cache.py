@@ -36,7 +36,7 @@ from scheduler_extender.objects import (
 from tf_shell.kube.api import RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
-from vgpu.scheduling.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal
+from vgpu.scheduling.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal, held_vram
 from vgpu.scheduling.model import NodeState, Snapshot, workload_key
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,12 @@ class ClusterCache:
         (no expiry) until :meth:`commit`, or until the watch delivers the allocation written for it. Also
         how a resize is undone (the old grants, over the hold). Returns what the ledger then counts on the
         node per pod UID (for the write-then-list check), or None, changing nothing, when it does not fit or
-        the pod holds no allocation (or only a filter's guess) here."""
+        the pod holds no allocation (or only a filter's guess) here.
+
+        A change that holds no more VRAM on any GPU than the entry did (a lowered limit, a TFLOPS change) is
+        never refused for VRAM limits: on a GPU that written allocations already over-commit by their limits
+        it makes things no worse, and refusing it would keep the over-commitment. Its slots are the entry's
+        own, so they are counted as they were."""
         with self.lock:
             key = ref.key
             entry, node = self._entry(key), self._entry_node.get(key)
@@ -283,11 +288,23 @@ class ClusterCache:
                 return None
             if key in self._tentative:
                 return None
+            old = {g.uuid: held_vram(g) for g in entry.grants}
+            grows = any(held_vram(g) > old.get(g.uuid, 0) for g in grants)
             try:
                 ledger = (
                     self._ledger(node)
                     .release(key)
-                    .reserve(key, base, grants, None, whole=entry.whole, qos=entry.qos, slots=entry.slots)
+                    .reserve(
+                        key,
+                        base,
+                        grants,
+                        None,
+                        whole=entry.whole,
+                        qos=entry.qos,
+                        slots=entry.slots,
+                        past_slices=True,
+                        past_limits=not grows,
+                    )
                 )
             except LedgerRefusal:
                 return None
@@ -547,7 +564,11 @@ class ClusterCache:
             self._account(record)
 
     def _account(self, record: PodRecord) -> None:
-        """Enter a pod's allocation annotation into the ledger as committed."""
+        """Enter a pod's allocation annotation into the ledger as committed. A written allocation is counted
+        even past a GPU's slices, and past its memory by its VRAM limits (only its requests must fit): one
+        written before limits were held, or a limit another replica raised while this one's bind holds the
+        room (whichever of the two writers lists the node's allocations last backs off: binder.py,
+        autoscaler/resize.py). Counted, it leaves no room there until it goes; refused, none of it would count."""
         alloc = record.allocation
         assert alloc is not None
         key, uid = record.ref.key, record.ref.uid
@@ -564,7 +585,9 @@ class ClusterCache:
         try:
             ledger = (
                 self._ledger(alloc.node)
-                .reserve(key, base, alloc.gpus, None, qos=alloc.qos, slots=record.slots, past_slices=True)
+                .reserve(
+                    key, base, alloc.gpus, None, qos=alloc.qos, slots=record.slots, past_slices=True, past_limits=True
+                )
                 .commit(key)
             )
         except LedgerRefusal:
@@ -574,7 +597,16 @@ class ClusterCache:
             try:
                 ledger = (
                     self._ledger(alloc.node)
-                    .reserve(key, base, alloc.gpus, None, qos=alloc.qos, slots=record.slots, past_slices=True)
+                    .reserve(
+                        key,
+                        base,
+                        alloc.gpus,
+                        None,
+                        qos=alloc.qos,
+                        slots=record.slots,
+                        past_slices=True,
+                        past_limits=True,
+                    )
                     .commit(key)
                 )
             except LedgerRefusal as refusal:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from scheduler_extender.autoscaler import checkpoints, hpa
 from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
 from scheduler_extender.autoscaler.report import autoscaling_status
-from scheduler_extender.autoscaler.resize import RequestResizer, read_allocation
+from scheduler_extender.autoscaler.resize import InPlace, RequestResizer
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import KubeGateway
@@ -34,10 +34,9 @@ from tf_shell.kube.api import GatewayError
 from tf_shell.usage_feed import UsageFeed
 from vgpu import metric_names
 from vgpu.autoscale.evaluate import Autoscaler, Evaluation, LimitDecision, WorkloadKey, samples_of
-from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import PodAllocation
 from vgpu.contract.usage import NodeUsage
-from vgpu.names import AUTOSCALING_CONDITIONS, SystemAnnotation
+from vgpu.names import AUTOSCALING_CONDITIONS
 from vgpu.timefmt import rfc3339
 from vgpu.usage_samples import sampled
 
@@ -100,6 +99,7 @@ class AutoscalerController:
         self._resizer = RequestResizer(
             gateway, cache, events, lambda result: self.writes.labels("requests", result).inc()
         )
+        self._in_place = InPlace(gateway, cache)
 
     # --- the pass ----------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -185,33 +185,23 @@ class AutoscalerController:
                 self._last_changes.setdefault(key, {})["limits"] = rfc3339(now)
 
     def _write_limits(self, namespace: str, name: str, changes: list[LimitDecision]) -> bool:
+        """Change the pod's limits as decided, through the ledger like a bind (``InPlace``): a raised VRAM
+        limit is held on the GPU, so it is judged against what the ledger holds *now* (a pod placed there
+        since the decision) under the cache's lock, written conditional on the pod's resourceVersion, and
+        checked against the node's allocations listed after the write (another replica's placement)."""
         ref = PodRef(namespace=namespace, name=name, uid=changes[0].pod_uid)
-        try:
-            read = read_allocation(self._gateway, ref)
-        except GatewayError as exc:
-            self.writes.labels("limits", "api-error").inc()
-            log.warning("autoscaler: cannot read pod %s/%s to change its limits: %s", namespace, name, exc)
-            return False
-        if read is None:
-            return False
-        current, version = read
+        record = self._cache.record(ref.uid)
+        current = None if record is None or record.terminal or record.deleting else record.allocation
+        if current is None:
+            return False  # gone since the decision
         updated = _with_limits(current, changes)
         if updated is None:  # the allocation moved since the decision: decide again next pass
             self.writes.labels("limits", "stale").inc()
             return False
-        try:
-            self._gateway.patch_pod_annotations(
-                namespace,
-                name,
-                current.pod_uid,
-                {SystemAnnotation.ALLOCATION: allocation_contract.encode(updated)},
-                resource_version=version,
-            )
-        except GatewayError as exc:
-            self.writes.labels("limits", "conflict" if exc.status == 409 else "api-error").inc()
-            log.info("autoscaler: limits of pod %s/%s not changed this pass: %s", namespace, name, exc)
+        outcome = self._in_place.change(ref, current, updated, "limits")
+        self.writes.labels("limits", outcome).inc()
+        if outcome != "ok":
             return False
-        self.writes.labels("limits", "ok").inc()
         for d in changes:
             for decision in (d.tflops, d.vram):
                 if decision.changed:

@@ -4,8 +4,9 @@ A workload is autoscaled while one of its live pods' resolved requests enables a
 ``autoScalingConfig`` or the pod's ``auto-*`` annotations, merged by the webhook). Its config, requests and
 controller are its newest pod's — after a rollout that changed the profile, the new pods speak for it.
 Each placed pod brings its grants, with what its GPUs could hold for it: the GPU's TFLOPS, and its memory
-less what the other pods there reserve (the ledger's figure), so a raise never promises memory another
-pod holds.
+with what the other pods there hold (the ledger's figure: each the larger of its VRAM request and limit), so
+a raise never promises memory another pod may allocate. The decision is a proposal: the write is judged again
+against the ledger under the cache's lock (``resize.py``), since a pod may be placed there in between.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from scheduler_extender.objects import OwnerRef, PodRecord
 from vgpu.autoscale.config import AutoScalingConfig, parse
 from vgpu.autoscale.evaluate import Grant, Member, Workload, WorkloadKey
 from vgpu.errors import DomainError
+from vgpu.scheduling.ledger import held_vram
 from vgpu.scheduling.model import GpuState, NodeState
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,8 @@ def _member(r: PodRecord, gpus: Mapping[str, GpuState]) -> Member:
                 vram_request=g.vram_request,
                 vram_limit=g.vram_limit,
                 tflops_capacity=g.gpu_tflops,
-                vram_capacity=_vram_room(gpus.get(g.uuid), g.vram_request, g.vram_limit),
+                vram_capacity=_vram_capacity(gpus.get(g.uuid), held_vram(g)),
+                vram_others=_vram_others(gpus.get(g.uuid), held_vram(g)),
             )
             for g in r.allocation.gpus
         )
@@ -111,8 +114,12 @@ def _member(r: PodRecord, gpus: Mapping[str, GpuState]) -> Member:
     )
 
 
-def _vram_room(gpu: GpuState | None, own_request: int, own_limit: int) -> int:
-    """The GPU's memory less what the other pods on it reserve; unknown GPU: no more than the pod has."""
-    if gpu is None:
-        return own_limit
-    return max(gpu.vram - (gpu.vram_used - own_request), own_request)
+def _vram_capacity(gpu: GpuState | None, own: int) -> int:
+    """The GPU's memory; unknown GPU (gone from the inventory): what the pod holds, so nothing is raised."""
+    return own if gpu is None else gpu.vram
+
+
+def _vram_others(gpu: GpuState | None, own: int) -> int:
+    """What the GPU's other pods hold there: the ledger's VRAM held on it (each pod's larger of request and
+    limit) less the pod's own ``own``."""
+    return 0 if gpu is None else max(gpu.vram_used - own, 0)

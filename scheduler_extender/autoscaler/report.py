@@ -25,15 +25,17 @@ from vgpu.names import CONDITION_LIMITS, CONDITION_PREDICTION, CONDITION_REPLICA
 from vgpu.quantity import format_bytes, format_milli
 
 MAX_PODS_SHOWN: Final = 20  # status.autoScaling.limits.pods: a status is no place for thousands of rows
-# Which limit decision speaks for the layer when pods differ: a change first, then a cap, then the rest.
+# Which limit decision speaks for the layer when pods differ: a change first, then a cap (the other pods' hold
+# on the GPU's memory before the GPU's own size: it is the one a user can act on), then the rest.
 _RANK: Final = {
     Reason.LIMITS_RAISED: 0,
     Reason.LIMITS_LOWERED: 1,
     Reason.AT_MAX_RATIO: 2,
-    Reason.CAPPED_BY_GPU: 3,
-    Reason.NO_SAMPLES: 4,
-    Reason.INSIDE_IGNORED_RANGE: 5,
-    Reason.UNCHANGED: 6,
+    Reason.CAPPED_BY_OTHER_PODS: 3,
+    Reason.CAPPED_BY_GPU: 4,
+    Reason.NO_SAMPLES: 5,
+    Reason.INSIDE_IGNORED_RANGE: 6,
+    Reason.UNCHANGED: 7,
 }
 
 
@@ -88,8 +90,18 @@ def autoscaling_status(
     return fields, tuple(conditions)
 
 
+def _speaker(d: LimitDecision) -> Decision:
+    """The one of a pod GPU's two decisions (TFLOPS, VRAM) that says the most: the higher-ranked, TFLOPS on a tie
+    (a resource not auto-set never speaks while the other is)."""
+    if d.vram.reason is Reason.DISABLED:
+        return d.tflops
+    if d.tflops.reason is Reason.DISABLED:
+        return d.vram
+    return d.vram if _RANK.get(d.vram.reason, 9) < _RANK.get(d.tflops.reason, 9) else d.tflops
+
+
 def _limits(decisions: Sequence[LimitDecision], last_change: str | None) -> dict[str, Any]:
-    shown = sorted(decisions, key=lambda d: (_RANK.get(d.tflops.reason, 9), d.pod, d.gpu))[:MAX_PODS_SHOWN]
+    shown = sorted(decisions, key=lambda d: (_RANK.get(_speaker(d).reason, 9), d.pod, d.gpu))[:MAX_PODS_SHOWN]
     out: dict[str, Any] = {
         "pods": [
             {
@@ -97,7 +109,7 @@ def _limits(decisions: Sequence[LimitDecision], last_change: str | None) -> dict
                 "gpu": d.gpu,
                 "tflopsLimit": format_milli(d.tflops.value),
                 "vramLimit": format_bytes(d.vram.value),
-                "reason": d.tflops.reason.value if d.tflops.reason is not Reason.DISABLED else d.vram.reason.value,
+                "reason": _speaker(d).reason.value,
             }
             for d in shown
         ],

@@ -15,6 +15,7 @@ from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.objects import PodRef
 from scheduler_extender.status import Condition, Status
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tf_shell.usage_feed import Target, UsageFeed
@@ -37,13 +38,20 @@ AUTO: dict[str, Any] = {
 
 
 def auto_pod(
-    name: str, *, auto: dict[str, Any] | None = None, owner: str | None = "rs-1", limit: int = 20_000
+    name: str,
+    *,
+    auto: dict[str, Any] | None = None,
+    owner: str | None = "rs-1",
+    limit: int = 20_000,
+    vram: tuple[int, int] = (GI, GI),
 ) -> dict[str, Any]:
-    request = gpu_request(10_000, GI, tflops_limit=20_000, workload="w", auto_scaling=AUTO if auto is None else auto)
+    """``vram``: the grant's VRAM (request, limit); the pod was admitted with it."""
+    request = gpu_request(10_000, vram[0], tflops_limit=20_000, vram_limit=vram[1], workload="w",
+                          auto_scaling=AUTO if auto is None else auto)  # fmt: skip
     pod = make_pod(name, request)
     uid = pod["metadata"]["uid"]
-    grant = GpuGrant(uuid=f"GPU-{NODE}-0", index=0, tflops_request=10_000, tflops_limit=limit, vram_request=GI,
-                     vram_limit=GI, gpu_tflops=312_000)  # fmt: skip
+    grant = GpuGrant(uuid=f"GPU-{NODE}-0", index=0, tflops_request=10_000, tflops_limit=limit, vram_request=vram[0],
+                     vram_limit=vram[1], gpu_tflops=312_000)  # fmt: skip
     alloc = PodAllocation(pod_uid=uid, node=NODE, pool="default-pool", qos=Qos.MEDIUM, containers=("main",),
                           gpus=(grant,), bound_at="2026-01-01T00:00:00Z")  # fmt: skip
     pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION] = allocation_contract.encode(alloc)
@@ -59,7 +67,8 @@ def auto_pod(
     return pod
 
 
-def document(pods: list[dict[str, Any]], tflops: int) -> bytes:
+def document(pods: list[dict[str, Any]], tflops: int, vram: dict[str, int] | None = None) -> bytes:
+    """``vram``: a pod's VRAM use by name (default half a GiB)."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     containers = tuple(
         usage.ContainerUsage(
@@ -69,7 +78,7 @@ def document(pods: list[dict[str, Any]], tflops: int) -> bytes:
             container="main",
             gpu=f"GPU-{NODE}-0",
             tflops_used=tflops,
-            vram_used=GI // 2,
+            vram_used=(vram or {}).get(p["metadata"]["name"], GI // 2),
             tflops_measured=True,
             tflops_request=10_000,
             tflops_limit=20_000,
@@ -86,6 +95,7 @@ class World:
 
     def __init__(self, fake: FakeGateway, pods: list[dict[str, Any]], tflops: int, *, leading: bool = True) -> None:
         self.fake, self.pods, self.tflops, self.leading = fake, pods, tflops, leading
+        self.vram: dict[str, int] = {}  # a scripted pod's VRAM use by name (default half a GiB)
         template = {"metadata": {"labels": {LABEL_ENABLED: "true"}, "annotations": {Annotation.WORKLOAD: "w"}}}
         dep_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "dep", "uid": "dep-uid", "controller": True}
         fake.controllers.setdefault(
@@ -107,7 +117,8 @@ class World:
         self.events = EventRecorder(fake, interval=0)
         self.registry = CollectorRegistry()
         feed = UsageFeed(
-            lambda: [Target(NODE, "http://n1/usage")], lambda _: document(self.pods, self.tflops), 1, self.registry,
+            lambda: [Target(NODE, "http://n1/usage")], lambda _: document(self.pods, self.tflops, self.vram), 1,
+            self.registry,
             dated, prefix="tf_autoscaler",
         )  # fmt: skip
         self.controller = AutoscalerController(
@@ -349,3 +360,111 @@ def test_a_resize_that_meets_another_replicas_placement_is_undone(fake: FakeGate
     patches = [c for c in racing.calls if c.startswith("patch default/a")]
     assert len(patches) >= 3, racing.calls
     assert world.writes("requests", "ok") == 1
+
+
+# --- a VRAM request is guaranteed: a limit is never raised past what the GPU's other pods hold ---------------
+# The GPU (80Gi) is the node's only one. A hog (request and limit 1Gi) presses on its VRAM limit; maxRatioToRequests
+# 100 would let it reach 100Gi, and one scaleUpStep takes it to its cap at once.
+VRAM_LIMITS: dict[str, Any] = {
+    "autoSetLimits": {
+        "enable": True,
+        "evaluationPeriod": "1s",
+        "maxRatioToRequests": "100",
+        "targetResource": "vram",
+        "scaleUpStep": "10000%",
+    }
+}
+
+
+def vram_limit(world: World, name: str) -> int:
+    pod = world.fake.pod("default", name)
+    return allocation_contract.decode(pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION]).gpus[0].vram_limit
+
+
+def hog_and_neighbour(fake: FakeGateway) -> World:
+    """The hog, and a neighbour holding 20Gi requested and a 30Gi limit on the same GPU (the room it may take)."""
+    neighbour = auto_pod("neighbour", auto={}, owner=None, vram=(20 * GI, 30 * GI))
+    world = World(fake, [auto_pod("hog", auto=VRAM_LIMITS), neighbour], tflops=5_000)
+    world.pods = [world.pods[0]]  # only the hog's use is scripted: it presses on its 1Gi limit
+    world.vram = {"hog": GI}
+    return world
+
+
+def test_a_vram_limit_is_raised_only_to_what_the_gpus_other_pods_leave_free_and_says_so(
+    fake: FakeGateway,
+) -> None:
+    world = hog_and_neighbour(fake)
+    world.tick()
+    # 80Gi less the neighbour's 30Gi limit (not its 20Gi request: it may allocate 30 at any moment).
+    assert vram_limit(world, "hog") == 50 * GI and world.writes("limits", "ok") == 1
+    (event,) = [e for e in fake.events if e.pod_name == "hog"]
+    assert event.reason == "CappedByOtherPods"
+    assert "vram limit raised to 50Gi, capped at what the GPU's other pods leave free, 50Gi (80Gi less the 30Gi" in (
+        event.message
+    )
+    fields, conditions = world.controller.report(("default", "w")) or ({}, ())
+    limits = next(c for c in conditions if c.type == "LimitsAutoSet")
+    assert limits.reason == "CappedByOtherPods" and fields["limits"]["pods"][0]["reason"] == "CappedByOtherPods"
+    # The ledger holds the raised limit: the GPU has no room left for anyone.
+    view = world.cache.node(NODE)
+    assert view is not None and view.gpus[0].vram_free == 0
+    world.vram = {"hog": 50 * GI}
+    time.sleep(1.05)
+    world.tick()  # at the cap, pressing on it still: it stays, and says why
+    assert vram_limit(world, "hog") == 50 * GI and world.writes("limits", "ok") == 1
+    _, conditions = world.controller.report(("default", "w")) or ({}, ())
+    limits = next(c for c in conditions if c.type == "LimitsAutoSet")
+    assert limits.reason == "CappedByOtherPods" and "stays 50Gi: at what the GPU's other pods leave free" in (
+        limits.message
+    )
+
+
+def test_a_raise_that_a_pod_placed_since_the_decision_leaves_no_room_for_is_not_written(fake: FakeGateway) -> None:
+    """The decision is a proposal made at the start of the pass; the write is judged against the ledger as it is
+    then, under the cache's lock, as a bind is: a bind that reserved room in between wins."""
+    world = World(fake, [auto_pod("hog", auto=VRAM_LIMITS)], tflops=5_000)
+    world.vram = {"hog": GI}
+    late = GpuGrant(uuid=f"GPU-{NODE}-0", index=0, tflops_request=1_000, tflops_limit=1_000, vram_request=60 * GI,
+                    vram_limit=60 * GI, gpu_tflops=312_000)  # fmt: skip
+    real = world.cache.resize
+
+    def bind_first(ref: PodRef, grants: Any) -> Any:
+        # A bind on this replica reserves 60Gi after the hog's raise to the whole GPU (80Gi) was decided.
+        world.cache.reserve(PodRef(namespace="default", name="late", uid="uid-late"), NODE, [late], qos=Qos.MEDIUM,
+                            expires_at=None)  # fmt: skip
+        world.cache.resize = real  # type: ignore[method-assign]
+        return real(ref, grants)
+
+    world.cache.resize = bind_first  # type: ignore[method-assign]
+    world.tick()
+    assert vram_limit(world, "hog") == GI  # nothing written
+    assert world.writes("limits", "no-room") == 1 and world.writes("limits", "ok") == 0
+    assert not [c for c in fake.calls if c.startswith("patch default/hog")] and not fake.events
+    entry = world.cache.entry("default/hog")
+    assert entry is not None and entry.grants[0].vram_limit == GI  # the ledger holds the old limit again
+    time.sleep(1.05)
+    world.tick()  # the next decision counts the late pod: 80 - 60
+    assert vram_limit(world, "hog") == 20 * GI and world.writes("limits", "ok") == 1
+
+
+def test_a_raise_that_meets_another_replicas_placement_on_the_gpu_is_undone(fake: FakeGateway) -> None:
+    """Another extender replica places a 10Gi pod on the GPU from its own cache right after the raise is written.
+    The raise's consistent list of the node's allocations sees it (write-then-list, as a bind checks), and the
+    raise is undone; the next pass decides counting it."""
+    intruder = auto_pod("intruder", auto={}, owner=None, vram=(10 * GI, 10 * GI))
+    racing = RacingGateway(intruder)
+    world = hog_and_neighbour(racing)
+    world.tick(sync=False)
+    assert world.writes("limits", "conflict") == 1 and world.writes("limits", "ok") == 0
+    assert vram_limit(world, "hog") == GI  # the old allocation back on the pod
+    # Written, listed (the intruder seen), written back.
+    assert [c.split(" [")[0] for c in racing.calls if c.startswith(("patch default/hog", "list pods"))] == [
+        "patch default/hog",
+        f"list pods {LABEL_ALLOCATED_NODE}={NODE}",
+        "patch default/hog",
+    ]
+    assert not [e for e in racing.events if e.pod_name == "hog"]
+    time.sleep(1.05)
+    world.tick()
+    assert vram_limit(world, "hog") == 40 * GI  # 80 - 30 - 10
+    assert world.writes("limits", "ok") == 1

@@ -126,6 +126,32 @@ def test_allocation_beyond_capacity_is_a_conflict_not_a_crash(cache: ClusterCach
     assert "over-commit" in next(iter(cache.conflicts().values()))
 
 
+def test_a_pods_vram_limit_is_held_and_written_limits_past_the_gpu_are_counted_not_refused(
+    cache: ClusterCache,
+) -> None:
+    """VRAM is counted as each pod's larger of request and limit. An allocation already written whose limit does
+    not fit beside the others' (written before limits were held, or raised by another replica) is still counted
+    — only its requests must fit — so the GPU shows no room at all until one goes, instead of the pod counting
+    nothing (a conflict)."""
+    cache.replace(Kind.NODE, [make_node("n1", gpus=1)])  # 80Gi
+    hog = replace(grant("n1", vram=GI), vram_limit=60 * GI)
+    neighbour = replace(grant("n1", vram=20 * GI), vram_limit=30 * GI)
+    cache.replace(Kind.POD, [allocated_pod("hog", "n1", hog)])
+    assert vram_used(cache, "n1") == [60 * GI]
+    cache.apply(Kind.POD, WatchEvent("ADDED", allocated_pod("neighbour", "n1", neighbour)))
+    assert cache.conflicts() == {} and vram_used(cache, "n1") == [90 * GI]
+    with pytest.raises(LedgerRefusal):  # nothing more is placed there
+        cache.reserve(PodRef(namespace="default", name="x", uid="ux"), "n1", [grant("n1", vram=1)], qos=Qos.LOW,
+                      expires_at=None)  # fmt: skip
+    # On the over-committed GPU a limit may still come down (the over-commitment only shrinks), but not go up.
+    ref = PodRef(namespace="default", name="neighbour", uid="uid-default-neighbour")
+    assert cache.resize(ref, [replace(neighbour, vram_limit=31 * GI)]) is None
+    assert cache.resize(ref, [replace(neighbour, vram_limit=25 * GI)]) is not None
+    assert vram_used(cache, "n1") == [85 * GI]
+    cache.apply(Kind.POD, WatchEvent("DELETED", allocated_pod("hog", "n1", hog)))
+    assert vram_used(cache, "n1") == [25 * GI]
+
+
 @pytest.mark.parametrize(
     ("inventory", "error"),
     [("{not json", "not valid JSON"), ('{"version":"v9"}', "unsupported"), ('{"version":"v1"}', "missing")],

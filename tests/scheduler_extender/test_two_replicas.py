@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -297,3 +298,40 @@ def test_an_allocation_written_on_the_node_while_placing_makes_the_bind_back_off
     assert mine is not None and [g.uuid for g in mine.gpus] == ["GPU-n1-1"]
     view = app.ext.cache.node("n1")
     assert view is not None and view.gpus[1].tflops_used == 210_000
+
+
+def test_a_bind_backs_off_when_its_list_shows_a_limit_raised_that_its_placement_did_not_count(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """A VRAM limit is held on the GPU, so a raise is room taken: the other replica's autoscaler raises the hog's
+    VRAM limit on the API server while this replica binds a neighbour counting the old one. The bind's consistent
+    list (after its write) shows the hog's allocation differing from what its placement counted — limits
+    included — and the bind backs off; kube-scheduler retries it against the raised limit."""
+    fake.put(Kind.NODE, make_node("n1", gpus=1))  # one 80Gi GPU
+    hog_grant = GpuGrant(uuid="GPU-n1-0", index=0, tflops_request=10_000, tflops_limit=10_000, vram_request=GI,
+                         vram_limit=GI, gpu_tflops=312_000)  # fmt: skip
+    hog = make_pod("hog", gpu_request(vram=GI))
+    alloc = PodAllocation(pod_uid="uid-default-hog", node="n1", pool="default-pool", qos=Qos.MEDIUM,
+                          containers=("main",), gpus=(hog_grant,), bound_at=rfc3339(0))  # fmt: skip
+    hog["metadata"]["annotations"][ALLOCATION] = allocation_contract.encode(alloc)
+    hog["metadata"]["labels"][LABEL_ALLOCATED_NODE] = "n1"
+    hog["spec"]["nodeName"] = "n1"
+    fake.put(Kind.POD, hog)
+    fake.put(Kind.POD, make_pod("neighbour", gpu_request(vram=40 * GI)))
+    app = run()
+    app.settle()
+
+    def raise_the_hogs_limit() -> None:  # the leader's autoscaler, in the other replica
+        pod = fake.pod("default", "hog")
+        raised = replace(alloc, gpus=(replace(hog_grant, vram_limit=70 * GI),))
+        pod["metadata"]["annotations"][ALLOCATION] = allocation_contract.encode(raised)
+        fake.put(Kind.POD, pod)
+
+    fake.before_list = raise_the_hogs_limit
+    error = app.post("/bind", bind_body("neighbour", "n1"))["Error"]
+    assert "another extender placed default/hog on n1 while pod default/neighbour was being placed there" in error
+    assert allocation(fake, "neighbour") is None and fake.bindings == []
+    app.settle()
+    view = app.ext.cache.node("n1")  # now counting the raised limit: 10Gi left, the neighbour does not fit
+    assert view is not None and view.gpus[0].vram_free == 10 * GI
+    assert "no longer fits on n1" in app.post("/bind", bind_body("neighbour", "n1"))["Error"]

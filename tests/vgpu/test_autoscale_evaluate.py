@@ -106,6 +106,22 @@ def test_the_limits_layer_raises_at_its_period_and_repeats_its_decision_between(
     assert state.evaluate(w, T0 + 4.6).limits is not first.limits
 
 
+def test_a_vram_limit_is_raised_only_into_the_room_the_gpus_other_pods_leave() -> None:
+    """A grant carries what the GPU's other pods hold (each its larger of VRAM request and limit): the limit stops
+    there, and the requests layer's room is the same figure."""
+    vram_config = {**CONFIG, "autoSetLimits": {**CONFIG["autoSetLimits"], "targetResource": "vram",
+                                               "maxRatioToRequests": "100", "scaleUpStep": "10000%"}}  # fmt: skip
+    held = replace(grant("GPU-a"), vram_limit=GI, vram_others=30 * GI)
+    assert held.vram_room == 50 * GI and replace(held, vram_others=90 * GI).vram_room == 0
+    m = Member(uid="a", name="pod-a", grants=(held,), admitted_tflops_limit=20_000, admitted_vram_limit=GI)
+    w = replace(workload(m), config=parse(vram_config))
+    state = Autoscaler()
+    for i in range(3):
+        state.feed([sample("a", T0 + i)], [w])  # 1Gi used: pressing on the 1Gi limit
+    (d,) = state.evaluate(w, T0 + 2.5).limits
+    assert (d.vram.reason, d.vram.value) == (Reason.CAPPED_BY_OTHER_PODS, 50 * GI)
+
+
 def test_the_replicas_target_is_half_of_what_a_limit_may_reach_and_cool_downs_count_from_any_scale_change() -> None:
     state = Autoscaler()
     w = workload(member("a"), member("b"))

@@ -58,6 +58,7 @@ def expect(got: Decision, current: int, case: Case) -> None:
         assert got.message == message
 
 
+HOG: dict[str, Any] = {"request": GI, "admitted_limit": GI, "capacity": 80 * GI, "resource": Resource.VRAM}
 # request 10 TFLOPS, admitted limit 10, GPU 312 TFLOPS unless a row says otherwise; defaults: buffer 0.15,
 # ignored range 0.05, scaleUpStep 100 %, maxRatioToRequests 5 (a 50 TFLOPS ceiling).
 LIMIT_CASES: list[Case] = [
@@ -110,6 +111,22 @@ LIMIT_CASES: list[Case] = [
      R.LIMITS_LOWERED, None),
     ("no request, no limit to raise", {}, {"request": 0, "limit": 0, "admitted_limit": 0}, usage(500), 0,
      R.AT_MAX_RATIO, None),
+    # VRAM is held: a limit is never raised past what the GPU's other pods hold (each its larger of request and
+    # limit), so a neighbour's request stays guaranteed. The hog: request 1Gi, maxRatioToRequests 100.
+    ("vram capped by what the other pods hold", {"maxRatioToRequests": "100"}, {**HOG, "limit": 32 * GI,
+     "others": 30 * GI}, usage(32 * GI), 50 * GI, R.CAPPED_BY_OTHER_PODS,
+     "vram limit raised to 50Gi, capped at what the GPU's other pods leave free, 50Gi (80Gi less the 30Gi they "
+     "hold); usage pressed on it (peak 32Gi)"),
+    ("vram at what the other pods leave", {"maxRatioToRequests": "100"}, {**HOG, "limit": 50 * GI,
+     "others": 30 * GI}, usage(50 * GI), 50 * GI, R.CAPPED_BY_OTHER_PODS,
+     "vram limit stays 50Gi: at what the GPU's other pods leave free, 50Gi (80Gi less the 30Gi they hold), usage "
+     "pressed on it (peak 50Gi) wants more"),
+    ("vram others over-committed: no raise, no forced lowering", {"maxRatioToRequests": "100"}, {**HOG,
+     "limit": 50 * GI, "others": 40 * GI}, usage(50 * GI), 50 * GI, R.CAPPED_BY_OTHER_PODS, None),
+    ("vram with the GPU to itself", {"maxRatioToRequests": "100"}, {**HOG, "limit": 64 * GI}, usage(64 * GI),
+     80 * GI, R.CAPPED_BY_GPU, None),
+    ("vram: the ratio binds before the other pods", {"maxRatioToRequests": "20"}, {**HOG, "limit": 16 * GI,
+     "others": 30 * GI}, usage(16 * GI), 20 * GI, R.AT_MAX_RATIO, None),
 ]  # fmt: skip
 
 
@@ -125,6 +142,9 @@ def test_the_ceiling_the_replicas_layer_measures_against() -> None:
     assert limit_ceiling(limits(), request=10_000, capacity=312_000) == 50_000
     assert limit_ceiling(limits(), request=10_000, capacity=30_000) == 30_000
     assert limit_ceiling(limits(maxRatioToRequests="1.5"), request=333, capacity=312_000) == 500  # rounded up
+    # What the GPU's other pods hold (VRAM) comes off its capacity; never below nothing.
+    assert limit_ceiling(limits(maxRatioToRequests="100"), request=GI, capacity=80 * GI, others=30 * GI) == 50 * GI
+    assert limit_ceiling(limits(maxRatioToRequests="100"), request=GI, capacity=80 * GI, others=90 * GI) == 0
 
 
 @dataclass
@@ -259,6 +279,27 @@ def test_missing_samples_never_lower_anything(
     kept = recommend_request(requests, Resource.TFLOPS, stale, request=request, limit=limit, capacity=capacity,
                              now_s=NOW, sample_interval_s=5.0)  # fmt: skip
     assert kept.value == request
+
+
+@given(
+    st.builds(WindowStats, samples=st.integers(1, 100), mean=st.floats(0, 1e6), peak=st.floats(0, 1e6),
+              coverage=st.floats(0, 1), fresh=st.just(True)),
+    AMOUNT, AMOUNT, AMOUNT, AMOUNT, AMOUNT, st.sampled_from(["100%", "3.0", "100"]),
+)  # fmt: skip
+def test_a_vram_limit_is_never_raised_past_what_the_other_pods_leave_free(
+    seen: WindowStats, request: int, over: int, capacity: int, others: int, admitted_over: int, ratio: str
+) -> None:
+    """The guarantee of a VRAM request: a raise never takes the pod's limit above the GPU's memory less what its
+    other pods hold (each its larger of request and limit), whatever the usage, ratio or step."""
+    config = limits(maxRatioToRequests=ratio, scaleUpStep="1000%")
+    limit = request + over
+    got = recommend_limit(config, Resource.VRAM, seen, request=request, limit=limit,
+                          admitted_limit=min(request + admitted_over, limit), capacity=capacity, others=others)  # fmt: skip
+    if got.value > limit:
+        assert got.value + others <= capacity
+        assert got.reason in (R.LIMITS_RAISED, R.AT_MAX_RATIO, R.CAPPED_BY_OTHER_PODS, R.CAPPED_BY_GPU)
+        if got.value + others == capacity < request * config.max_ratio_to_requests and others:
+            assert got.reason is R.CAPPED_BY_OTHER_PODS
 
 
 @given(

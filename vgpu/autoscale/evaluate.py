@@ -53,7 +53,15 @@ class Grant:
     vram_request: int
     vram_limit: int
     tflops_capacity: int  # the GPU's TFLOPS
-    vram_capacity: int  # the GPU's memory less what the other pods on it reserve
+    vram_capacity: int  # the GPU's memory
+    # What the GPU's other pods hold there, each the larger of its VRAM request and limit: a VRAM limit is never
+    # raised past what they leave free (vram_capacity - vram_others), nor a request moved past it.
+    vram_others: int = 0
+
+    @property
+    def vram_room(self) -> int:
+        """The most this pod may hold on the GPU: its memory less what the other pods there hold."""
+        return max(self.vram_capacity - self.vram_others, 0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -331,13 +339,14 @@ class Autoscaler:
                 limit=g.vram_limit,
                 admitted_limit=m.admitted_vram_limit,
                 capacity=g.vram_capacity,
+                others=g.vram_others,
             ),
         )
 
     @staticmethod
     def _request(w: Workload, state: _WorkloadState, resource: Resource, now_s: float, interval: float) -> Decision:
         tflops = resource is Resource.TFLOPS
-        capacities = [g.tflops_capacity if tflops else g.vram_capacity for m in w.members for g in m.grants]
+        capacities = [g.tflops_capacity if tflops else g.vram_room for m in w.members for g in m.grants]
         limit = w.tflops_limit if tflops else w.vram_limit
         return recommend_request(
             w.config.requests,

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     INSIDE_IGNORED_RANGE = "InsideIgnoredRange"
     AT_MAX_RATIO = "AtMaxRatio"
     CAPPED_BY_GPU = "CappedByGpu"
+    CAPPED_BY_OTHER_PODS = "CappedByOtherPods"
     CAPPED_BY_LIMIT = "CappedByLimit"
     WAITING_FOR_HISTORY = "WaitingForHistory"
     NO_SAMPLES = "NoSamples"
@@ -63,9 +64,11 @@ def _show(resource: Resource, amount: int) -> str:
     return f"{humanize_tflops(amount)} TFLOPS" if resource is Resource.TFLOPS else humanize_bytes(amount)
 
 
-def limit_ceiling(config: LimitsConfig, *, request: int, capacity: int) -> int:
-    """The most the limits layer may raise a limit to: maxRatioToRequests × request, within the GPU."""
-    return min(ceil(request * config.max_ratio_to_requests), capacity)
+def limit_ceiling(config: LimitsConfig, *, request: int, capacity: int, others: int = 0) -> int:
+    """The most the limits layer may raise a limit to: maxRatioToRequests × request, within the GPU — its
+    ``capacity`` less what ``others`` (the GPU's other pods) hold there (VRAM: each the larger of its request
+    and limit; TFLOPS: 0, compute is shared by time)."""
+    return min(ceil(request * config.max_ratio_to_requests), max(capacity - others, 0))
 
 
 def recommend_limit(
@@ -77,12 +80,15 @@ def recommend_limit(
     limit: int,
     admitted_limit: int,
     capacity: int,
+    others: int = 0,
 ) -> Decision:
     """The limit for the next evaluation period of one pod on one GPU.
 
     ``usage``: the pod's use of the GPU over the last evaluation period; ``admitted_limit``: the limit the
-    pod was admitted with, the floor when usage falls (a limit is not reserved, so a lower one frees
-    nothing); ``capacity``: the most the GPU can hold for this pod.
+    pod was admitted with, the floor when usage falls; ``capacity``: the GPU's (TFLOPS or memory);
+    ``others``: what the GPU's other pods hold there — for VRAM the sum of each one's larger of request and
+    limit (memory cannot be taken back, so the limit never exceeds what they leave free: ``CappedByOtherPods``),
+    for TFLOPS 0 (compute is shared by time: limits may over-subscribe it).
     """
 
     def decide(value: int, reason: Reason, message: str) -> Decision:
@@ -93,15 +99,20 @@ def recommend_limit(
     if not usage.samples or not usage.fresh:
         return decide(limit, Reason.NO_SAMPLES, f"stays {_show(resource, limit)}: no recent usage sample")
     peak = Fraction(usage.peak)
-    ceiling = limit_ceiling(config, request=request, capacity=capacity)
-    cap_reason, cap_text = (
-        (Reason.CAPPED_BY_GPU, f"what the GPU can hold, {_show(resource, capacity)}")
-        if ceiling < request * config.max_ratio_to_requests
-        else (
+    ceiling = limit_ceiling(config, request=request, capacity=capacity, others=others)
+    if ceiling >= request * config.max_ratio_to_requests:
+        cap_reason, cap_text = (
             Reason.AT_MAX_RATIO,
             f"maxRatioToRequests {float(config.max_ratio_to_requests):g} × the request, {_show(resource, ceiling)}",
         )
-    )
+    elif others > 0:
+        cap_reason, cap_text = (
+            Reason.CAPPED_BY_OTHER_PODS,
+            f"what the GPU's other pods leave free, {_show(resource, ceiling)} "
+            f"({_show(resource, capacity)} less the {_show(resource, others)} they hold)",
+        )
+    else:
+        cap_reason, cap_text = Reason.CAPPED_BY_GPU, f"what the GPU can hold, {_show(resource, capacity)}"
     pressing = limit > 0 and peak >= limit * (1 - config.ignored_delta)
     # At most scaleUpStep of the limit, but a raise is at least one unit (a limit of 1 milli-TFLOPS can grow).
     step_max = max(floor(limit * (1 + config.scale_up_step)), limit + 1) if limit else 0

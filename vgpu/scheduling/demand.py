@@ -74,9 +74,10 @@ def demand_from_request(
 def decision_key(demand: Demand) -> tuple[Hashable, ...]:
     """What a node's verdict and score read of a demand: equal keys, equal answers on the same node state.
 
-    The pod, its workload, QoS and limits are left out: the fit checks requests, and scores read the
-    shape and where it may run (locality, which reads the workload, is never remembered). So the first
-    pod of a new workload whose shape an earlier one had is judged from what is remembered for it.
+    The pod, its workload, QoS and TFLOPS limit are left out: the fit checks TFLOPS requests and the VRAM
+    a pod holds (the larger of its VRAM request and limit, so the VRAM limit is in the key), and scores
+    read the shape and where it may run (locality, which reads the workload, is never remembered). So the
+    first pod of a new workload whose shape an earlier one had is judged from what is remembered for it.
     """
     affinity = None if demand.node_affinity is None else json.dumps(demand.node_affinity, sort_keys=True)
     return (
@@ -85,6 +86,7 @@ def decision_key(demand: Demand) -> tuple[Hashable, ...]:
         demand.gpu_count,
         demand.tflops,
         demand.vram,
+        demand.vram_limit,
         demand.whole_gpu,
         demand.slots,
         demand.cpu,

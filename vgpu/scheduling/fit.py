@@ -1,7 +1,9 @@
 """Whether one node can hold one pod's GPU demand now, and if not, the single most useful reason.
 
-The rules (DESIGN §4): per GPU, free TFLOPS ≥ request and free VRAM ≥ request (requests are reserved,
-limits are not); ``gpu_count`` such GPUs on one node; unhealthy GPUs never count; a whole-GPU demand
+The rules (DESIGN §4): per GPU, free TFLOPS ≥ request and free VRAM ≥ the larger of the VRAM request and
+limit (TFLOPS limits are not reserved: compute is shared by time; a VRAM limit is held, since memory cannot
+be taken back: ``Demand.vram_held``, and a GPU's ``vram_used`` counts its pods' alike); ``gpu_count`` such
+GPUs on one node; unhealthy GPUs never count; a whole-GPU demand
 needs idle GPUs; a fractional demand never shares a GPU held whole; each GPU needs ``demand.slots``
 free vGPU slots, and the node's healthy GPUs ``slots × gpu_count`` in all (the kubelet's own check).
 This is the inner loop of every filter call, so the happy path is one flat pass over the GPUs and only
@@ -101,7 +103,7 @@ def gpu_fits(demand: Demand, gpu: GpuState) -> bool:
         return False
     if demand.whole_gpu:
         return gpu.pods == 0 and gpu.tflops_used == 0 and gpu.vram_used == 0
-    return gpu.tflops - gpu.tflops_used >= demand.tflops and gpu.vram - gpu.vram_used >= demand.vram
+    return gpu.tflops - gpu.tflops_used >= demand.tflops and gpu.vram - gpu.vram_used >= demand.vram_held
 
 
 def fitting_gpus(demand: Demand, node: NodeState) -> tuple[GpuState, ...]:
@@ -131,7 +133,7 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     if not gpus:
         return Reason(code=R.NO_GPUS, message="node has no GPUs")
     need = demand.gpu_count
-    t, v, s = demand.tflops, demand.vram, demand.slots
+    t, v, s = demand.tflops, demand.vram_held, demand.slots
     whole = demand.whole_gpu
     memo = match.memo
     for g in gpus:
@@ -186,14 +188,14 @@ def _explain_one(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
         return None
     if not totals.healthy:
         return None  # too few healthy GPUs: rare, the full path words it
-    t, v = demand.tflops, demand.vram
+    t, v = demand.tflops, demand.vram_held
     if totals.uniform is None or totals.uniform[0] < t or totals.uniform[1] < v:
         return None  # mixed sizes or too small: the full path
     most_vram, most_tflops = totals.most_vram_free, totals.most_tflops_free
     if most_vram is None or most_tflops is None:
         return None  # every GPU held whole
     if most_vram.vram - most_vram.vram_used < v:
-        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, most_vram, 0, 1, match)
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, most_vram, 0, 1, match, _limit_note(demand))
     if most_tflops.tflops - most_tflops.tflops_used < t:
         return _insufficient(R.INSUFFICIENT_TFLOPS, "TFLOPS", t, most_tflops, 0, 1, match)
     return None  # each resource fits on some GPU, never both on one: the full path
@@ -201,7 +203,7 @@ def _explain_one(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
 
 def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason:
     count = demand.gpu_count
-    t, v = demand.tflops, demand.vram
+    t, v = demand.tflops, demand.vram_held
     matched = big = 0
     first: GpuState | None = None
     healthy: list[GpuState] = []
@@ -253,7 +255,7 @@ def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
     limiting = _nth_most_free(shared, count, _vram_free)
     if _vram_free(limiting) < v:
         enough = sum(g.vram - g.vram_used >= v for g in shared) if count > 1 else 0
-        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, limiting, enough, count, match)
+        return _insufficient(R.INSUFFICIENT_VRAM, "VRAM", v, limiting, enough, count, match, _limit_note(demand))
     limiting = _nth_most_free(shared, count, _tflops_free)
     if _tflops_free(limiting) < t:
         enough = sum(g.tflops - g.tflops_used >= t for g in shared) if count > 1 else 0
@@ -264,7 +266,7 @@ def _explain_any(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason
         code=R.INSUFFICIENT_GPUS,
         message=(
             f"only {len(roomy)} of {len(shared)} {model} GPUs have both {humanize_tflops(demand.tflops)} TFLOPS "
-            f"and {humanize_bytes(demand.vram)} VRAM free, pod needs {count}"
+            f"and {humanize_bytes(v)} VRAM free{_limit_note(demand)}, pod needs {count}"
         ),
         requested=count,
         free=len(roomy),
@@ -316,8 +318,20 @@ def _nth_most_free(gpus: list[GpuState], n: int, free: Callable[[GpuState], int]
     return max(gpus, key=free) if n == 1 else sorted(gpus, key=free, reverse=True)[n - 1]
 
 
+def _limit_note(demand: Demand) -> str:
+    """Said after a VRAM figure that is the pod's limit rather than its request (the limit is what it holds)."""
+    return " (its VRAM limit, which a pod holds)" if demand.vram_limit > demand.vram else ""
+
+
 def _insufficient(
-    code: ReasonCode, what: str, requested: int, gpu: GpuState, enough: int, count: int, match: ModelMatcher
+    code: ReasonCode,
+    what: str,
+    requested: int,
+    gpu: GpuState,
+    enough: int,
+    count: int,
+    match: ModelMatcher,
+    note: str = "",
 ) -> Reason:
     show: Callable[[int], str] = str
     of = ""
@@ -330,7 +344,9 @@ def _insufficient(
     tail = f" (pod needs {count} GPUs, only {enough} with enough)" if count > 1 else ""
     return Reason(
         code=code,
-        message=f"insufficient {what} on {gpu.uuid}: requested {show(requested)}, free {show(max(free, 0))}{of}{tail}",
+        message=(
+            f"insufficient {what} on {gpu.uuid}: requested {show(requested)}{note}, free {show(max(free, 0))}{of}{tail}"
+        ),
         requested=requested,
         free=max(free, 0),
         gpu_model=match.short(gpu.model),
@@ -340,10 +356,11 @@ def _insufficient(
 def _too_small(demand: Demand, healthy: list[GpuState], match: ModelMatcher) -> Reason:
     """A capacity (not usage) misfit: no amount of freeing room would make the GPUs big enough."""
     count = demand.gpu_count
+    vram = demand.vram_held
     gpu = sorted(healthy, key=lambda g: g.vram, reverse=True)[count - 1]
-    if gpu.vram < demand.vram:
-        what, free, requested = "VRAM", humanize_bytes(gpu.vram), humanize_bytes(demand.vram)
-        figures = (demand.vram, gpu.vram)
+    if gpu.vram < vram:
+        what, free, requested = "VRAM", humanize_bytes(gpu.vram), humanize_bytes(vram) + _limit_note(demand)
+        figures = (vram, gpu.vram)
     else:
         gpu = sorted(healthy, key=lambda g: g.tflops, reverse=True)[count - 1]
         if gpu.tflops >= demand.tflops:  # each resource is big enough somewhere, never both on count GPUs
@@ -351,7 +368,7 @@ def _too_small(demand: Demand, healthy: list[GpuState], match: ModelMatcher) -> 
                 code=R.GPU_TOO_SMALL,
                 message=(
                     f"no {count} GPUs on node have both {humanize_tflops(demand.tflops)} TFLOPS and "
-                    f"{humanize_bytes(demand.vram)} VRAM in all"
+                    f"{humanize_bytes(vram)} VRAM in all{_limit_note(demand)}"
                 ),
                 gpu_model=match.short(gpu.model),
             )

@@ -125,7 +125,7 @@ class Learned:
 
 
 def shape_of(demand: Demand) -> Shape:
-    return Shape(demand.gpu_count, demand.tflops, demand.vram, demand.whole_gpu, demand.cpu, demand.memory)
+    return Shape(demand.gpu_count, demand.tflops, demand.vram_held, demand.whole_gpu, demand.cpu, demand.memory)
 
 
 def eligibility_of(demand: Demand) -> Eligibility:
@@ -733,7 +733,7 @@ def _take(gpu: GpuState, demand: Demand) -> GpuState:
         healthy=gpu.healthy,
         numa=gpu.numa,
         tflops_used=gpu.tflops if whole else gpu.tflops_used + demand.tflops,
-        vram_used=gpu.vram if whole else gpu.vram_used + demand.vram,
+        vram_used=gpu.vram if whole else gpu.vram_used + demand.vram_held,
         pods=gpu.pods + 1,
         whole=whole,
         slots=gpu.slots,

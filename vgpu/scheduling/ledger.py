@@ -5,6 +5,9 @@ committed when the allocation is written, released when the pod goes, and a rese
 committed expires (``expire(now)`` — the caller owns the clock). The ledger is an immutable value:
 each transition returns a new ledger, or raises :class:`LedgerRefusal` carrying a :class:`Reason`
 and leaves the old one untouched. TFLOPS, VRAM and vGPU slots are counted per GPU, slots per node too.
+TFLOPS count requests (compute is shared by time, so limits may over-subscribe it); VRAM counts what a
+pod may hold, the larger of its request and its limit (:func:`held_vram`): memory cannot be taken back,
+so on one GPU the pods' VRAM limits always fit beside each other.
 Why, and what each operation costs: vgpu/scheduling/README.md, section "Ledger".
 """
 
@@ -22,6 +25,13 @@ from vgpu.scheduling.model import NodeState, Snapshot
 from vgpu.scheduling.reasons import Reason, ReasonCode
 
 R = ReasonCode
+
+
+def held_vram(grant: GpuGrant) -> int:
+    """The VRAM a grant holds on its GPU: the larger of its request and its limit. A pod may allocate up to
+    its limit at any moment and memory is not taken back, so the room it holds is its limit, never less
+    than its request (vgpu/scheduling/README.md, "VRAM: the limit is held")."""
+    return max(grant.vram_request, grant.vram_limit)
 
 
 class EntryState(StrEnum):
@@ -45,13 +55,16 @@ class LedgerEntry:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuUsage:
-    """What the ledger holds on one GPU: summed requests, how many pods, whether one holds it whole, slots."""
+    """What the ledger holds on one GPU: summed TFLOPS requests, summed VRAM held (each grant's larger of
+    request and limit: :func:`held_vram`), how many pods, whether one holds it whole, slots; and the summed
+    VRAM requests (``vram_requested``), the rule an already written allocation is checked by."""
 
     tflops: int = 0
     vram: int = 0
     pods: int = 0
     whole: bool = False
     slots: int = 0
+    vram_requested: int = 0
 
 
 _IDLE = GpuUsage()
@@ -155,13 +168,19 @@ class Ledger:
         qos: Qos = Qos.MEDIUM,
         slots: int = 1,
         past_slices: bool = False,
+        past_limits: bool = False,
     ) -> Ledger:
-        """Hold the grants' requests and ``slots`` device IDs on each of the node's granted GPUs; refused
-        if any GPU would be over-committed (TFLOPS, VRAM or slots).
+        """Hold the grants' TFLOPS requests, their VRAM (the larger of request and limit: :func:`held_vram`)
+        and ``slots`` device IDs on each of the node's granted GPUs; refused if any GPU would be
+        over-committed (TFLOPS, VRAM or slots).
 
         ``past_slices``: count the slots even beyond a GPU's slices — for an allocation already written
         on a pod (bound before slots were counted, or before ``--slices-per-gpu`` was lowered): refusing
         it would count none of what the pod holds, while counting it leaves no room there until it goes.
+        ``past_limits``: likewise for VRAM limits — only the VRAM *requests* must fit (the rule before
+        limits were held), the limits are counted even past the GPU's memory: an allocation written before
+        limits were held, or a limit raised by another extender replica that this one has not yet seen
+        (that replica's write-then-list check settles which of the two writes stays).
 
         Capacity comes from ``node``'s GPUs, usage from the ledger itself (never from the node's
         ``*_used`` fields, so a node that already had the ledger applied is not counted twice).
@@ -185,14 +204,19 @@ class Ledger:
             gpu = by_uuid.get(grant.uuid)
             if gpu is None:
                 raise _refuse(R.UNKNOWN_GPU, f"{pod_key}: node {node.name} has no GPU {grant.uuid}")
-            if min(grant.tflops_request, grant.vram_request) < 0:
-                raise _refuse(R.INVALID_GRANT, f"{pod_key}: negative request on {grant.uuid}")
+            if min(grant.tflops_request, grant.vram_request, grant.vram_limit) < 0:
+                raise _refuse(R.INVALID_GRANT, f"{pod_key}: negative request or limit on {grant.uuid}")
             u = usage.get(grant.uuid, _IDLE)
             if whole and u.pods:
                 raise _refuse(R.WHOLE_CONFLICT, f"{grant.uuid} is shared by {u.pods} pods; {pod_key} needs it whole")
             if u.whole:
                 raise _refuse(R.WHOLE_CONFLICT, f"{grant.uuid} is held whole by another pod")
-            tflops, vram = u.tflops + grant.tflops_request, u.vram + grant.vram_request
+            held = held_vram(grant)
+            tflops, vram, requested = (
+                u.tflops + grant.tflops_request,
+                u.vram + held,
+                u.vram_requested + grant.vram_request,
+            )
             if tflops > gpu.tflops:
                 free = gpu.tflops - u.tflops
                 raise _refuse(
@@ -202,13 +226,16 @@ class Ledger:
                     requested=grant.tflops_request,
                     free=free,
                 )
-            if vram > gpu.vram:
-                free = gpu.vram - u.vram
+            if requested > gpu.vram if past_limits else vram > gpu.vram:
+                wanted, free = (
+                    (grant.vram_request, gpu.vram - u.vram_requested) if past_limits else (held, gpu.vram - u.vram)
+                )
+                limit = "" if wanted == grant.vram_request else " (its VRAM limit, which a pod holds)"
                 raise _refuse(
                     R.OVER_COMMIT,
                     f"{pod_key} would over-commit VRAM on {grant.uuid}: requested "
-                    f"{humanize_bytes(grant.vram_request)}, free {humanize_bytes(max(free, 0))}",
-                    requested=grant.vram_request,
+                    f"{humanize_bytes(wanted)}{limit}, free {humanize_bytes(max(free, 0))}",
+                    requested=wanted,
                     free=free,
                 )
             if u.slots + slots > gpu.slots and not past_slices:
@@ -220,7 +247,9 @@ class Ledger:
                     requested=slots,
                     free=free,
                 )
-            usage[grant.uuid] = GpuUsage(tflops=tflops, vram=vram, pods=u.pods + 1, whole=whole, slots=u.slots + slots)
+            usage[grant.uuid] = GpuUsage(
+                tflops=tflops, vram=vram, pods=u.pods + 1, whole=whole, slots=u.slots + slots, vram_requested=requested
+            )
         entry = LedgerEntry(
             pod_key=pod_key,
             node=node.name,
@@ -268,9 +297,10 @@ class Ledger:
                 else:  # several pods share it, so none holds it whole
                     usage[grant.uuid] = GpuUsage(
                         tflops=u.tflops - grant.tflops_request,
-                        vram=u.vram - grant.vram_request,
+                        vram=u.vram - held_vram(grant),
                         pods=u.pods - 1,
                         slots=u.slots - entry.slots,
+                        vram_requested=u.vram_requested - grant.vram_request,
                     )
             left = node_slots.pop(entry.node, 0) - entry.slots * len(entry.grants)
             if left:

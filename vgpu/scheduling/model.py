@@ -18,7 +18,10 @@ from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuState:
-    """One physical GPU and what is already reserved on it (sum of granted *requests*).
+    """One physical GPU and what is already reserved on it: ``tflops_used`` sums the granted TFLOPS
+    *requests* (compute may be over-subscribed by limits: it is shared by time), ``vram_used`` the VRAM the
+    grants *hold*, each the larger of its request and its limit (memory cannot be taken back, so a pod's
+    VRAM limit is room it holds: :func:`vgpu.scheduling.ledger.held_vram`).
 
     ``slots`` are the GPU's vGPU device IDs (the device plugin's slices): each container of a pod
     granted the GPU holds one, so they cap how many containers share it; ``slots_used`` is how many
@@ -196,7 +199,7 @@ class Demand:
     tflops: int  # per-GPU request (reserved)
     vram: int  # per-GPU request (reserved)
     tflops_limit: int
-    vram_limit: int
+    vram_limit: int  # per-GPU; held on the GPU like the request (see vram_held)
     qos: Qos = Qos.MEDIUM
     pool: str | None = None
     gpu_model: str | None = None
@@ -208,6 +211,14 @@ class Demand:
     slots: int = 1  # vGPU device IDs per granted GPU: one per GPU container (demand.gpu_slots)
     cpu: int = 0
     memory: int = 0
+
+    @property
+    def vram_held(self) -> int:
+        """The VRAM the pod takes on each granted GPU: the larger of its request and its limit. A pod may
+        allocate up to its limit at any moment and memory is not taken back, so every fit, score and
+        reservation counts this, not the request (vgpu/scheduling/README.md, "VRAM: the limit is held").
+        Admission keeps request ≤ limit, so for a pod it is the limit."""
+        return self.vram if self.vram >= self.vram_limit else self.vram_limit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

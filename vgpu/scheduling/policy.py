@@ -79,7 +79,7 @@ def utilisation_after(demand: Demand, node: NodeState) -> float:
         share = demand.gpu_count / len(node.gpus) if node.gpus else 0.0
         add_t, add_v = cap_t * share, cap_v * share
     else:
-        add_t, add_v = demand.tflops * demand.gpu_count, demand.vram * demand.gpu_count
+        add_t, add_v = demand.tflops * demand.gpu_count, demand.vram_held * demand.gpu_count
     vram = (used_v + add_v) / cap_v if cap_v else 1.0
     tflops = (used_t + add_t) / cap_t if cap_t else 1.0
     return min(1.0, max(0.0, VRAM_WEIGHT * vram + TFLOPS_WEIGHT * tflops))

@@ -19,6 +19,7 @@ from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
 from vgpu.scheduling.fit import ModelMatcher, check_node
+from vgpu.scheduling.ledger import held_vram
 from vgpu.scheduling.model import Demand, NodeState
 from vgpu.scheduling.placement import place
 from vgpu.scheduling.policy import Policy
@@ -73,7 +74,7 @@ def _eviction_order(v: Victim) -> tuple[int, int, str]:
 
 
 def _freed(v: Victim) -> int:
-    return sum(g.vram_request for g in v.grants)
+    return sum(held_vram(g) for g in v.grants)
 
 
 def _fewest(demand: Demand, node: NodeState, pool: list[Victim], match: ModelMatcher) -> tuple[Victim, ...]:
@@ -120,7 +121,7 @@ def without(node: NodeState, victims: Iterable[Victim]) -> NodeState:
             t, v, pods, whole, slots = freed.get(g.uuid, (0, 0, 0, False, 0))
             freed[g.uuid] = (
                 t + g.tflops_request,
-                v + g.vram_request,
+                v + held_vram(g),
                 pods + 1,
                 whole or victim.whole,
                 slots + victim.slots,

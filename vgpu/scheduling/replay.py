@@ -202,7 +202,7 @@ def _take(gpu: GpuState, demand: Demand, whole: bool) -> GpuState:
     return replace(
         gpu,
         tflops_used=gpu.tflops_used + demand.tflops,
-        vram_used=gpu.vram_used + demand.vram,
+        vram_used=gpu.vram_used + demand.vram_held,
         pods=gpu.pods + 1,
         slots_used=slots_used,
     )

@@ -47,10 +47,10 @@ def _groups(result: FilterResult) -> list[tuple[ReasonCode, list[Reason]]]:
 def _phrase(code: ReasonCode, d: Demand, rs: Sequence[Reason]) -> str:
     best = max(rs, key=lambda r: r.free)
     where = f" on {best.gpu_model}" if best.gpu_model else ""
-    share = f"{humanize_tflops(d.tflops)} TFLOPS / {humanize_bytes(d.vram)}"
+    share = f"{humanize_tflops(d.tflops)} TFLOPS / {humanize_bytes(d.vram_held)}"
     match code:
         case R.INSUFFICIENT_VRAM:
-            need, free = humanize_bytes(d.vram), humanize_bytes(best.free)
+            need, free = humanize_bytes(d.vram_held), humanize_bytes(best.free)
             return f"insufficient VRAM (need {need} per GPU, most free {free}{where})"
         case R.INSUFFICIENT_TFLOPS:
             need, free = humanize_tflops(d.tflops), humanize_tflops(best.free)

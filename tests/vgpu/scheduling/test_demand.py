@@ -9,7 +9,8 @@ from vgpu.names import Annotation as A
 from vgpu.names import PlacementPolicy, Qos
 from vgpu.quantity import parse_bytes
 from vgpu.request import PodView, resolve
-from vgpu.scheduling.demand import demand_from_request
+from vgpu.scheduling.demand import decision_key, demand_from_request
+from vgpu.scheduling.fragmentation import shape_of
 from vgpu.scheduling.model import workload_key
 
 
@@ -62,3 +63,15 @@ def test_the_workload_is_keyed_by_the_pods_namespace() -> None:
     assert demand_from_request(req, pod_key="team-a/p").workload == workload_key("team-a", "train") == "team-a/train"
     assert demand_from_request(req, pod_key="team-b/p").workload == "team-b/train"
     assert demand_from_request(replace(req, workload=None), pod_key="team-a/p").workload is None
+
+
+def test_the_vram_a_demand_holds_is_its_limit_and_its_decision_key_carries_it() -> None:
+    """A VRAM limit is held on the GPU like the request (vgpu/scheduling/README.md, "VRAM: the limit is held"):
+    two pods asking the same request with different limits fit different GPUs, so they never share a
+    remembered verdict, and the fragmentation policy learns the room each takes."""
+    req = resolve(PodView(name="p", annotations={A.VRAM_REQUEST: "4Gi", A.VRAM_LIMIT: "8Gi"}, containers=("main",)))
+    d = demand_from_request(req, pod_key="ns/p")
+    assert d.vram_held == parse_bytes("8Gi") and replace(d, vram_limit=0).vram_held == parse_bytes("4Gi")
+    assert decision_key(d) != decision_key(replace(d, vram_limit=d.vram))
+    assert decision_key(d) == decision_key(replace(d, pod_key="ns/q", tflops_limit=99_000))
+    assert shape_of(d).vram == parse_bytes("8Gi")

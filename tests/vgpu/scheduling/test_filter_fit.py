@@ -57,10 +57,17 @@ def test_fit_rules(demand: Demand, node: NodeState, expected: bool) -> None:
     assert passes(demand, node) is expected
 
 
-def test_limits_are_not_reserved_only_requests_are() -> None:
-    node = make_node(vram_used="76Gi", tflops_used="300")
-    demand = replace(make_demand(tflops="10", vram="4Gi"), tflops_limit=300_000, vram_limit=parse_bytes("40Gi"))
-    assert passes(demand, node)
+def test_a_tflops_limit_is_not_reserved_but_a_vram_limit_is_held() -> None:
+    node = make_node(vram_used="40Gi", tflops_used="300")
+    # Compute is shared by time: a TFLOPS limit far above what is free does not stop the pod.
+    assert passes(replace(make_demand(tflops="10", vram="4Gi"), tflops_limit=300_000), node)
+    # Memory is not: the pod may allocate up to its VRAM limit, so the limit must be free, not just the request.
+    assert passes(replace(make_demand(tflops="10", vram="4Gi"), vram_limit=parse_bytes("40Gi")), node)
+    held = replace(make_demand(tflops="10", vram="4Gi"), vram_limit=parse_bytes("40Gi") + 1)
+    assert not passes(held, node)
+    (reason,) = filter_nodes(held, make_snapshot(node), [node.name], CATALOG).failed.values()
+    assert reason.code is ReasonCode.INSUFFICIENT_VRAM and reason.requested == parse_bytes("40Gi") + 1
+    assert "(its VRAM limit, which a pod holds)" in reason.message
 
 
 def test_unhealthy_gpus_never_count() -> None:

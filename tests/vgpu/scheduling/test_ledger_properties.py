@@ -1,7 +1,10 @@
 """Property tests: any sequence of reserve/commit/release/expire keeps the ledger honest.
 
 GPUs have few vGPU slots here (3, 2 and 1) so that slot limits, and allocations counted past them
-(``past_slices``, for pods bound before the limit), are hit as often as TFLOPS and VRAM limits.
+(``past_slices``, for pods bound before the limit), are hit as often as TFLOPS and VRAM limits. Grants
+carry VRAM limits of their own (above or below the request): the ledger holds the larger of the two on the
+GPU, and never lets the sum pass the GPU's memory unless a reservation was counted ``past_limits`` (a
+written allocation), whose requests alone must fit.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Reserve:
     whole: bool
     slots: int
     past_slices: bool
+    past_limits: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,16 @@ class Other:
     now: float
 
 
-def _grant(uuid: str, tflops: int, vram: int) -> GpuGrant:
+def _grant(uuid: str, tflops: int, vram: int, vram_limit: int | None = None) -> GpuGrant:
+    limit = vram if vram_limit is None else vram_limit
     return GpuGrant(
-        uuid=uuid, index=0, tflops_request=tflops, tflops_limit=tflops, vram_request=vram, vram_limit=vram, gpu_tflops=0
+        uuid=uuid,
+        index=0,
+        tflops_request=tflops,
+        tflops_limit=tflops,
+        vram_request=vram,
+        vram_limit=limit,
+        gpu_tflops=0,
     )
 
 
@@ -57,10 +68,13 @@ def reserves(draw: st.DrawFn) -> Reserve:
     node = draw(st.sampled_from(sorted(NODES)))
     uuids = [g.uuid for g in NODES[node].gpus] + ["GPU-stranger"]
     picked = draw(st.lists(st.sampled_from(uuids), min_size=1, max_size=3))
-    grants = tuple(_grant(u, draw(st.integers(0, 6)), draw(st.integers(0, 6))) for u in picked)
+    grants = tuple(
+        _grant(u, draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.none() | st.integers(0, 8))) for u in picked
+    )
     expires = draw(st.none() | st.floats(0, 10, allow_nan=False))
     slots, past = draw(st.integers(0, 2)), draw(st.sampled_from([False, False, False, True]))
-    return Reserve(draw(st.sampled_from(PODS)), node, grants, expires, draw(st.booleans()), slots, past)
+    past_limits = draw(st.sampled_from([False, False, False, True]))
+    return Reserve(draw(st.sampled_from(PODS)), node, grants, expires, draw(st.booleans()), slots, past, past_limits)
 
 
 OPS = st.lists(
@@ -91,15 +105,21 @@ def reference_accepts(ledger: Ledger, op: Reserve, node: NodeState) -> bool:
         cap_t, cap_v, cap_s = CAPACITY[g.uuid]
         if used.whole or (op.whole and used.pods):
             return False
-        if used.tflops + g.tflops_request > cap_t or used.vram + g.vram_request > cap_v:
+        if used.tflops + g.tflops_request > cap_t:
+            return False
+        # VRAM holds the larger of request and limit; counted past_limits, only the requests must fit.
+        if op.past_limits and used.vram_requested + g.vram_request > cap_v:
+            return False
+        if not op.past_limits and used.vram + max(g.vram_request, g.vram_limit) > cap_v:
             return False
         if used.slots + op.slots > cap_s and not op.past_slices:
             return False
     return True
 
 
-def check_invariants(ledger: Ledger, past_slices: bool) -> None:
-    """``past_slices``: some reservation so far was allowed past the GPUs' slots."""
+def check_invariants(ledger: Ledger, past_slices: bool, past_limits: bool = False) -> None:
+    """``past_slices``: some reservation so far was allowed past the GPUs' slots; ``past_limits``: past their
+    memory by its VRAM limits."""
     totals: dict[str, GpuUsage] = {}
     node_slots: dict[str, int] = {}
     for entry in ledger.entries().values():
@@ -108,15 +128,17 @@ def check_invariants(ledger: Ledger, past_slices: bool) -> None:
             u = totals.get(g.uuid, GpuUsage())
             totals[g.uuid] = GpuUsage(
                 tflops=u.tflops + g.tflops_request,
-                vram=u.vram + g.vram_request,
+                vram=u.vram + max(g.vram_request, g.vram_limit),
                 pods=u.pods + 1,
                 whole=u.whole or entry.whole,
                 slots=u.slots + entry.slots,
+                vram_requested=u.vram_requested + g.vram_request,
             )
     for uuid, (cap_t, cap_v, cap_s) in CAPACITY.items():
         usage = ledger.usage(uuid)
         assert usage == totals.get(uuid, GpuUsage())  # incremental totals equal the recount
-        assert usage.tflops <= cap_t and usage.vram <= cap_v  # never over-committed
+        assert usage.tflops <= cap_t and usage.vram_requested <= cap_v  # requests never over-committed
+        assert usage.vram <= cap_v or past_limits  # every pod's VRAM limit fits beside the others'
         assert usage.slots <= cap_s or past_slices  # no GPU shared by more containers than its slices
         assert not usage.whole or usage.pods == 1  # a whole GPU has exactly its holder
     for name, node in NODES.items():
@@ -130,7 +152,7 @@ def check_invariants(ledger: Ledger, past_slices: bool) -> None:
 @given(OPS)
 def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: list[Reserve | Other]) -> None:
     ledger = Ledger()
-    past = False
+    past = past_limits = False
     for op in ops:
         before = dict(ledger.entries())
         if isinstance(op, Reserve):
@@ -144,6 +166,7 @@ def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: l
                     whole=op.whole,
                     slots=op.slots,
                     past_slices=op.past_slices,
+                    past_limits=op.past_limits,
                 )
             except LedgerRefusal as refused:
                 assert not expected, refused.reason
@@ -153,6 +176,7 @@ def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: l
             else:
                 assert expected
                 past = past or op.past_slices
+                past_limits = past_limits or op.past_limits
         elif op.verb == "commit":
             try:
                 ledger = ledger.commit(op.pod)
@@ -166,7 +190,7 @@ def test_random_sequences_never_over_commit_and_decide_like_the_reference(ops: l
         else:
             ledger = ledger.expire(op.now)
             assert all(e.expires_at is None or e.expires_at > op.now for e in ledger.entries().values())
-        check_invariants(ledger, past)
+        check_invariants(ledger, past, past_limits)
 
 
 @settings(max_examples=100, deadline=None)

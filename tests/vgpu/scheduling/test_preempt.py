@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.vgpu.scheduling.builders import CATALOG, T4, make_demand, make_gpu, make_node
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
@@ -51,6 +53,17 @@ def test_nothing_to_evict_when_the_pod_fits_already() -> None:
 def test_a_node_that_can_never_fit_is_vetoed() -> None:
     t4 = make_node("t", gpus=[make_gpu("GPU-t", model=T4, tflops="65", vram="16Gi")])
     assert choose(make_demand(model="A100"), t4, victim("ns/low", Qos.LOW, ("GPU-t", 16))) is None
+
+
+def test_a_victim_frees_the_vram_it_holds_its_limit_not_just_its_request() -> None:
+    """Each pod holds the larger of its VRAM request and limit: evicting a 10Gi-requested, 50Gi-limited pod frees
+    50Gi, and is the one victim that makes room for 45Gi (the 40Gi pod alone would not)."""
+    bursty = replace(victim("ns/bursty", Qos.LOW, ("GPU-0", 10)), grants=(
+        replace(victim("ns/x", Qos.LOW, ("GPU-0", 10)).grants[0], vram_limit=50 * GI),
+    ))  # fmt: skip
+    steady = victim("ns/steady", Qos.LOW, ("GPU-0", 25))
+    assert loaded(ONE, bursty, steady).gpus[0].vram_free == 5 * GI
+    assert choose(make_demand(vram="45Gi", qos=Qos.HIGH), ONE, bursty, steady) == ("ns/bursty",)
 
 
 def test_only_strictly_lower_qos_may_be_evicted() -> None:
