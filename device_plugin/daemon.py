@@ -2,8 +2,8 @@
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
 keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
-and the live-limits keeper, so that the CLI and the component tests run the very same assembly (tests
-swap only the probe, the process resolver, the Kubernetes gateway and the PodResources source).
+the live-limits keeper and the CDI spec files, so that the CLI and the component tests run the very same
+assembly (tests swap only the probe, the process resolver, the Kubernetes gateway and the PodResources source).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from device_plugin.cluster.handoff import HandoffKeeper
 from device_plugin.cluster.node_events import NodeEvents
 from device_plugin.cluster.pod_cache import PodCache, PodFeed
 from device_plugin.cluster.publisher import InventoryPublisher
+from device_plugin.enforcement.cdi import CdiSpecs
 from device_plugin.enforcement.live_files import LiveLimits
+from device_plugin.enforcement.live_limits import Tamper
 from device_plugin.gpus.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.kubelet.allocator import Allocator, AllocatorConfig
@@ -36,6 +38,7 @@ from vgpu.contract import usage
 
 log = logging.getLogger(__name__)
 CACHE_SYNC_S: Final = 30.0  # how long serving waits for the first list of the node's pods
+CDI_SWEEP_S: Final = 10.0  # seconds between sweeps of the CDI spec files of pods gone, besides every pod change
 
 
 class Daemon:
@@ -50,13 +53,15 @@ class Daemon:
         metrics: PluginMetrics | None = None,
         resolver: ProcessResolver | None = None,
         live_limits_grace_s: float = 30.0,
+        cdi_grace_s: float = 30.0,
         socket_poll_s: float = DEFAULT_POLL_S,
         socket_retry_s: float = DEFAULT_RETRY_S,
     ) -> None:
         """``catalog``: the GPU models (built in, and ``--gpu-catalog``'s); ``resolver`` maps GPU processes to
         pods (default: ``/proc``). The rest are timings no operator needs, shortened by tests: how long a
-        live-limits directory no pod on the node owns is kept after its last change, and how often the
-        kubelet's socket directory is polled and a failed serve or registration retried."""
+        live-limits directory, and a CDI spec file, that no pod on the node owns is kept after its last
+        change, and how often the kubelet's socket directory is polled and a failed serve or registration
+        retried."""
         self.settings = settings
         self.catalog = catalog
         self.probe, self.gateway = probe, gateway
@@ -73,23 +78,40 @@ class Daemon:
                 return await list_pod_devices(socket)
 
             pod_devices = from_kubelet
+        self.node_events = NodeEvents(gateway, node, self.metrics)
+
+        def tampered(found: Tamper) -> None:
+            message = found.message()
+            self.node_events.live_limits_tampered(
+                found.namespace, found.pod, found.uid, message, restored=found.restored
+            )
+
         live_dir = settings.live_limits_path
         self.live = (
             None
             if live_dir is None
-            else LiveLimits(live_dir, settings.backend, self.metrics, grace_s=live_limits_grace_s)
+            else LiveLimits(live_dir, settings.backend, self.metrics, grace_s=live_limits_grace_s, report=tampered)
         )
+        cdi_dir = settings.cdi_path
+        self.cdi = None if cdi_dir is None else CdiSpecs(cdi_dir, self.metrics, grace_s=cdi_grace_s)
         self.keeper = HandoffKeeper(gateway, self.cache, node, self.metrics, pod_devices=pod_devices)
         allocator_config = AllocatorConfig(
             node=node, backend=settings.backend, paths=settings.enforcement_paths, lookup_wait_s=settings.lookup_wait
         )
         self.allocator = Allocator(
-            allocator_config, gateway, self.cache, self.board, self.keeper, self.metrics, pod_devices, self.live
+            allocator_config,
+            gateway,
+            self.cache,
+            self.board,
+            self.keeper,
+            self.metrics,
+            pod_devices,
+            self.live,
+            self.cdi,
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         sockets = dataclasses.replace(settings.sockets, poll_s=socket_poll_s, retry_s=socket_retry_s)
         self.server = PluginServer(self.servicer, sockets, self.metrics)
-        self.node_events = NodeEvents(gateway, node, self.metrics)
         self.monitor = HealthMonitor(
             probe, self.board, check_interval_s=settings.health_check_interval, on_flip=self.node_events.gpu_flipped
         )
@@ -142,6 +164,7 @@ class Daemon:
             self.keeper.run(self.allocator, settings.reconcile_interval),
             *([self.sampler.run()] if http is not None else []),
             *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),
+            *([self.cdi.run(self.cache, settings.node, CDI_SWEEP_S, self.allocator.regrant)] if self.cdi else []),
         ]
         tasks = [asyncio.create_task(c) for c in background]
         try:

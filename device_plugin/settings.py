@@ -19,7 +19,7 @@ from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
 from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.errors import DomainError
-from vgpu.names import DEFAULT_SLICES_PER_GPU, EnforcementBackend
+from vgpu.names import CDI_SPEC_DIR, DEFAULT_SLICES_PER_GPU, EnforcementBackend
 from vgpu.quantity import parse_milli
 
 _PATHS = EnforcementPaths()
@@ -62,6 +62,14 @@ class PluginSettings(BaseSettings):
         gt=0,
         description="Seconds between passes comparing each live-limits directory with its pod's allocation, "
         "besides the pass on every pod change (docs/live-limits.md).",
+    )
+    cdi_dir: str = Field(
+        CDI_SPEC_DIR,
+        description="Host CDI spec directory, one the container runtime reads (containerd >= 1.7 with enable_cdi, "
+        "CRI-O): each Allocate answer is also written there as a CDI device, which the runtime applies after the "
+        "container's own env and envFrom, so a container cannot override its limits (docs/security.md). The same "
+        "path inside the plugin's container. Empty: off, the answer's env alone (a container's own variables of "
+        "the same name win).",
     )
     fake_gpus: str | None = Field(None, description="YAML/JSON file describing fake GPUs; replaces NVML.")
     gpus: str = Field(
@@ -190,6 +198,11 @@ class PluginSettings(BaseSettings):
     def health(self) -> HealthPolicy:
         xids = frozenset(int(x) for x in self.ignored_xids.split(",") if x.strip())
         return HealthPolicy(ignored_xids=xids, recovery_s=self.health_recovery)
+
+    @property
+    def cdi_path(self) -> Path | None:
+        """Where the CDI spec files are written; None: CDI off."""
+        return Path(self.cdi_dir) if self.cdi_dir else None
 
     @property
     def live_limits_path(self) -> Path | None:

@@ -4,7 +4,8 @@ Pure apart from the reads it is handed: AdmissionReview request + cluster object
 an optional workload write out. Precedence (annotation > workload > WorkloadProfile > pool
 defaults > built-ins) lives in ``vgpu.request.resolve``; here we fetch what the annotations name,
 turn every problem into one message the user can act on, and never let a tenant's copy of a
-system annotation through. A pod sent by a migration entry is first translated from NVIDIA's GPU
+system annotation through, nor any of the device plugin's environment variables in its containers
+(``plugin_env.py``). A pod sent by a migration entry is first translated from NVIDIA's GPU
 resources (``migration.py``) and then decided like any other.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from tf_webhook.auto_requests import stamp
 from tf_webhook.cluster import AdmissionReads, ClusterUnavailable
 from tf_webhook.migration import Ask, Migration, asks, translate
+from tf_webhook.plugin_env import strip
 from tf_webhook.pod_patch import SYSTEM_KEYS, Op, pod_patch
 from tf_webhook.review import Denial, ReviewRequest, Verdict, allow, deny
 from tf_webhook.unkept import unkept
@@ -101,10 +103,14 @@ def decide(
             )
         )
     ops, patch_warnings = pod_patch(pod, req, view.annotations, tolerations)
+    env_ops, env_warnings = strip(pod["spec"])  # the device plugin's variables: its answer is the grant
     upsert = None
     if req.generate_workload:
         upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))
-    verdict = allow(patch=[*translated_ops, *ops], warnings=warnings + tuple(patch_warnings) + unkept(req))
+    verdict = allow(
+        patch=[*translated_ops, *ops, *env_ops],
+        warnings=warnings + tuple(patch_warnings) + tuple(env_warnings) + unkept(req),
+    )
     return Decision(verdict, upsert)
 
 

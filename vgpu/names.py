@@ -220,3 +220,16 @@ CONDITION_REQUESTS: Final = "RequestsAutoSet"
 CONDITION_REPLICAS: Final = "ReplicasAutoSet"
 CONDITION_PREDICTION: Final = "Prediction"
 AUTOSCALING_CONDITIONS: Final = (CONDITION_LIMITS, CONDITION_REQUESTS, CONDITION_REPLICAS, CONDITION_PREDICTION)
+
+# --- the environment the device plugin sets, as one list: Env's names, and HAMi-core's per-device families
+# (<prefix><i> for a container's i-th GPU). A GPU pod's containers may not set any of them: the webhook
+# removes a copy in the pod spec (tf_webhook/plugin_env.py), and the plugin's CDI device replaces one that
+# arrives some other way, envFrom included (device_plugin/enforcement/cdi.py; docs/security.md).
+PLUGIN_ENV_NAMES: Final = frozenset(e.value for e in Env if e is not Env.HAMI_MEMORY_LIMIT_PREFIX)
+PLUGIN_ENV_PREFIXES: Final = (Env.HAMI_MEMORY_LIMIT_PREFIX.value, f"{Env.HAMI_SM_LIMIT.value}_")
+
+# --- the Container Device Interface: the kind of the CDI devices the plugin names in its Allocate answers
+# (vendor/class; a device is vendor/class=name), and the host directory of their spec files, one of those
+# containerd and CRI-O read by default (docs/security.md, "Environment overrides").
+CDI_KIND: Final = f"{DOMAIN}/vgpu"
+CDI_SPEC_DIR: Final = "/var/run/cdi"

@@ -47,3 +47,10 @@ class KubeGateway(Protocol):
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         """Post an Event about ``node`` (what ``kubectl describe node`` shows)."""
         ...
+
+    def record_pod_event(
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        """Post an Event about the pod ``namespace/name`` (``uid``) on ``node`` (what ``kubectl describe pod``
+        shows)."""
+        ...

@@ -114,6 +114,41 @@ class KubeApi:
             ),
         )
 
+    def record_pod_event(
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        call(
+            f"event on pod {namespace}/{name}",
+            lambda: drained(
+                self._core.create_namespaced_event(
+                    namespace,
+                    pod_event(namespace, name, uid, node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict is sent as is
+                    _preload_content=False,
+                    _request_timeout=CALL_TIMEOUT,
+                )
+            ),
+        )
+
+
+def pod_event(namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool) -> RawObject:
+    """The Event posted about the pod ``namespace/name`` (``uid``), from the plugin on ``node``, in its namespace."""
+    now = rfc3339(time.time())
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": EVENT_COMPONENT, "host": node},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": node,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
 
 def node_event(node: str, reason: str, message: str, *, warning: bool) -> RawObject:
     """The Event posted about ``node``, in the ``default`` namespace."""

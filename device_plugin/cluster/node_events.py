@@ -1,9 +1,12 @@
-"""Node Events for GPU health: ``kubectl describe node`` says when and why a GPU left service.
+"""Node Events for GPU health: ``kubectl describe node`` says when and why a GPU left service; and Events
+on a pod and its node when its container tampered with its live limits.
 
 A GPU that turns unhealthy leaves the node's allocatable and the extender's placements at once; an
 operator looking at a node whose capacity shrank, or at pods that no longer land there, should not
 need the plugin's logs to learn which GPU and why. Each flip is posted once, off the gRPC loop, and a
-failed post is logged and counted, never retried into a storm.
+failed post is logged and counted, never retried into a storm. Tampering with live limits
+(docs/security.md, "Tampering with live limits") is posted on the pod, for its owner, and on the node,
+naming the pod, for the node's operator; the live-limits keeper posts each kind once per container.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ log = logging.getLogger(__name__)
 
 REASON_UNHEALTHY: Final = "GpuUnhealthy"
 REASON_HEALTHY: Final = "GpuHealthy"
+REASON_LIVE_LIMITS_RESTORED: Final = "LiveLimitsRestored"  # a container's limit file tampered with, put back
+REASON_LIVE_LIMITS_RESET: Final = "LiveLimitsReset"  # HAMi-core's region beyond repair, reset to an empty file
 
 
 def event_for(uuid: str, state: GpuHealth) -> tuple[str, str, bool]:
@@ -49,6 +54,12 @@ class NodeEvents:
     def gpu_flipped(self, uuid: str, state: GpuHealth) -> None:
         self._background.spawn(self._post(*event_for(uuid, state)))
 
+    def live_limits_tampered(self, namespace: str, pod: str, uid: str, message: str, *, restored: bool) -> None:
+        """A Warning Event on the pod and one on the node (``message`` names the pod and the container)."""
+        reason = REASON_LIVE_LIMITS_RESTORED if restored else REASON_LIVE_LIMITS_RESET
+        self._background.spawn(self._post(reason, message, True))
+        self._background.spawn(self._post_pod(namespace, pod, uid, reason, message))
+
     async def drain(self) -> None:
         """Wait for the events being posted (tests, shutdown)."""
         await self._background.drain()
@@ -59,3 +70,12 @@ class NodeEvents:
         except Exception as exc:
             self._metrics.errors.labels("node_event").inc()
             log.warning("could not post %s on node %s: %s", reason, self._node, exc)
+
+    async def _post_pod(self, namespace: str, pod: str, uid: str, reason: str, message: str) -> None:
+        try:
+            await asyncio.to_thread(
+                self._gateway.record_pod_event, namespace, pod, uid, self._node, reason, message, warning=True
+            )
+        except Exception as exc:
+            self._metrics.errors.labels("pod_event").inc()
+            log.warning("could not post %s on pod %s/%s: %s", reason, namespace, pod, exc)

@@ -48,8 +48,13 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class ContainerGrant:
+    """The Allocate answer for one container. ``cdi_devices``: fully qualified names of CDI devices carrying
+    the same envs and mounts, applied by the runtime after the container's own environment
+    (:mod:`device_plugin.enforcement.cdi`); empty where CDI is off."""
+
     envs: Mapping[str, str]
     mounts: tuple[MountSpec, ...]
+    cdi_devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,8 +115,17 @@ def document(key: ContainerKey, want: Wanted, *, backend: str, generation: int, 
     return json.dumps(body, indent=2) + "\n"
 
 
-def parse_document(text: str) -> tuple[tuple[GpuLimit, ...], int] | None:
-    """The limits and generation a ``limits.json`` records; None when it is not one of ours."""
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What a ``limits.json`` of ours records."""
+
+    gpus: tuple[GpuLimit, ...]
+    generation: int
+    updated_at: str
+
+
+def recorded(text: str) -> Recorded | None:
+    """The limits, generation and time a ``limits.json`` records; None when it is not one of ours."""
     try:
         body: Any = json.loads(text)
         if body.get("version") != DOCUMENT_VERSION:
@@ -126,9 +135,42 @@ def parse_document(text: str) -> tuple[tuple[GpuLimit, ...], int] | None:
             GpuLimit(str(uuid), int(e["milliTflopsLimit"]), int(e["smPercent"]), int(e["vramLimitBytes"]))
             for uuid, e in entries
         )
-        return gpus, int(body["generation"])
+        return Recorded(gpus, int(body["generation"]), str(body["updatedAt"]))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def parse_document(text: str) -> tuple[tuple[GpuLimit, ...], int] | None:
+    """The limits and generation a ``limits.json`` records; None when it is not one of ours."""
+    found = recorded(text)
+    return None if found is None else (found.gpus, found.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Tamper:
+    """A container's live-limits file found in a state the plugin did not leave it in (docs/security.md,
+    "Tampering with live limits"): ``restored`` when the plugin put back what it keeps, False when it could not
+    (HAMi-core's region truncated, removed or replaced: the plugin then resets it to an empty file)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    target: str  # the file's name: limits.json | hami.cache
+    kind: str  # a short code, one per vector (events are posted once per container and kind)
+    detail: str  # what was found, for people
+    restored: bool
+
+    def message(self) -> str:
+        pod = f"pod {self.namespace}/{self.pod} (uid {self.uid})"
+        what = f"container {self.container} of {pod}: {self.target} {self.detail}"
+        if self.restored:
+            return f"{what}; the device plugin restored the live limits it keeps"
+        return (
+            f"{what}; it cannot be restored, so the device plugin made it an empty regular file, which HAMi-core "
+            "initialises again from the container's environment at the container's next CUDA process, and the "
+            "plugin then writes the current limits into it"
+        )
 
 
 def region_values(gpus: Sequence[GpuLimit]) -> tuple[tuple[int, int], ...]:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from device_plugin.background import Background
@@ -25,7 +25,8 @@ from device_plugin.cluster.gateway import KubeGateway
 from device_plugin.cluster.handoff import HandoffKeeper
 from device_plugin.cluster.pod_cache import PodCache
 from device_plugin.cluster.pods import PodRecord
-from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, Target, build
+from device_plugin.enforcement.cdi import CdiSpecs
+from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, LiveMount, Target, build
 from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.gpus.board import DeviceBoard
 from device_plugin.kubelet.fresh_read import FreshRead
@@ -63,10 +64,13 @@ class Allocator:
         metrics: PluginMetrics,
         pod_devices: Callable[[], Awaitable[PodDevices]],
         live: LiveLimits | None = None,
+        cdi: CdiSpecs | None = None,
     ) -> None:
-        """``live``: where each container's live limits are kept (None: nowhere, limits fixed at start)."""
+        """``live``: where each container's live limits are kept (None: nowhere, limits fixed at start);
+        ``cdi``: where each answer is also written as a CDI device, which the runtime applies after the
+        container's own environment (None: CDI off, the answer's envs alone)."""
         self._config, self._gateway, self._cache = config, gateway, cache
-        self._live = live
+        self._live, self._cdi = live, cdi
         self._board, self._keeper, self._metrics = board, keeper, metrics
         self._pending: dict[frozenset[str], Answer] = {}  # provisional answers, by their device IDs
         self._confirmed: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID → container → IDs, kubelet order
@@ -133,6 +137,35 @@ class Allocator:
             extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
         )
         live = None if self._live is None else await self._live.mount(target, found.pod.uid, alloc)
+        grant = build(alloc, target, self._config.backend, self._config.paths, live)
+        if self._cdi is None:
+            return grant
+        try:
+            device = await self._cdi.publish(found.pod.uid, found.container, grant)
+        except (OSError, ValueError) as exc:
+            # Without its CDI device the container's own environment would override the grant: refuse.
+            self._metrics.errors.labels("cdi").inc()
+            if not found.again:
+                self._pending.pop(frozenset(ids), None)
+            raise AllocateError(
+                f"cannot write the CDI spec of pod {found.pod.key} container {found.container} in "
+                f"{self._cdi.root}: {exc}"
+            ) from exc
+        return replace(grant, cdi_devices=(device,))
+
+    def regrant(self, pod: PodRecord, container: str) -> ContainerGrant | None:
+        """The answer ``container`` of ``pod`` would get now, without an Allocate's bookkeeping or files: what
+        a missing CDI spec is written again from. None when the pod's allocation no longer validates."""
+        try:
+            alloc = validate(pod, self._config.node, self._board.by_uuid())
+        except AllocateError as exc:
+            log.warning("no CDI spec for pod %s container %s: %s", pod.key, container, exc)
+            return None
+        live = None
+        if self._live is not None:
+            directory = self._live.directory((pod.uid, container))
+            live = LiveMount(str(directory)) if directory.is_dir() else None
+        target = Target(namespace=pod.namespace, pod=pod.name, container=container)
         return build(alloc, target, self._config.backend, self._config.paths, live)
 
     async def verify_start(self, ids: tuple[str, ...]) -> None:

@@ -3,7 +3,8 @@
 ListAndWatch streams the full slice list at once and after every health change and never returns
 (the kubelet reads the end of the stream as a disconnect); it is an async generator woken by the
 board, the shape of grpc's aio health ``Watch``. Allocate turns an :class:`AllocateError` into a
-FAILED_PRECONDITION status whose text the kubelet puts on the pod (``UnexpectedAdmissionError``).
+FAILED_PRECONDITION status whose text the kubelet puts on the pod (``UnexpectedAdmissionError``); its
+answer names the container's CDI device too, where the node writes them (:mod:`device_plugin.enforcement.cdi`).
 PreStartContainer, which the kubelet calls before creating every container, refuses a container
 whose devices carry no grant proven its own (:mod:`device_plugin.kubelet.proof`); the kubelet then does not
 create it and retries the start with backoff.
@@ -47,6 +48,7 @@ def to_response(grant: ContainerGrant) -> dp.ContainerAllocateResponse:
             dp.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in grant.mounts
         ],
+        cdi_devices=[dp.CDIDevice(name=name) for name in grant.cdi_devices],
     )
 
 

@@ -198,12 +198,13 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
-def test_device_plugin_mounts_only_the_kubelet_dirs_and_its_live_limits_dir() -> None:
+def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_and_the_cdi_dir() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/var/lib/tensor-fusion/limits",
+        "/var/run/cdi",
     }
     # NVML's process list carries host PIDs; mapping them to pods reads the host's /proc.
     assert spec["hostPID"] is True
@@ -213,6 +214,10 @@ def test_device_plugin_mounts_only_the_kubelet_dirs_and_its_live_limits_dir() ->
     (live,) = [v for v in spec["volumes"] if v["name"] == "live-limits"]
     assert f"--live-limits-dir={live['hostPath']['path']}" in container["args"]
     assert mounts["live-limits"] == live["hostPath"]["path"]
+    # The CDI specs the plugin writes are read by the container runtime from the same host directory.
+    (cdi,) = [v for v in spec["volumes"] if v["hostPath"]["path"] == "/var/run/cdi"]
+    assert f"--cdi-dir={cdi['hostPath']['path']}" in container["args"]
+    assert mounts[cdi["name"]] == cdi["hostPath"]["path"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in container["securityContext"]
 

@@ -154,6 +154,7 @@ class FakeKube:
         self.node_patches: list[tuple[dict[str, str], dict[str, str]]] = []
         self.resource_patches: list[dict[str, str]] = []
         self.node_events: list[tuple[str, str, str, bool]] = []  # (node, reason, message, warning)
+        self.pod_events: list[tuple[str, str, str, str, str, bool]] = []  # (ns, name, uid, reason, message, warning)
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
         self.fail_pod_lists = 0
@@ -257,6 +258,12 @@ class FakeKube:
     def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
         with self._lock:
             self.node_events.append((node, reason, message, warning))
+
+    def record_pod_event(
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        with self._lock:
+            self.pod_events.append((namespace, name, uid, reason, message, warning))
 
 
 class CountingKube(FakeKube):

@@ -33,8 +33,8 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
 
 
 def settings(tmp: Path, **overrides: Any) -> PluginSettings:
-    """The plugin's settings for a test: its sockets in ``tmp``, fast health checks, no /metrics server and no
-    live-limits directories unless ``overrides`` (settings fields) ask for them."""
+    """The plugin's settings for a test: its sockets in ``tmp``, fast health checks, no /metrics server, no
+    live-limits directories and no CDI spec files unless ``overrides`` (settings fields) ask for them."""
     base: dict[str, Any] = {
         "node_name": NODE,
         "plugin_dir": str(tmp),
@@ -44,6 +44,7 @@ def settings(tmp: Path, **overrides: Any) -> PluginSettings:
         "heartbeat": 60,
         "metrics_port": 0,
         "live_limits_dir": "",
+        "cdi_dir": "",
     }
     return PluginSettings(**(base | overrides))
 
@@ -58,6 +59,7 @@ async def plugin(
     pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
     catalog: Catalog | None = None,
     live_limits_grace_s: float = 30.0,
+    cdi_grace_s: float = 30.0,
     **overrides: Any,
 ) -> AsyncIterator[tuple[Daemon, TestKubelet]]:
     """A registered plugin reading the test kubelet's PodResources record (unless ``pod_devices``), with
@@ -75,6 +77,7 @@ async def plugin(
         pod_devices=pod_devices or kubelet.pod_devices,
         resolver=probe,
         live_limits_grace_s=live_limits_grace_s,
+        cdi_grace_s=cdi_grace_s,
         socket_poll_s=0.05,
         socket_retry_s=0.2,
     )

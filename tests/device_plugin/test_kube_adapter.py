@@ -130,8 +130,14 @@ def _pod(name: str, rv: str) -> RawObject:
             "Forbidden",
             "event on node n1",
         ),
+        (
+            lambda api: api.record_pod_event("ns", "p", "u", "n1", "LiveLimitsReset", "m", warning=True),
+            403,
+            "Forbidden",
+            "event on pod ns/p",
+        ),
     ],
-    ids=["get-node", "patch-pod", "patch-node", "patch-node-status", "list-pods", "node-event"],
+    ids=["get-node", "patch-pod", "patch-node", "patch-node-status", "list-pods", "node-event", "pod-event"],
 )
 def test_an_api_error_surfaces_as_a_gateway_error_with_its_status(
     tmp_path: Path, call: Callable[[KubeApi], object], status: int, reason: str, what: str
@@ -246,6 +252,26 @@ def test_the_node_event_keeps_its_body(tmp_path: Path) -> None:
     }
     assert (second.body["reason"], second.body["type"]) == ("GpuHealthy", "Normal")
     assert second.body["metadata"]["name"] != event["metadata"]["name"]
+
+
+def test_the_pod_event_names_the_pod_and_is_posted_in_its_namespace(tmp_path: Path) -> None:
+    with api_server(lambda _: Answer(201, {"kind": "Event"}), tmp_path) as (api, requests):
+        api.record_pod_event("team-a", "p", "uid-p", "n1", "LiveLimitsReset", "m", warning=True)
+    ((only,),) = [requests]
+    assert (only.method, only.path) == ("POST", "/api/v1/namespaces/team-a/events")
+    event = only.body
+    assert re.fullmatch(r"p\.[0-9a-f]{12}", event["metadata"]["name"])
+    assert event["metadata"]["namespace"] == "team-a"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "team-a",
+        "name": "p",
+        "uid": "uid-p",
+    }
+    assert (event["reason"], event["message"], event["type"]) == ("LiveLimitsReset", "m", "Warning")
+    assert event["source"] == {"component": EVENT_COMPONENT, "host": "n1"}
+    assert event["firstTimestamp"] == event["lastTimestamp"] and event["count"] == 1
 
 
 # --- the pod watch -------------------------------------------------------------------------------------

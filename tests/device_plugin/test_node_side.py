@@ -323,7 +323,7 @@ def test_the_layout_check_interval_flag_reaches_the_daemon(tmp_path: Path) -> No
     # 30 s by default: with the flag the daemon notices a GPU gone within a fraction of a second and stops.
     gpus = gpu_file(tmp_path / "gpus.yaml")
     flags = f"--node-name {NODE} --layout-check-interval 0.05 --health-check-interval 0.05 --metrics-port 0"
-    settings = settings_from([*flags.split(), "--plugin-dir", str(tmp_path), "--live-limits-dir", ""])
+    settings = settings_from([*flags.split(), "--plugin-dir", str(tmp_path), "--live-limits-dir", "", "--cdi-dir", ""])
     assert settings.layout_check_interval == 0.05
 
     async def scenario() -> None:

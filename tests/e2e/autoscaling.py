@@ -6,20 +6,19 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 
 from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
-from .cluster import Cluster
+from .cluster import LIVE_LIMITS_DIRS, Cluster
 from .fake_nodes import fake_nvml_yaml
 from .pods import IMAGE, allocation_of
 
 NAMESPACE = "e2e-autoscaling"
 WORKLOAD = "trainer"
-LIVE_LIMITS = Path("/var/lib/tensor-fusion/limits")  # the device plugin's default --live-limits-dir
+LIVE_LIMITS = LIVE_LIMITS_DIRS  # the kubelet node's --live-limits-dir of each cluster this process runs
 HIGH_SM, LOW_SM = 10, 1  # percent of an A100's 312 TFLOPS: 31.2 and 3.12 TFLOPS
 PROFILE = {
     "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
@@ -126,9 +125,13 @@ class Load:
 
 
 def live_limits(uid: str) -> dict[str, Any] | None:
-    """The Deployment's container's limits.json the device plugin wrote on the node (docs/live-limits.md)."""
-    path = LIVE_LIMITS / uid / "main" / "limits.json"
-    return dict(json.loads(path.read_text())) if path.exists() else None
+    """The Deployment's container's limits.json the device plugin wrote on the node (docs/live-limits.md), in
+    the live-limits directory of the cluster running the pod (a pod UID is one cluster's only)."""
+    for root in LIVE_LIMITS:
+        path = root / uid / "main" / "limits.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+    return None
 
 
 def replicas_now(apps: AppsV1Api) -> int:

@@ -56,6 +56,9 @@ PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (t
 METRICS_API_INTERVAL = 1  # seconds between tf-metrics' passes over the plugins (its default: 5)
 AUTOSCALER_MAX_REPLICAS = 3  # the extender's --autoscaler-max-replicas: maxReplicas of the HPAs it owns
 TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
+# The live-limits directories (the device plugin's --live-limits-dir) of the clusters this process started: each
+# cluster has its own under its root, so clusters on one machine never share, or sweep, each other's.
+LIVE_LIMITS_DIRS: list[Path] = []
 
 
 @dataclass
@@ -173,6 +176,12 @@ class Cluster(AbstractContextManager["Cluster"]):
         return proc
 
     @property
+    def live_limits_dir(self) -> Path:
+        """The kubelet node's live-limits directory (docs/live-limits.md): ``<pod UID>/<container>/limits.json``
+        and ``hami.cache``, as the container sees them at /run/tensor-fusion/limits."""
+        return self.root / "live-limits"
+
+    @property
     def fake_nvml(self) -> Path:
         """The device plugin's fake GPU file; it re-reads it on change."""
         return self.root / "fake-nvml.yaml"
@@ -186,6 +195,14 @@ class Cluster(AbstractContextManager["Cluster"]):
         staged = self.fake_nvml.with_suffix(".staged")
         staged.write_text(text)
         staged.replace(self.fake_nvml)  # atomic: the plugin never reads half a file
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The kubelet node's CDI spec directory, this cluster's own: the device plugin writes a spec file there
+        per container it answers, and the fake runtime applies them (its default directory, ``cdi`` beside its
+        record: tests/e2e/fake_cri/main.go), as containerd or CRI-O would."""
+        assert self.node is not None
+        return self.node.creates_log.parent / "cdi"
 
     def start_device_plugin(self) -> None:
         """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
@@ -203,13 +220,17 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--podresources-socket={self.node.pod_resources_socket}",
                 f"--slices-per-gpu={SLICES_PER_GPU}",
                 f"--backend={EnforcementBackend.HAMI_CORE.value}",
+                f"--cdi-dir={self.cdi_dir}",
                 "--health-check-interval=1",
                 "--health-recovery=2",
                 f"--metrics-port={self.plugin_metrics_port}",  # on every address: tf-metrics reaches it off loopback
                 f"--usage-interval={PLUGIN_USAGE_INTERVAL}",
+                f"--live-limits-dir={self.live_limits_dir}",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",
             ],
         )
+        if self.live_limits_dir not in LIVE_LIMITS_DIRS:
+            LIVE_LIMITS_DIRS.append(self.live_limits_dir)
 
     def start_metrics_api(self) -> Proc:
         """tf-metrics as the shipped APIServices' server, reached through the API server's aggregation layer.
@@ -345,6 +366,8 @@ class Cluster(AbstractContextManager["Cluster"]):
     def stop(self) -> None:
         for proc in reversed(list(self.ours.values())):
             proc.stop()
+        if self.live_limits_dir in LIVE_LIMITS_DIRS:
+            LIVE_LIMITS_DIRS.remove(self.live_limits_dir)
         if self.node is not None:
             self.node.stop()
         if self.cp is not None:

@@ -9,6 +9,7 @@ import pytest
 
 from tf_webhook import review
 from tf_webhook.decision import Decision, decide
+from tf_webhook.plugin_env import set_by_plugin
 from vgpu.contract import resolved
 from vgpu.names import (
     LABEL_ENABLED,
@@ -18,6 +19,7 @@ from vgpu.names import (
     RESOURCE_VRAM,
     SCHEDULER_NAME,
     Annotation,
+    Env,
     Qos,
     SystemAnnotation,
 )
@@ -428,3 +430,53 @@ def test_auto_requests_changes_nothing_without_a_recommendation_or_outside_its_t
         patched_pod(review_of(vram_only), recommending)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
     )
     assert (req.tflops_request, req.auto_requests) == (10_000, None)
+
+
+FOUR_GPUS = ",".join(f"GPU-{i}" for i in range(4))
+
+
+def test_the_device_plugins_variables_are_removed_from_every_container_of_a_gpu_pod_naming_key_and_value() -> None:
+    # The kubelet puts a container's own env after the plugin's answer and the runtime keeps the last:
+    # without this, a tenant's NVIDIA_VISIBLE_DEVICES and HAMi-core limits would be the ones in force.
+    doc = review_of({**BASIC, A.INJECT_CONTAINER.value: "python"}, containers=("python", "sidecar"))
+    spec = doc["request"]["object"]["spec"]
+    spec["containers"][0]["env"] = [
+        {"name": "HOME", "value": "/home/me"},
+        {"name": Env.NVIDIA_VISIBLE_DEVICES.value, "value": FOUR_GPUS},
+        {"name": f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0", "value": "81920m"},
+        {"name": Env.HAMI_SM_LIMIT.value, "value": "100"},
+        {"name": Env.HAMI_SHARED_REGION.value, "value": "/tmp/own.cache"},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},  # not the plugin's: kept
+    ]
+    spec["containers"][1]["env"] = [
+        {"name": f"{Env.HAMI_SM_LIMIT}_3", "value": "100"},
+        {"name": Env.TF_POD_NAME.value, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    spec["initContainers"] = [{"name": "setup", "image": "busybox", "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
+                                                                           "value": "all"}]}]  # fmt: skip
+    response, _ = run(doc)
+    assert response["allowed"] is True, response
+    pod = apply_patch(doc["request"]["object"], decode_patch(response))
+    envs = [c.get("env") for c in (*pod["spec"]["initContainers"], *pod["spec"]["containers"])]
+    assert envs == [[], [{"name": "HOME", "value": "/home/me"}, {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}], []]
+    problem = (
+        "set by the device plugin; removed: a container's own value is not accepted, the plugin sets it from "
+        "the pod's GPU grant (its tensor-fusion.ai/ annotations)"
+    )
+    assert [w for w in response["warnings"] if "set by the device plugin" in w] == [
+        f"spec.initContainers[setup].env[NVIDIA_VISIBLE_DEVICES] 'all': {problem}",
+        f"spec.containers[python].env[NVIDIA_VISIBLE_DEVICES] '{FOUR_GPUS}': {problem}",
+        f"spec.containers[python].env[CUDA_DEVICE_MEMORY_LIMIT_0] '81920m': {problem}",
+        f"spec.containers[python].env[CUDA_DEVICE_SM_LIMIT] '100': {problem}",
+        f"spec.containers[python].env[CUDA_DEVICE_MEMORY_SHARED_CACHE] '/tmp/own.cache': {problem}",
+        f"spec.containers[sidecar].env[CUDA_DEVICE_SM_LIMIT_3] '100': {problem}",
+        f"spec.containers[sidecar].env[TENSOR_FUSION_POD_NAME] 'valueFrom fieldRef': {problem}",
+    ]
+
+
+def test_a_pod_not_opted_in_keeps_such_variables_and_other_names_are_not_the_plugins() -> None:
+    plain = review_of(BASIC, labels={"app": "x"})
+    plain["request"]["object"]["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    response, _ = run(plain)
+    assert response["allowed"] is True and "patch" not in response
+    assert not any(set_by_plugin(n) for n in ("CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_DEVICE"))
