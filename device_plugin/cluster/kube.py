@@ -132,32 +132,25 @@ class KubeApi:
 
 def pod_event(namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool) -> RawObject:
     """The Event posted about the pod ``namespace/name`` (``uid``), from the plugin on ``node``, in its namespace."""
-    now = rfc3339(time.time())
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
-        "reason": reason,
-        "message": message,
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": EVENT_COMPONENT, "host": node},
-        "reportingComponent": EVENT_COMPONENT,
-        "reportingInstance": node,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
+    return _event(namespace, name, involved, node, reason, message, warning=warning)
 
 
 def node_event(node: str, reason: str, message: str, *, warning: bool) -> RawObject:
     """The Event posted about ``node``, in the ``default`` namespace."""
+    involved = {"apiVersion": "v1", "kind": "Node", "name": node}
+    return _event("default", node, involved, node, reason, message, warning=warning)
+
+
+def _event(
+    namespace: str, about: str, involved: RawObject, node: str, reason: str, message: str, *, warning: bool
+) -> RawObject:
     now = rfc3339(time.time())
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
+        "metadata": {"name": f"{about}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "involvedObject": involved,
         "reason": reason,
         "message": message,
         "type": "Warning" if warning else "Normal",

@@ -85,11 +85,15 @@ def deployment() -> dict[str, Any]:
 
 
 class Load:
-    """Scripts every placed pod of the Deployment at ``sm`` percent of its GPU, rewriting the fake GPU file
-    as pods come and go (a thread, every half second)."""
+    """Scripts every placed pod of a Deployment (``app`` in ``namespace``) at ``sm`` percent of its GPU and
+    ``vram_mib`` of its memory (None: all of it), rewriting the fake GPU file as pods come and go (a thread,
+    every half second)."""
 
-    def __init__(self, cluster: Cluster, sm: int) -> None:
+    def __init__(
+        self, cluster: Cluster, sm: int, *, app: str = WORKLOAD, namespace: str = NAMESPACE, vram_mib: int | None = 512
+    ) -> None:
         self.cluster, self.sm = cluster, sm
+        self.app, self.namespace, self.vram_mib = app, namespace, vram_mib
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._written = ""
@@ -110,13 +114,15 @@ class Load:
             self._stop.wait(0.5)
 
     def _write(self) -> None:
+        memory = {g.uuid: g.model.memory_mib for g in self.cluster.gpus}
         script = []
-        for pod in self.cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"app={WORKLOAD}").items:
+        for pod in self.cluster.core.list_namespaced_pod(self.namespace, label_selector=f"app={self.app}").items:
             if pod.status.phase != "Running" or not (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION):
                 continue
             for g in allocation_of(pod).gpus:
+                vram = memory[g.uuid] if self.vram_mib is None else self.vram_mib
                 script.append(
-                    {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": self.sm, "vramMiB": 512}
+                    {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": self.sm, "vramMiB": vram}
                 )
         text = fake_nvml_yaml(self.cluster.gpus, {}, usage=script)
         if text != self._written:

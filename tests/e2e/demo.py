@@ -31,7 +31,7 @@ from typing import Any
 from kubernetes.client import ApiException, AppsV1Api, CustomObjectsApi
 
 from vgpu.contract import allocation, usage
-from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, Env, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
 
 from . import deploy
@@ -291,6 +291,28 @@ def isolation(cluster: Cluster, namespace: str) -> None:
         return lines[0] if lines else None
 
     print(f"  kubelet event: {eventually('the kubelet refusing bound-by-hand', refused, timeout=30)}")
+    overriding(cluster, namespace)
+
+
+def overriding(cluster: Cluster, namespace: str) -> None:
+    """A pod that sets the plugin's variables itself, through envFrom a ConfigMap no admission check can read:
+    the runtime applies the plugin's CDI device last, so the container gets its grant."""
+    lifted = {
+        Env.NVIDIA_VISIBLE_DEVICES: ",".join(g.uuid for g in cluster.gpus),
+        f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0": "81920m",
+        Env.HAMI_SM_LIMIT: "100",
+    }
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "lift"}, "data": lifted}
+    cluster.core.create_namespaced_config_map(namespace, body)
+    pod = gpu_pod("lifts-its-limits", {Annotation.TFLOPS_REQUEST: "1", Annotation.VRAM_REQUEST: "1Gi"})
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "lift"}}]
+    cluster.core.create_namespaced_pod(namespace, pod)
+    running = wait_running(cluster.core, namespace, "lifts-its-limits")
+    env = created_env(cluster.node, running, allocation_of(running).containers[0])
+    print("pod/lifts-its-limits (1 TFLOPS / 1 GiB) sets the plugin's variables through envFrom a ConfigMap;")
+    print("  the runtime applies the plugin's CDI device after it, so the container gets its grant:")
+    for key, wanted in lifted.items():
+        print(f"  {key}: ConfigMap {wanted!r} -> container {env.get(key)!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -39,8 +39,9 @@ from scheduler_extender.objects import allocated_on_selector
 from vgpu.contract.allocation import PodAllocation
 from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
+from .autoscaling import Load
 from .cluster import REAL_NODE, Cluster
-from .fake_nodes import MIB, fake_nvml_yaml
+from .fake_nodes import MIB
 from .kube import apply, emptied, events_for, eventually, wait_running
 from .pods import IMAGE, allocation_of, gpu_pod
 
@@ -140,45 +141,6 @@ class Watcher:
                     if g.uuid == uuid
                 ]
                 self.violations.append(f"{uuid}: {total / GI:g}Gi held of {self.capacity[uuid] / GI:g}Gi: {shares}")
-
-
-class Load:
-    """Scripts the hog's pod at the whole GPU (100 % of the SMs, all its memory) in the fake GPU file, following the
-    Deployment's pod as it comes and goes (every half second)."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._written = ""
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.cluster.set_gpu_faults({})
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                self._write()
-            self._stop.wait(0.5)
-
-    def _write(self) -> None:
-        memory = {g.uuid: g.model.memory_mib for g in self.cluster.gpus}
-        script = [
-            {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": 100, "vramMiB": memory[g.uuid]}
-            for pod in self.cluster.core.list_namespaced_pod(NAMESPACE, label_selector=f"app={HOG}").items
-            if pod.status.phase == "Running" and (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION)
-            for g in allocation_of(pod).gpus
-        ]
-        text = fake_nvml_yaml(self.cluster.gpus, {}, usage=script)
-        if text != self._written:
-            self.cluster.write_fake_nvml(text)
-            self._written = text
 
 
 def hog_deployment() -> dict[str, Any]:
@@ -287,7 +249,8 @@ def test_a_raised_vram_limit_is_held_so_a_later_neighbour_is_not_placed_beside_i
         # 2. Every other GPU of the node filled: what follows can only go to the neighbour's GPU.
         fill_all_but(core, gpu, capacity)
 
-        with Load(cluster):
+        # The hog at the whole GPU: 100 % of its SMs and all its memory.
+        with Load(cluster, 100, app=HOG, namespace=NAMESPACE, vram_mib=None):
             # 3. The hog lands beside the neighbour and presses on its limits.
             apps.create_namespaced_deployment(namespace, hog_deployment())
             hog = eventually("the hog running", lambda: hog_pod(core), 90)
