@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
@@ -61,24 +62,30 @@ TEMPLATE_ANNOTATIONS = {
 }
 
 
-def deployment() -> dict[str, Any]:
-    labels = {"app": WORKLOAD}
+def deployment(
+    name: str = WORKLOAD,
+    namespace: str = NAMESPACE,
+    annotations: Mapping[Annotation | str, str] = TEMPLATE_ANNOTATIONS,
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A one-replica GPU Deployment whose pods are labelled ``app=<name>``, with ``annotations`` on its template."""
+    labels = {"app": name}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": IMAGE}], "terminationGracePeriodSeconds": 0}
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": WORKLOAD, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {
                     "labels": {LABEL_ENABLED: "true", **labels},
-                    "annotations": {str(k): v for k, v in TEMPLATE_ANNOTATIONS.items()},
+                    "annotations": {str(k): v for k, v in annotations.items()},
                 },
-                "spec": {
-                    "containers": [{"name": "main", "image": IMAGE}],
-                    "terminationGracePeriodSeconds": 0,
-                },
+                "spec": spec,
             },
         },
     }

@@ -35,15 +35,17 @@ from typing import Any
 import pytest
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 
+from scheduler_extender.autoscaler import checkpoints
 from scheduler_extender.objects import allocated_on_selector
 from vgpu.contract.allocation import PodAllocation
-from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
-from .autoscaling import Load
+from . import deploy
+from .autoscaling import Load, deployment
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import MIB
 from .kube import apply, emptied, events_for, eventually, wait_running
-from .pods import IMAGE, allocation_of, gpu_pod
+from .pods import allocation_of, gpu_pod
 
 NAMESPACE = "e2e-vram-guarantee"
 HOG = "hog"
@@ -153,27 +155,7 @@ def hog_deployment() -> dict[str, Any]:
         Annotation.WORKLOAD: HOG,
         Annotation.GENERATE_WORKLOAD: "true",
     }
-    labels = {"app": HOG}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": HOG, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {
-                    "labels": {LABEL_ENABLED: "true", **labels},
-                    "annotations": {str(k): v for k, v in annotations.items()},
-                },
-                "spec": {
-                    "containers": [{"name": "main", "image": IMAGE}],
-                    "nodeSelector": ON_THE_NODE,
-                    "terminationGracePeriodSeconds": 0,
-                },
-            },
-        },
-    }
+    return deployment(HOG, NAMESPACE, annotations, ON_THE_NODE)
 
 
 def pinned_pod(name: str, annotations: Mapping[Annotation | str, str]) -> dict[str, Any]:
@@ -227,6 +209,11 @@ def namespace(cluster: Cluster, core: CoreV1Api) -> Iterator[str]:
         with contextlib.suppress(Exception):
             AppsV1Api(cluster.admin).delete_namespaced_deployment(HOG, NAMESPACE, propagation_policy="Foreground")
         emptied(core, NAMESPACE)
+        # The autoscaler's checkpoint of the hog's histograms outlives it: scenarios after this one count them.
+        system = deploy.system_namespace()
+        for kept in core.list_namespaced_config_map(system, label_selector=checkpoints.SELECTOR).items:
+            if (kept.metadata.annotations or {}).get(checkpoints.WORKLOAD_ANNOTATION) == f"{NAMESPACE}/{HOG}":
+                core.delete_namespaced_config_map(kept.metadata.name, system)
         cluster.stop_metrics_api()
 
 
