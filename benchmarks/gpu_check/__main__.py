@@ -4,14 +4,13 @@ HAMi-core), the report written whatever happened. ``scripts/gpu-check`` runs thi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import benchmarks.gpu_check as package
-from benchmarks.gpu_check.constants import ROOT, WORK
+from benchmarks.gpu_check.constants import WORK
 from benchmarks.gpu_check.environment import environment
+from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.gpu_check.hami_limits import hami
 from benchmarks.gpu_check.probe_check import probe_check
 from benchmarks.gpu_check.procs import set_budget
@@ -20,20 +19,7 @@ from benchmarks.gpu_check.sampling import sampling
 
 
 def parser() -> argparse.ArgumentParser:
-    doc = package.__doc__ or ""
-    made = argparse.ArgumentParser(prog="gpu-check", description=doc.splitlines()[0] if doc else None)
-    made.add_argument(
-        "--out",
-        type=Path,
-        default=Path(os.environ.get("OUT") or "gpu-check-out"),
-        help="where report.md, report.json and the raw logs go (default $OUT, else gpu-check-out)",
-    )
-    made.add_argument(
-        "--hami-src",
-        type=Path,
-        default=ROOT / ".gpu" / "hami-core",
-        help="HAMi-core's exported source (default .gpu/hami-core in the repository)",
-    )
+    made = gpu_parser("gpu-check", package.__doc__, "gpu-check-out", "report.md, report.json and the raw logs")
     made.add_argument("--skip-hami", action="store_true", help="leave out the HAMi-core limits section")
     made.add_argument("--budget", type=float, default=3600.0, help="seconds: every wait ends by then")
     return made

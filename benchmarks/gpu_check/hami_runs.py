@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.gpu_check.constants import HERE, SM_PERCENT, VRAM_LIMIT, WORK
+from benchmarks.gpu_check.grant import one_gpu_allocation
 from benchmarks.gpu_check.procs import Reader, bounded, lines_of, run
 from benchmarks.gpu_check.report import say
 
@@ -24,30 +25,10 @@ LOAD = [sys.executable, str(HERE / "load.py")]
 def container_env(uuid: str, gpu_tflops: int) -> dict[str, str]:
     """What the device plugin's Allocate gives a hami-core container granted 4 GiB and 20 % of this GPU."""
     from device_plugin.enforcement.envs import EnforcementPaths, LiveMount, Target, build
-    from vgpu.contract.allocation import GpuGrant, PodAllocation
-    from vgpu.names import LIVE_LIMITS_DIR, EnforcementBackend, Qos
+    from vgpu.names import LIVE_LIMITS_DIR, EnforcementBackend
 
-    limit = gpu_tflops * SM_PERCENT // 100
-    grant = GpuGrant(
-        uuid=uuid,
-        index=0,
-        tflops_request=limit,
-        tflops_limit=limit,
-        vram_request=VRAM_LIMIT,
-        vram_limit=VRAM_LIMIT,
-        gpu_tflops=gpu_tflops,
-    )
-    alloc = PodAllocation(
-        pod_uid="00000000-0000-0000-0000-00000000c0de",
-        node="gpu-check",
-        pool="default",
-        qos=Qos.MEDIUM,
-        containers=("main",),
-        gpus=(grant,),
-        bound_at="2026-01-01T00:00:00Z",
-    )
     made = build(
-        alloc,
+        one_gpu_allocation(uuid, gpu_tflops, gpu_tflops * SM_PERCENT // 100, VRAM_LIMIT, node="gpu-check"),
         Target(namespace="gpu-check", pod="hami", container="main"),
         EnforcementBackend.HAMI_CORE,
         EnforcementPaths(),
@@ -56,16 +37,18 @@ def container_env(uuid: str, gpu_tflops: int) -> dict[str, str]:
     return dict(made.envs)
 
 
-def build_checker() -> Path:
-    """hami_check.cu compiled with nvcc (shared cudart, as PyTorch and most applications link it)."""
-    checker = WORK / "hami_check"
-    nvcc = run(
-        ["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared", str(HERE / "hami_check.cu"), "-o", str(checker)],
-        timeout=180,
-    )
+def nvcc_build(source: Path, output: Path) -> Path:
+    """``source`` compiled with nvcc for the H100/H200 (sm_90; shared cudart, as PyTorch and most
+    applications link it) into ``output``; a failure raised with nvcc's messages."""
+    nvcc = run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared", str(source), "-o", str(output)], timeout=180)
     if nvcc.returncode != 0:
-        raise RuntimeError(f"nvcc hami_check.cu: {nvcc.stderr[-2000:]}")
-    return checker
+        raise RuntimeError(f"nvcc {source.name}: {nvcc.stderr[-2000:]}")
+    return output
+
+
+def build_checker() -> Path:
+    """hami_check.cu compiled with nvcc."""
+    return nvcc_build(HERE / "hami_check.cu", WORK / "hami_check")
 
 
 @dataclass

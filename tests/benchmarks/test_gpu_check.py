@@ -220,9 +220,16 @@ def test_main_runs_the_sections_in_order_writes_the_report_and_exits_1_on_a_fail
     assert [name for name, _ in called] == ["environment", "probe", "per-process sampling"]
 
 
-def test_the_wrapper_runs_the_package_from_anywhere(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "args", "start"),
+    [
+        ("gpu-check", ["--help"], "usage: gpu-check [-h] [--out OUT] [--hami-src HAMI_SRC] [--skip-hami]"),
+        ("isolation-bench", ["--dry-run", "--modes", "soft"], "plan for --budget 480 s, modes soft:\n"),
+    ],
+)
+def test_the_wrappers_run_their_package_from_anywhere(tmp_path: Path, script: str, args: list[str], start: str) -> None:
     done = subprocess.run(
-        [str(ROOT / "scripts" / "gpu-check"), "--help"],
+        [str(ROOT / "scripts" / script), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -231,7 +238,7 @@ def test_the_wrapper_runs_the_package_from_anywhere(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: gpu-check [-h] [--out OUT] [--hami-src HAMI_SRC] [--skip-hami]")
+    assert done.stdout.startswith(start)
 
 
 # child processes -----------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""The isolation benchmark's command line: its flags, the budget planned (and refused where it cannot hold
+the runs: exit status 2, as for any bad flag), the plan printed, then the run. ``scripts/isolation-bench``
+runs this from the repository root."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import benchmarks.isolation as package
+from benchmarks.gpu_check.flags import gpu_parser
+from benchmarks.isolation.bench import run_all
+from benchmarks.isolation.plan import ORDER, BudgetError, plan, render_plan
+from vgpu.names import IsolationMode
+
+
+def modes(text: str) -> tuple[IsolationMode, ...]:
+    """``shared,soft``: the modes named (at least one, each a known one)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in set(IsolationMode)]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown mode {', '.join(unknown)}" if unknown else "no mode named")
+    return tuple(IsolationMode(n) for n in names)
+
+
+def parser() -> argparse.ArgumentParser:
+    made = gpu_parser("isolation-bench", package.__doc__, "isolation-out", "isolation.json, isolation.md and runs.log")
+    made.add_argument("--budget", type=float, default=480.0, help="seconds for everything, builds included")
+    made.add_argument(
+        "--modes",
+        type=modes,
+        default=ORDER,
+        help=f"comma-separated, of {','.join(ORDER)} (default all)",
+    )
+    made.add_argument("--dry-run", action="store_true", help="print the plan and stop; touches no GPU")
+    return made
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.budget <= 0:
+        cli.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
+    try:
+        made = plan(args.budget, args.modes)
+    except BudgetError as exc:
+        cli.error(str(exc))
+    print(render_plan(made))
+    if args.dry_run:
+        return 0
+    return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

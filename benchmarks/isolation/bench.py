@@ -1,0 +1,270 @@
+"""The isolation benchmark's run on the GPU: prerequisites said, the plan made again for the modes that can
+run, the tenant load (and HAMi-core) built, then each planned run — one ``tenant_load`` process per tenant,
+its environment from :func:`~benchmarks.isolation.tenants.tenant_env` — and the report written whatever
+happened. Hard mode's runs happen inside :func:`~benchmarks.isolation.mps.mps_daemon`."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import shutil
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_check.constants import MIB, VRAM_LIMIT
+from benchmarks.gpu_check.hami_build import build_hami
+from benchmarks.gpu_check.hami_runs import nvcc_build
+from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
+from benchmarks.gpu_check.report import say
+from benchmarks.gpu_check.smi import smi_xml
+from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
+from benchmarks.isolation.mps import MpsError, mps_daemon
+from benchmarks.isolation.plan import BASELINE, TAMPER_CAP, Plan, Step, measured, ordered, plan, render_plan
+from benchmarks.isolation.prereqs import blocked, check
+from benchmarks.isolation.report import write_report
+from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
+from device_plugin.enforcement.envs import EnforcementPaths
+from vgpu.names import IsolationMode
+
+HERE = Path(__file__).resolve().parent
+WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's folders, each tenant's limits
+WITHIN_MIB = 1024  # an allocation inside the VRAM limit: refused only if something else is wrong
+OVER_MIB = VRAM_LIMIT // MIB + 1024  # past it
+
+
+@dataclass
+class Bench:
+    """The runs of one GPU: each tenant started with its own live-limits folder, its output logged, the
+    uncapped rates every share is measured against, and each mode's figures in ``result``."""
+
+    binary: Path
+    gpu: Gpu
+    paths: EnforcementPaths
+    result: dict[str, Any]
+    log: list[str] = field(default_factory=list)
+    uncapped: dict[str, float | None] = field(default_factory=dict)
+    started: int = 0
+
+    def env(self, mode: IsolationMode, percent: int | None, name: str) -> dict[str, str]:
+        self.started += 1
+        live = WORK / "tenants" / f"{self.started:03d}-{mode}-{name}"
+        shutil.rmtree(live, ignore_errors=True)
+        live.mkdir(parents=True)
+        return tenant_env(
+            mode, self.gpu, percent=percent, vram_limit=VRAM_LIMIT, paths=self.paths, live_dir=live, name=name
+        )
+
+    def start(self, envs: dict[str, str], *args: str) -> Reader:
+        cmd = [str(self.binary), *args]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **envs}
+        )
+        self.log.append(f"started PID {proc.pid}: {' '.join(cmd)}")
+        return Reader(proc)
+
+    def finish(self, label: str, reader: Reader, timeout: float) -> list[dict[str, Any]]:
+        err = reader.finish(timeout)
+        for stream in (reader.proc.stdout, reader.proc.stderr):
+            if stream is not None:
+                stream.close()
+        self.log.append(
+            f"### {label}: PID {reader.proc.pid}, rc {reader.proc.returncode}\n"
+            f"--- stdout\n{''.join(reader.raw)}--- stderr (tail)\n{err[-3000:]}\n"
+        )
+        return reader.rows
+
+    def run(self, label: str, envs: dict[str, str], *args: str, seconds: float) -> list[dict[str, Any]]:
+        """A tenant run to its end (``seconds`` measured; killed half a minute after)."""
+        return self.finish(label, self.start(envs, *args), seconds + 30)
+
+    def single(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        percent = st.targets[0] if st.targets else None
+        envs = self.env(mode, percent, st.kernel)
+        rows = self.run(f"{st.mode} {st.label}", envs, st.kernel, f"{st.seconds}", seconds=st.seconds)
+        rate = mean_rate(rows)
+        if st.mode == BASELINE:
+            self.uncapped[st.kernel] = rate
+        return {
+            "kernel": st.kernel,
+            "target": percent,
+            "rate": rate,
+            "unit": step(rows, "ready").get("unit"),
+            "share": share(rate, self.uncapped.get(st.kernel)),
+            "per_second": [r["rate"] for r in seconds_rows(rows)],
+            "error": step(rows, "error").get("error"),
+        }
+
+    def pair(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        readers = [self.start(self.env(mode, t, f"pair-{t}"), "compute", f"{st.seconds}") for t in st.targets]
+        labels = [f"{st.mode} {st.label} ({t} %)" for t in st.targets]
+        rows = [self.finish(label, r, st.seconds + 30) for label, r in zip(labels, readers, strict=True)]
+        window = together(*rows)
+        rates = [mean_rate(r, *window) if window else None for r in rows]
+        made = split(st.targets, rates, self.uncapped.get("compute"))
+        return {
+            "targets": list(st.targets),
+            "seconds_together": round(window[1] - window[0], 1) if window else 0.0,
+            "rates": rates,
+            "shares": list(made.shares) if made else None,
+            "points": list(made.points) if made else None,
+            "total": made.total if made else None,
+        }
+
+    def latency(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        neighbour = None
+        if len(st.targets) > 1:  # the neighbour saturates the GPU before the stream starts, and after it ends
+            neighbour = self.start(self.env(mode, st.targets[1], "neighbour"), "compute", f"{st.seconds + 3}")
+            neighbour.wait_for("step", "ready", 30)
+        envs = self.env(mode, st.targets[0], "stream")
+        rows = self.run(f"{st.mode} {st.label}", envs, "latency", f"{st.seconds}", seconds=st.seconds)
+        if neighbour is not None:
+            self.finish(f"{st.mode} neighbour of the latency stream", neighbour, st.seconds + 30)
+        done = step(rows, "done")
+        return {k: done.get(k) for k in ("launches", "p50_us", "p99_us", "p999_us", "max_us")} | {
+            "target": st.targets[0],
+            "neighbour": st.targets[1] if neighbour else None,
+        }
+
+    def allocation(self, label: str, envs: dict[str, str]) -> dict[str, Any]:
+        rows = self.run(label, envs, "alloc", f"{WITHIN_MIB}", f"{OVER_MIB}", seconds=0)
+        within, over = step(rows, "within"), step(rows, "over")
+        return {
+            "limit_mib": VRAM_LIMIT // MIB,
+            "device_mib_seen": step(rows, "mem_get_info").get("total_mib"),
+            "within_mib": WITHIN_MIB,
+            "within_ok": within.get("ok"),
+            "over_mib": OVER_MIB,
+            "over_ok": over.get("ok"),
+            "over_error": over.get("error") or None,
+        }
+
+    def tampering(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> dict[str, Any]:
+        envs, changed = tampered(self.env(mode, TAMPER_CAP, "tamperer"), self.gpu)
+        rows = self.run(f"{st.mode} {st.label}", envs, "compute", f"{st.seconds}", seconds=st.seconds)
+        honest = next(
+            (s["share"] for s in figures.get("single", []) if s["kernel"] == "compute" and s["target"] == TAMPER_CAP),
+            None,
+        )
+        got = share(mean_rate(rows), self.uncapped.get("compute"))
+        return {
+            "target": TAMPER_CAP,
+            "changed": changed,
+            "honest_share": honest,
+            "tampered_share": got,
+            "gain_points": got - honest if got is not None and honest is not None else None,
+            "memory": self.allocation(f"{st.mode} tampered allocation", envs),
+        }
+
+    def one(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> None:
+        """Run ``st`` and file its figures under ``figures``."""
+        if st.scenario == "single":
+            figures.setdefault("single", []).append(self.single(mode, st))
+        elif st.scenario == "pair":
+            figures.setdefault("pairs", []).append(self.pair(mode, st))
+        elif st.scenario == "latency":
+            figures.setdefault("latency", {})["beside" if len(st.targets) > 1 else "alone"] = self.latency(mode, st)
+        elif st.scenario == "memory":
+            figures["memory"] = self.allocation(f"{st.mode} allocation", self.env(mode, TAMPER_CAP, "alloc"))
+        else:
+            figures["tampering"] = self.tampering(mode, st, figures)
+
+    def steps(self, mode: IsolationMode, steps: list[Step], figures: dict[str, Any]) -> None:
+        """Each run in turn while the budget allows it; a failing run is recorded and the next one runs."""
+        for st in steps:
+            if DEADLINE[0] - time.time() < st.cost:
+                figures.setdefault("out_of_budget", []).append(st.label)
+                continue
+            say(f"{st.mode}: {st.label}")
+            try:
+                self.one(mode, st, figures)
+            except Exception as exc:  # recorded; the other runs still say something
+                figures.setdefault("errors", {})[st.label] = f"{type(exc).__name__}: {exc}"
+                self.log.append(f"### {st.mode} {st.label}: FAILED\n{traceback.format_exc()}")
+
+
+def paths_for(lib: Path | None) -> EnforcementPaths:
+    """Where the benchmark put what the plugin mounts: HAMi-core and its preload list, MPS's pipe folder."""
+    preload = WORK / "ld.so.preload"
+    preload.write_text(f"{lib}\n" if lib else "")
+    return EnforcementPaths(
+        hami_library=str(lib or EnforcementPaths().hami_library),
+        hami_preload=str(preload),
+        mps_pipe_host=str(WORK / "mps" / "pipe"),
+    )
+
+
+def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> None:
+    """The plan's runs, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
+    gpu = gpu_facts(smi_xml())
+    result["gpu"] = dataclasses.asdict(gpu)
+    say(f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), driver {gpu.driver}, CUDA {gpu.cuda}, MIG {gpu.mig}")
+    binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
+    lib = build_hami(hami_src, out) if IsolationMode.SOFT in made.modes else None
+    Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
+    bench = Bench(binary, gpu, paths_for(lib), result)
+    runs = [s for s in made.steps if s.scenario != "setup"]
+    try:
+        for name, group in itertools.groupby(runs, key=lambda s: s.mode):
+            steps = list(group)
+            if name == BASELINE:
+                bench.steps(IsolationMode.SHARED, steps, result.setdefault("baseline", {}))
+                continue
+            mode = IsolationMode(name)
+            figures: dict[str, Any] = result["modes"].setdefault(mode, {"status": "measured"})
+            if mode is IsolationMode.SOFT and lib is None:
+                result["modes"][mode] = {"status": "not measured", "reasons": ["HAMi-core did not build (its log)"]}
+            elif mode is IsolationMode.HARD:
+                mps_log: list[str] = []
+                try:
+                    with mps_daemon(gpu.index, WORK / "mps", mps_log):
+                        bench.steps(mode, steps, figures)
+                except MpsError as exc:
+                    result["modes"][mode] = {"status": "not measured", "reasons": [str(exc)]}
+                result["modes"][mode]["mps"] = mps_log
+            else:
+                bench.steps(mode, steps, figures)
+    finally:
+        (out / "runs.log").write_text("\n".join(bench.log))
+
+
+def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...]) -> int:
+    """The whole benchmark; 0 when every mode that could run was measured, else 1."""
+    started = time.time()
+    set_budget(budget)
+    out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    needs = check(asked, hami_src)
+    say("prerequisites:")
+    for need in needs:
+        say(f"  {need.line()}")
+    runnable = tuple(m for m in measured(asked) if not blocked(needs, m))
+    result: dict[str, Any] = {
+        "budget_s": budget,
+        "asked": list(ordered(asked)),
+        "prerequisites": [need.line() for need in needs],
+        "modes": {m: {"status": "not measured", "reasons": blocked(needs, m)} for m in ordered(asked)},
+        "notes": [],
+    }
+    try:
+        if runnable:
+            made = plan(budget - (time.time() - started), runnable)
+            say(render_plan(made))
+            result["notes"] = list(made.notes)
+            result["pair_s"] = made.pair_s
+            for mode in runnable:
+                result["modes"][mode] = {"status": "measured"}
+            measure(made, hami_src, out, result)
+        else:
+            say("no mode can run here: see the prerequisites above")
+    except Exception:  # recorded; the report is still written
+        result["error"] = traceback.format_exc()
+        say(f"FAILED: {result['error'].strip().splitlines()[-1]}")
+    finally:
+        result["wall_s"] = round(time.time() - started, 1)
+        say(write_report(out, result))
+    return 0 if runnable and "error" not in result else 1

@@ -1,0 +1,75 @@
+"""The isolation benchmark's arithmetic, apart from the GPU: a tenant's rate from its per-second rows, the
+seconds two tenants ran together, shares of the uncapped rate, and a split's distance from its target in
+percentage points. The rows are tenant_load's: ``{"step": "second", "from": wall, "to": wall, "rate": r}``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SETTLE_S = 1.0  # a tenant's first second is left out: limiters (HAMi-core's watcher) take hold after it
+
+
+def seconds_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("step") == "second"]
+
+
+def mean_rate(rows: Sequence[dict[str, Any]], lo: float | None = None, hi: float | None = None) -> float | None:
+    """The time-weighted mean rate of the per-second rows wholly inside [lo, hi] (default: from the first
+    row's start plus :data:`SETTLE_S` to the last row's end); None without any."""
+    each = seconds_rows(rows)
+    if not each:
+        return None
+    lo = each[0]["from"] + SETTLE_S if lo is None else lo
+    hi = each[-1]["to"] if hi is None else hi
+    inside = [r for r in each if r["from"] >= lo - 1e-6 and r["to"] <= hi + 1e-6]
+    spent = sum(r["to"] - r["from"] for r in inside)
+    return sum(r["rate"] * (r["to"] - r["from"]) for r in inside) / spent if spent > 0 else None
+
+
+def together(*tenants: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """The window in which every tenant was measuring, after each one's settling second; None if none."""
+    each = [seconds_rows(rows) for rows in tenants]
+    if not all(each):
+        return None
+    lo = max(rows[0]["from"] for rows in each) + SETTLE_S
+    hi = min(rows[-1]["to"] for rows in each)
+    return (lo, hi) if hi > lo else None
+
+
+def share(rate: float | None, uncapped: float | None) -> float | None:
+    """``rate`` in percent of ``uncapped`` (the same load alone, with no limit)."""
+    if rate is None or not uncapped:
+        return None
+    return 100.0 * rate / uncapped
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Two or more tenants at once: each one's share of the uncapped rate, its distance from its limit in
+    percentage points, and their total (about 100: the GPU's time was all used: work-conserving)."""
+
+    targets: tuple[int, ...]
+    shares: tuple[float, ...]
+
+    @property
+    def points(self) -> tuple[float, ...]:
+        return tuple(s - t for s, t in zip(self.shares, self.targets, strict=True))
+
+    @property
+    def total(self) -> float:
+        return sum(self.shares)
+
+    @property
+    def worst(self) -> float:
+        """The largest distance from a target, in points."""
+        return max(abs(p) for p in self.points)
+
+
+def split(targets: tuple[int, ...], rates: Sequence[float | None], uncapped: float | None) -> Split | None:
+    """The split of ``rates`` against ``targets``; None where a rate or the uncapped rate is missing."""
+    shares = [share(r, uncapped) for r in rates]
+    if any(s is None for s in shares):
+        return None
+    return Split(targets, tuple(s for s in shares if s is not None))

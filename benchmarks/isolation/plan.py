@@ -1,0 +1,151 @@
+"""The budget planner: which runs the isolation benchmark makes for the modes asked, and how long each lasts
+so that all of them, builds and process starts included, fit in ``--budget`` seconds.
+
+Every run but the two-tenant splits has a fixed length (a few seconds is enough to read a rate); the splits
+take what is left, up to the issue's 60 s each. Where that is less, they are scaled down and the plan says
+so; below :data:`PAIR_MIN_S` the budget is refused. Pure: ``--dry-run`` prints it without touching a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vgpu.names import IsolationMode
+
+KERNELS = ("compute", "memory", "graph")  # the single-tenant loads (tenant_load.cu)
+CAPS = (10, 25, 50)  # single-tenant compute limits, percent of the GPU
+SPLITS = ((30, 70), (10, 90))  # two saturating tenants' limits
+LATENCY_SPLIT = (50, 50)  # the latency stream's limit and its saturating neighbour's
+TAMPER_CAP = 25  # the limit a tampering tenant was granted (its honest rate: the single-tenant run at it)
+PAIR_GOAL_S = 60.0  # what the issue asks of each split
+PAIR_MIN_S = 10.0  # shorter splits say nothing: refused
+SINGLE_S = 4.0  # one single-tenant run (its first second is left out as warm-up)
+LATENCY_S = 6.0
+START_S = 2.0  # a process's CUDA start and warm-up, beside its measured seconds
+ALLOC_S = 3.0  # one allocation probe, its start included
+SETUP_S = {"build the tenant load (nvcc)": 30.0, "build HAMi-core": 60.0, "start and stop the MPS daemon": 10.0}
+MARGIN = 0.05  # of the budget, kept for what the estimates miss
+ORDER = (IsolationMode.SHARED, IsolationMode.SOFT, IsolationMode.HARD, IsolationMode.PARTITIONED)
+LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
+BASELINE = "baseline"  # the uncapped runs every share is measured against
+
+
+class BudgetError(ValueError):
+    """The budget cannot hold the runs asked; the message says what it would take."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One run: ``mode`` (an IsolationMode's value, or ``baseline``), what it measures, the load, the
+    limits in percent of the GPU (one per tenant; none: uncapped), seconds measured, seconds planned."""
+
+    mode: str
+    scenario: str  # setup, single, pair, latency, memory, tampering
+    kernel: str
+    targets: tuple[int, ...]
+    seconds: float
+    cost: float
+
+    @property
+    def label(self) -> str:
+        limits = "/".join(f"{t}" for t in self.targets) + " %" if self.targets else "uncapped"
+        if self.scenario == "setup":
+            return self.kernel
+        if self.scenario == "latency":
+            return f"latency stream at {self.targets[0]} % " + ("alone" if len(self.targets) == 1 else "+ neighbour")
+        if self.scenario == "memory":
+            return "an allocation past the VRAM limit"
+        if self.scenario == "tampering":
+            return f"compute at {limits} with its own limits raised, and an allocation past the VRAM limit"
+        return f"{self.kernel} {limits}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    budget: float
+    modes: tuple[IsolationMode, ...]
+    steps: tuple[Step, ...]
+    pair_s: float
+    notes: tuple[str, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(s.cost for s in self.steps)
+
+
+def ordered(modes: tuple[IsolationMode, ...]) -> tuple[IsolationMode, ...]:
+    """The modes in the order they run (MPS last: it changes the GPU's compute mode), each once."""
+    return tuple(m for m in ORDER if m in modes)
+
+
+def measured(modes: tuple[IsolationMode, ...]) -> tuple[IsolationMode, ...]:
+    """The modes this version measures on a whole GPU: partitioned (MIG) is reported, never run."""
+    return tuple(m for m in ordered(modes) if m is not IsolationMode.PARTITIONED)
+
+
+def fixed_steps(modes: tuple[IsolationMode, ...]) -> list[Step]:
+    """Every run of fixed length, in order, with the splits left out."""
+    steps = [Step("setup", "setup", "build the tenant load (nvcc)", (), 0.0, SETUP_S["build the tenant load (nvcc)"])]
+    if IsolationMode.SOFT in modes:
+        steps.append(Step("setup", "setup", "build HAMi-core", (), 0.0, SETUP_S["build HAMi-core"]))
+    if IsolationMode.HARD in modes:
+        what = "start and stop the MPS daemon"
+        steps.append(Step("setup", "setup", what, (), 0.0, SETUP_S[what]))
+    steps += [Step(BASELINE, "single", k, (), SINGLE_S, SINGLE_S + START_S) for k in KERNELS]
+    for mode in modes:
+        if mode in LIMITED:
+            steps += [Step(mode, "single", k, (cap,), SINGLE_S, SINGLE_S + START_S) for k in KERNELS for cap in CAPS]
+        steps.append(Step(mode, "latency", "latency", LATENCY_SPLIT[:1], LATENCY_S, LATENCY_S + START_S))
+        steps.append(Step(mode, "latency", "latency", LATENCY_SPLIT, LATENCY_S, LATENCY_S + START_S))
+        steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
+        if mode in LIMITED:
+            steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S + ALLOC_S))
+    return steps
+
+
+def plan(budget: float, modes: tuple[IsolationMode, ...]) -> Plan:
+    """The runs for ``modes`` within ``budget`` seconds; :class:`BudgetError` where they cannot fit."""
+    runs = measured(modes)
+    fixed = fixed_steps(runs)
+    fixed_cost = sum(s.cost for s in fixed)
+    pairs = len(runs) * len(SPLITS)
+    usable = budget * (1 - MARGIN)
+    if not runs:
+        raise BudgetError("no mode to run: partitioned (MIG) is reported, not measured; add shared, soft or hard")
+    pair_s = min(PAIR_GOAL_S, (usable - fixed_cost) / pairs - START_S)
+    if pair_s < PAIR_MIN_S:
+        needed = (fixed_cost + pairs * (PAIR_MIN_S + START_S)) / (1 - MARGIN)
+        raise BudgetError(
+            f"--budget {budget:g} s cannot hold the runs for {', '.join(runs)}: they need at least {needed:.0f} s "
+            f"({fixed_cost:.0f} s of builds and fixed runs, {pairs} two-tenant splits of at least {PAIR_MIN_S:g} s, "
+            f"{MARGIN:.0%} margin); raise --budget or measure fewer --modes"
+        )
+    notes = []
+    if pair_s < PAIR_GOAL_S:
+        full = math.ceil((fixed_cost + pairs * (PAIR_GOAL_S + START_S)) / (1 - MARGIN))
+        notes.append(
+            f"two-tenant splits scaled down to {pair_s:.0f} s each (the issue asks >= {PAIR_GOAL_S:g} s) to fit "
+            f"--budget {budget:g} s; --budget {full} would give them {PAIR_GOAL_S:g} s"
+        )
+    if IsolationMode.PARTITIONED in modes:
+        notes.append(
+            "partitioned (MIG): reported, not measured in this version (it needs MIG enabled, and then the whole "
+            "GPU the other modes run on is not reachable)"
+        )
+    steps: list[Step] = []
+    for step in fixed:  # each mode's splits after its single-tenant runs, before its latency runs
+        if step.scenario == "latency" and step.targets == LATENCY_SPLIT[:1]:
+            steps += [Step(step.mode, "pair", "compute", split, pair_s, pair_s + START_S) for split in SPLITS]
+        steps.append(step)
+    return Plan(budget, ordered(modes), tuple(steps), pair_s, tuple(notes))
+
+
+def render_plan(made: Plan) -> str:
+    """The plan as printed: one line a run, the total against the budget, and the notes."""
+    lines = [f"plan for --budget {made.budget:g} s, modes {', '.join(made.modes)}:"]
+    for step in made.steps:
+        lines.append(f"  {step.cost:6.1f} s  {step.mode:<9} {step.scenario:<9} {step.label}")
+    lines.append(f"  {made.total:6.1f} s  in all (budget {made.budget:g} s, {MARGIN:.0%} kept as margin)")
+    lines += [f"note: {n}" for n in made.notes]
+    return "\n".join(lines)

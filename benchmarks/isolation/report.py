@@ -1,0 +1,146 @@
+"""The isolation benchmark's report: ``isolation.json`` (every figure as measured) and ``isolation.md``, one
+table per mode headed by the GPU, driver and CUDA versions, in the shape docs take. Rendered from the JSON
+alone, so that a stored result renders again the same (the tests render a canned one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.isolation.tenants import BACKENDS
+from vgpu.names import IsolationMode
+
+TABLE_HEAD = ("| scenario | limit | measured | against the limit |", "|---|---|---|---|")
+
+
+def num(value: float | None, digits: int = 1, signed: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def single_row(s: dict[str, Any]) -> str:
+    head = f"| {s['kernel']}, one tenant | {s['target']} % |"
+    if s.get("error"):
+        return f"{head} failed: {s['error']} | n/a |"
+    return (
+        f"{head} {num(s['share'])} % of uncapped ({num(s['rate'])} {s.get('unit') or ''}) | "
+        f"{num(diff(s['share'], s['target']), signed=True)} points |"
+    )
+
+
+def diff(value: float | None, target: float) -> float | None:
+    return None if value is None else value - target
+
+
+def pair_row(p: dict[str, Any]) -> str:
+    targets = " / ".join(f"{t}" for t in p["targets"])
+    if p["shares"] is None:
+        return f"| two saturating tenants, compute | {targets} % | n/a (no common second) | n/a |"
+    shares = " / ".join(num(s) for s in p["shares"])
+    points = " / ".join(num(x, signed=True) for x in p["points"])
+    return (
+        f"| two saturating tenants, compute | {targets} % | {shares} % over {p['seconds_together']} s together | "
+        f"{points} points; together {num(p['total'], 0)} % of one uncapped tenant |"
+    )
+
+
+def latency_row(lat: dict[str, Any]) -> str:
+    alone, beside = lat.get("alone", {}), lat.get("beside", {})
+    a99, b99 = alone.get("p99_us"), beside.get("p99_us")
+    ratio = f"×{b99 / a99:.1f}" if a99 and b99 else "n/a"
+    return (
+        f"| latency stream, p99 | {beside.get('target', alone.get('target'))} % beside a "
+        f"{beside.get('neighbour')} % neighbour | {num(b99, 0)} µs (p50 {num(beside.get('p50_us'), 0)}); "
+        f"alone {num(a99, 0)} µs (p50 {num(alone.get('p50_us'), 0)}) | {ratio} |"
+    )
+
+
+def allocation(m: dict[str, Any]) -> str:
+    over = "granted" if m["over_ok"] else f"refused ({m['over_error']})" if m["over_ok"] is False else "n/a"
+    within = "granted" if m["within_ok"] else "refused" if m["within_ok"] is False else "n/a"
+    return f"{m['over_mib']} MiB {over}, {m['within_mib']} MiB {within}"
+
+
+def memory_row(m: dict[str, Any]) -> str:
+    held = "held" if m["over_ok"] is False and m["within_ok"] else "NOT held" if m["over_ok"] else "n/a"
+    return f"| memory | {m['limit_mib']} MiB | {allocation(m)}; device seen {m['device_mib_seen']} MiB | {held} |"
+
+
+def tampering_row(t: dict[str, Any]) -> str:
+    if not t["changed"]:
+        return f"| tampering | {t['target']} % | no limit in the environment to raise | nothing gained |"
+    raised = ", ".join(f"{k}={v}" for k, v in sorted(t["changed"].items()))
+    memory = "more memory" if t["memory"]["over_ok"] else "no memory"
+    return (
+        f"| tampering: {raised} | {t['target']} % | {num(t['tampered_share'])} % of uncapped "
+        f"(honest {num(t['honest_share'])} %); {allocation(t['memory'])} | "
+        f"{num(t['gain_points'], signed=True)} points, {memory} |"
+    )
+
+
+def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
+    backend = BACKENDS[IsolationMode(mode)]
+    title = f"## {mode} (enforcement backend {backend})"
+    if figures.get("status") != "measured":
+        return [f"{title}: not measured", "", *[f"- {r}" for r in figures.get("reasons") or ["(no reason given)"]]]
+    lines = [
+        f"{title} — {gpu.get('name', '?')}, driver {gpu.get('driver', '?')}, CUDA {gpu.get('cuda', '?')}",
+        "",
+        *TABLE_HEAD,
+    ]
+    lines += [single_row(s) for s in figures.get("single", [])]
+    lines += [pair_row(p) for p in figures.get("pairs", [])]
+    if figures.get("latency"):
+        lines.append(latency_row(figures["latency"]))
+    if figures.get("memory"):
+        lines.append(memory_row(figures["memory"]))
+    if figures.get("tampering"):
+        lines.append(tampering_row(figures["tampering"]))
+    for label, error in (figures.get("errors") or {}).items():
+        lines.append(f"\nFAILED: {label}: {error}")
+    if figures.get("out_of_budget"):
+        lines.append(f"\nNot run, out of budget: {'; '.join(figures['out_of_budget'])}")
+    return lines
+
+
+def baseline_lines(baseline: dict[str, Any]) -> list[str]:
+    rows = baseline.get("single", [])
+    if not rows:
+        return []
+    lines = ["## uncapped, alone (what every share is of)", "", "| load | rate |", "|---|---|"]
+    return lines + [f"| {s['kernel']} | {num(s['rate'])} {s.get('unit') or ''} |" for s in rows]
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    gpu = result.get("gpu", {})
+    lines = [
+        "# Isolation benchmark",
+        "",
+        f"GPU: {gpu.get('name', 'not reached')} ({gpu.get('memory_mib', '?')} MiB, MIG {gpu.get('mig', '?')}), "
+        f"driver {gpu.get('driver', '?')}, CUDA {gpu.get('cuda', '?')}; catalog TFLOPS "
+        f"{gpu.get('tflops', 0) / 1000:g}{'' if gpu.get('in_catalog', True) else ' (not in the catalog: nominal)'}.",
+        f"Budget {result.get('budget_s')} s, ran {result.get('wall_s', '?')} s; two-tenant splits "
+        f"{num(result.get('pair_s'), 0)} s each.",
+        "Shares are of the same load's uncapped rate alone; points are share minus limit.",
+        *[f"- note: {n}" for n in result.get("notes", [])],
+        "",
+        "Prerequisites:",
+        *[f"- {p}" for p in result.get("prerequisites", [])],
+        "",
+    ]
+    lines += baseline_lines(result.get("baseline", {}))
+    for mode, figures in result.get("modes", {}).items():
+        lines += ["", *mode_section(mode, figures, gpu)]
+    if result.get("error"):
+        lines += ["", "FAILED:", "```", result["error"].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, result: dict[str, Any]) -> str:
+    """``isolation.json`` and ``isolation.md`` under ``out``; the Markdown returned to be printed."""
+    markdown = render_markdown(result)
+    (out / "isolation.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "isolation.md").write_text(markdown)
+    return markdown

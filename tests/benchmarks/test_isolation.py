@@ -1,0 +1,632 @@
+"""The isolation benchmark's parts that need no GPU: its flags and their errors, the budget planner and the
+dry run, the split arithmetic, each tenant's environment from the device plugin's ``envs.build``, tampering,
+the prerequisite checker against fake commands on PATH, the MPS daemon's commands and the compute mode put
+back on error, the report rendered from a canned result, and the wrapper script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import benchmarks.isolation.__main__ as entry
+from benchmarks.gpu_check import procs
+from benchmarks.gpu_check import report as gpu_report
+from benchmarks.gpu_check.constants import GIB, ROOT
+from benchmarks.isolation import bench, tenants
+from benchmarks.isolation.figures import Split, mean_rate, share, split, together
+from benchmarks.isolation.mps import MpsError, mps_daemon
+from benchmarks.isolation.plan import (
+    CAPS,
+    KERNELS,
+    MARGIN,
+    PAIR_GOAL_S,
+    PAIR_MIN_S,
+    SPLITS,
+    BudgetError,
+    plan,
+    render_plan,
+)
+from benchmarks.isolation.prereqs import blocked, check
+from benchmarks.isolation.report import render_markdown, write_report
+from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
+from benchmarks.isolation.tenants import build as plugin_build
+from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
+from vgpu.names import EnforcementBackend, Env, IsolationMode
+
+M = IsolationMode
+ALL = tuple(IsolationMode)
+FIXTURE = Path(__file__).parent / "data" / "isolation_result.json"
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+H100 = Gpu(
+    index=0,
+    uuid=UUID,
+    name="NVIDIA H100 80GB HBM3",
+    memory_mib=81559,
+    mig="Disabled",
+    compute_mode="Default",
+    driver="580.159.04",
+    cuda="13.0",
+    tflops=989_000,
+    in_catalog=True,
+)
+
+
+# flags and the dry run -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--modes", "shared,turbo"], "argument --modes: unknown mode turbo"),
+        (["--modes", ","], "argument --modes: no mode named"),
+        (["--budget", "0"], "--budget must be a positive number of seconds, not 0"),
+        (["--budget", "soon"], "argument --budget: invalid float value: 'soon'"),
+        (["--budget", "120"], "--budget 120 s cannot hold the runs for shared, soft, hard: they need at least"),
+        (["--modes", "partitioned", "--dry-run"], "no mode to run: partitioned (MIG) is reported, not measured"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(entry, "run_all", lambda *a: pytest.fail("ran despite a bad argument"))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(argv)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUT", raising=False)
+    args = entry.parser().parse_args([])
+    assert (args.out, args.budget, args.modes, args.dry_run) == (Path("isolation-out"), 480.0, ALL, False)
+    assert args.hami_src == ROOT / ".gpu" / "hami-core"
+    assert entry.parser().parse_args(["--modes", " hard,soft "]).modes == (M.HARD, M.SOFT)
+
+
+@pytest.mark.parametrize(
+    ("budget", "modes", "expected"),
+    [
+        ("480", "shared,soft,hard,partitioned", "note: two-tenant splits scaled down to 24 s each"),
+        ("1000", "shared,soft,hard", "    62.0 s  hard      pair      compute 10/90 %\n"),
+        ("400", "soft", "    62.0 s  soft      pair      compute 30/70 %\n"),
+    ],
+)
+def test_the_dry_run_prints_the_plan_and_touches_nothing(
+    budget: str, modes: str, expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(entry, "run_all", lambda *a: pytest.fail("a dry run ran"))
+    assert entry.main(["--dry-run", "--budget", budget, "--modes", modes]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"plan for --budget {budget} s, modes {modes.replace(',', ', ')}:\n")
+    assert expected in out
+    assert ("scaled down" in out) == ("scaled down" in expected)
+    assert ("partitioned (MIG): reported, not measured" in out) == ("partitioned" in modes)
+
+
+def test_a_real_run_goes_to_run_all_with_the_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(entry, "run_all", lambda *a: seen.append(a) or 7)
+    monkeypatch.chdir(tmp_path)
+    assert entry.main(["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"]) == 7
+    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,))]
+
+
+# the planner ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [400.0, 480.0, 600.0, 2000.0])
+def test_the_plan_fits_the_budget_with_its_margin(budget: float) -> None:
+    made = plan(budget, ALL)
+    assert made.total <= budget * (1 - MARGIN) + 1e-6
+    assert PAIR_MIN_S <= made.pair_s <= PAIR_GOAL_S
+    pairs = [s for s in made.steps if s.scenario == "pair"]
+    assert {s.seconds for s in pairs} == {made.pair_s}
+    assert [(s.mode, s.targets) for s in pairs] == [(m, t) for m in ("shared", "soft", "hard") for t in SPLITS]
+
+
+def test_the_plan_has_each_mode_s_runs_in_order() -> None:
+    steps = plan(2000, (M.HARD, M.SHARED, M.SOFT, M.PARTITIONED)).steps
+    modes = [s.mode for s in steps]
+    assert modes == sorted(modes, key=["setup", "baseline", "shared", "soft", "hard"].index)  # MPS last
+    assert "partitioned" not in modes
+    assert [s.kernel for s in steps if s.mode == "baseline"] == list(KERNELS)
+    for mode, capped in (("shared", False), ("soft", True), ("hard", True)):
+        mine = [s for s in steps if s.mode == mode]
+        singles = [(s.kernel, s.targets) for s in mine if s.scenario == "single"]
+        assert singles == ([(k, (c,)) for k in KERNELS for c in CAPS] if capped else [])
+        assert [s.scenario for s in mine if s.scenario != "single"] == [
+            "pair",
+            "pair",
+            "latency",
+            "latency",
+            "memory",
+            *(["tampering"] if capped else []),
+        ]
+    setups = [s.kernel for s in steps if s.scenario == "setup"]
+    assert setups == ["build the tenant load (nvcc)", "build HAMi-core", "start and stop the MPS daemon"]
+    assert [s.kernel for s in plan(2000, (M.SHARED,)).steps if s.scenario == "setup"] == [setups[0]]
+
+
+def test_the_smallest_budget_is_accepted_and_one_second_less_refused() -> None:
+    with pytest.raises(BudgetError, match=r"need at least (\d+) s") as refused:
+        plan(10, (M.SOFT,))
+    least = float(str(refused.value).split("at least ")[1].split(" s")[0])
+    assert plan(least + 0.5, (M.SOFT,)).pair_s == pytest.approx(PAIR_MIN_S, abs=0.6)
+    with pytest.raises(BudgetError):
+        plan(least - 1, (M.SOFT,))
+
+
+def test_the_plan_says_how_much_budget_gives_the_full_splits() -> None:
+    made = plan(480, ALL)
+    full = float(made.notes[0].split("--budget ")[-1].split(" would")[0])
+    assert plan(full, ALL).pair_s == pytest.approx(PAIR_GOAL_S, abs=0.1)
+    assert plan(full, ALL).notes == (made.notes[1],)
+    assert render_plan(made).splitlines()[-3].endswith("in all (budget 480 s, 5% kept as margin)")
+
+
+# the arithmetic ------------------------------------------------------------------------------------------
+
+
+def second(start: float, rate: float) -> dict[str, Any]:
+    return {"step": "second", "from": start, "to": start + 1.0, "rate": rate}
+
+
+def test_mean_rate_leaves_out_the_first_second_and_weights_by_time() -> None:
+    rows = [{"step": "ready"}, second(0, 999), second(1, 100), {"step": "second", "from": 2, "to": 4, "rate": 400}]
+    assert mean_rate(rows) == pytest.approx((100 + 800) / 3)
+    assert mean_rate(rows, 0, 2) == pytest.approx((999 + 100) / 2)
+    assert mean_rate([{"step": "done", "rate": 5}]) is None
+    assert mean_rate(rows, 10, 20) is None
+
+
+def test_together_is_the_common_window_after_each_tenant_settles() -> None:
+    a = [second(t, 1) for t in range(0, 10)]
+    b = [second(t, 1) for t in range(3, 15)]
+    assert together(a, b) == (4.0, 10.0)
+    assert together(a, []) is None
+    assert together(a[:2], b) is None
+
+
+def test_split_points_and_total() -> None:
+    made = split((30, 70), [150.0, 340.0], 500.0)
+    assert made == Split((30, 70), (30.0, 68.0))
+    assert made.points == pytest.approx((0.0, -2.0))
+    assert (made.total, made.worst) == (pytest.approx(98.0), pytest.approx(2.0))
+    assert split((10, 90), [50.0, None], 500.0) is None
+    assert split((10, 90), [50.0, 450.0], None) is None
+    assert share(25.0, 100.0) == 25.0 and share(None, 100.0) is None and share(1.0, 0.0) is None
+
+
+# tenants' environments -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> EnforcementPaths:
+    lib = tmp_path / "hami" / "libvgpu.so"
+    preload = tmp_path / "ld.so.preload"
+    preload.write_text(f"{lib}\n")
+    return EnforcementPaths(hami_library=str(lib), hami_preload=str(preload), mps_pipe_host=str(tmp_path / "pipe"))
+
+
+def env_of(mode: IsolationMode, paths: EnforcementPaths, live: Path, percent: int | None = 25) -> dict[str, str]:
+    return tenant_env(mode, H100, percent=percent, vram_limit=4 * GIB, paths=paths, live_dir=live)
+
+
+def test_the_soft_tenant_gets_hami_core_s_variables_with_host_paths(paths: EnforcementPaths, tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    envs = env_of(M.SOFT, paths, live)
+    assert envs[Env.HAMI_SM_LIMIT] == envs[f"{Env.HAMI_SM_LIMIT}_0"] == "25"
+    assert envs[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0"] == "4096m"
+    assert envs[Env.HAMI_SHARED_REGION] == f"{live}/hami.cache"  # the live-limits mount, seen from the host
+    assert envs[Env.TF_LIVE_LIMITS] == f"{live}/limits.json"
+    assert envs["LD_PRELOAD"] == paths.hami_library  # what /etc/ld.so.preload holds in the container
+    assert envs["CUDA_VISIBLE_DEVICES"] == envs[Env.NVIDIA_VISIBLE_DEVICES] == UUID
+    assert not any(k.startswith("CUDA_MPS_") for k in envs)
+    assert env_of(M.SOFT, paths, live, None)[Env.HAMI_SM_LIMIT] == "100"
+    assert env_of(M.SOFT, paths, live, 10)[Env.HAMI_SM_LIMIT] == "10"
+
+
+def test_the_hard_tenant_gets_mps_variables_and_the_benchmark_s_pipe(paths: EnforcementPaths, tmp_path: Path) -> None:
+    envs = env_of(M.HARD, paths, tmp_path / "live", 30)
+    assert envs[Env.MPS_ACTIVE_THREAD_PERCENTAGE] == "30"
+    assert envs[Env.MPS_PINNED_MEM_LIMIT] == "0=4096M"
+    assert envs[Env.MPS_PIPE_DIRECTORY] == paths.mps_pipe_host
+    assert "LD_PRELOAD" not in envs and Env.HAMI_SM_LIMIT not in envs
+
+
+@pytest.mark.parametrize("mode", [M.SHARED, M.PARTITIONED])
+def test_shared_and_partitioned_tenants_have_no_limiter(
+    mode: IsolationMode, paths: EnforcementPaths, tmp_path: Path
+) -> None:
+    envs = env_of(mode, paths, tmp_path / "live")
+    assert json.loads(envs[Env.TF_UP_LIMIT]) == {UUID: 25}
+    assert json.loads(envs[Env.TF_MEM_LIMIT]) == {UUID: 4 * GIB}
+    assert not any(k.startswith(("CUDA_DEVICE_", "CUDA_MPS_", "LD_PRELOAD")) for k in envs)
+
+
+def test_every_tenant_env_is_the_plugin_s_answer(
+    paths: EnforcementPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def fake(*args: Any) -> ContainerGrant:
+        calls.append(args)
+        return ContainerGrant(
+            envs={Env.NVIDIA_VISIBLE_DEVICES: "GPU-x", "NEW_KNOB": "/in/container/f"},
+            mounts=(MountSpec("/in/container", "/on/host", False),),
+        )
+
+    monkeypatch.setattr(tenants, "build", fake)
+    envs = env_of(M.HARD, paths, tmp_path / "live", 50)
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-x", "NEW_KNOB": "/on/host/f", "CUDA_VISIBLE_DEVICES": "GPU-x"}
+    alloc, target, backend, given_paths, live = calls[0]
+    assert backend is EnforcementBackend.MPS and given_paths is paths and live.host_dir == str(tmp_path / "live")
+    (grant,) = alloc.gpus
+    assert (grant.uuid, grant.gpu_tflops, grant.tflops_limit, grant.vram_limit) == (UUID, 989_000, 494_500, 4 * GIB)
+    assert target.namespace == "isolation-bench"
+    assert plugin_build.__module__ == "device_plugin.enforcement.envs"
+
+
+def test_tampering_raises_each_limit_the_mode_puts_in_the_environment(paths: EnforcementPaths, tmp_path: Path) -> None:
+    soft = env_of(M.SOFT, paths, tmp_path / "a")
+    raised, changed = tampered(soft, H100)
+    assert changed == {
+        Env.HAMI_SM_LIMIT: "100",
+        f"{Env.HAMI_SM_LIMIT}_0": "100",
+        f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0": "81559m",
+    }
+    assert raised == {**soft, **changed}
+    hard = env_of(M.HARD, paths, tmp_path / "b")
+    assert tampered(hard, H100)[1] == {Env.MPS_ACTIVE_THREAD_PERCENTAGE: "100", Env.MPS_PINNED_MEM_LIMIT: "0=81559M"}
+    shared = env_of(M.SHARED, paths, tmp_path / "c")
+    assert tampered(shared, H100) == (shared, {})
+
+
+def test_gpu_facts_from_nvidia_smi_s_document() -> None:
+    from benchmarks.gpu_check import smi
+
+    xml = f"""<nvidia_smi_log><driver_version>580.159.04</driver_version><cuda_version>13.0</cuda_version>
+      <gpu><product_name>NVIDIA H100 80GB HBM3</product_name><uuid>{UUID}</uuid>
+      <mig_mode><current_mig>Disabled</current_mig></mig_mode><compute_mode>Default</compute_mode>
+      <fb_memory_usage><total>81559 MiB</total></fb_memory_usage></gpu>
+      <gpu><product_name>Mystery Accelerator</product_name><uuid>GPU-2</uuid></gpu></nvidia_smi_log>"""
+    assert gpu_facts(smi.parse(xml)) == H100
+    other = gpu_facts(smi.parse(xml), 1)
+    assert (other.tflops, other.in_catalog, other.compute_mode) == (tenants.UNKNOWN_TFLOPS, False, "Default")
+    with pytest.raises(RuntimeError, match="nvidia-smi lists 2 GPUs; GPU 2 is not there"):
+        gpu_facts(smi.parse(xml), 2)
+
+
+# prerequisites, with fake commands on PATH ---------------------------------------------------------------
+
+
+def fake_bin(folder: Path, **programs: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, script in programs.items():
+        (folder / name).write_text(f"#!/bin/sh\n{script}\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def hami_source(tmp_path: Path) -> Path:
+    (tmp_path / "hami" / "src").mkdir(parents=True)
+    (tmp_path / "hami" / "src" / "libvgpu.c").write_text("")
+    return tmp_path / "hami"
+
+
+def test_with_every_command_there_every_whole_gpu_mode_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = fake_bin(
+        tmp_path / "bin",
+        **{
+            "nvidia-smi": 'echo "NVIDIA H100 80GB HBM3, Disabled, Default"',
+            "nvcc": "true",
+            "cmake": "true",
+            "nvidia-cuda-mps-control": "true",
+        },
+    )
+    monkeypatch.setenv("PATH", str(folder))
+    needs = check(ALL, hami_source(tmp_path), euid=lambda: 0)
+    assert [m for m in ALL if not blocked(needs, m)] == [M.SHARED, M.SOFT, M.HARD]
+    assert blocked(needs, M.PARTITIONED) == [
+        "MIG instances to measure: MIG mode Disabled: enabling it needs a GPU reset, which this benchmark never does"
+    ]
+    assert needs[1].line() == (
+        "ok       a GPU answering nvidia-smi: NVIDIA H100 80GB HBM3 (needed by: shared, soft, hard, partitioned)"
+    )
+
+
+def test_missing_pieces_skip_only_the_modes_that_need_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = fake_bin(
+        tmp_path / "bin", **{"nvidia-smi": 'echo "NVIDIA H100 80GB HBM3, Disabled, Default"', "nvcc": "true"}
+    )
+    monkeypatch.setenv("PATH", str(folder))
+    needs = check((M.SHARED, M.SOFT, M.HARD), tmp_path / "nowhere", euid=lambda: 1000)
+    assert blocked(needs, M.SHARED) == []
+    assert blocked(needs, M.SOFT) == [
+        f"HAMi-core source: no {tmp_path}/nowhere/src/libvgpu.c: export it there (benchmarks/gpu_check docstring)",
+        "cmake or gcc (builds HAMi-core): neither",
+    ]
+    assert blocked(needs, M.HARD) == [
+        "nvidia-cuda-mps-control (the MPS control daemon): not on PATH",
+        "root (sets the compute mode): uid 1000",
+    ]
+    assert not any("MPS" in n.what for n in check((M.SHARED,), tmp_path, euid=lambda: 1000))
+
+
+def test_no_nvidia_smi_or_no_answer_blocks_every_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_bin(tmp_path / "empty")))
+    needs = check(ALL, tmp_path, euid=lambda: 0)
+    assert all(blocked(needs, m)[0] == "nvidia-smi (the GPU's facts, the compute mode): not on PATH" for m in ALL)
+    folder = fake_bin(tmp_path / "bin", **{"nvidia-smi": "echo 'No devices were found' >&2; exit 6", "nvcc": "true"})
+    monkeypatch.setenv("PATH", str(folder))
+    needs = check((M.SHARED,), tmp_path, euid=lambda: 0)
+    assert blocked(needs, M.SHARED) == ["a GPU answering nvidia-smi: rc 6: No devices were found"]
+
+
+def test_mig_enabled_blocks_the_whole_gpu_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = fake_bin(
+        tmp_path / "bin", **{"nvidia-smi": 'echo "NVIDIA H100 80GB HBM3, Enabled, Exclusive_Process"', "nvcc": "true"}
+    )
+    monkeypatch.setenv("PATH", str(folder))
+    needs = check(ALL, hami_source(tmp_path), euid=lambda: 0)
+    assert blocked(needs, M.SHARED) == [
+        "MIG disabled (the whole GPU reachable): MIG mode Enabled",
+        "compute mode Default (tenants side by side): Exclusive_Process: put it back with nvidia-smi -i 0 -c DEFAULT",
+    ]
+    assert blocked(needs, M.PARTITIONED) == [
+        "MIG instances to measure: MIG is enabled, but this version measures no MIG instance"
+    ]
+
+
+def test_run_all_without_a_gpu_reports_every_mode_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(fake_bin(tmp_path / "empty")))
+    monkeypatch.setattr(bench, "WORK", tmp_path / "work")
+    monkeypatch.setattr(bench, "measure", lambda *a: pytest.fail("measured without a GPU"))
+    monkeypatch.setattr(gpu_report, "SUMMARY", [])
+    kept = procs.DEADLINE[0]
+    try:
+        assert bench.run_all(tmp_path / "out", tmp_path, 480.0, (M.SOFT, M.SHARED)) == 1
+    finally:
+        procs.DEADLINE[0] = kept
+    written = json.loads((tmp_path / "out" / "isolation.json").read_text())
+    assert list(written["modes"]) == ["shared", "soft"]
+    assert {m["status"] for m in written["modes"].values()} == {"not measured"}
+    out = capsys.readouterr().out
+    assert "MISSING  nvidia-smi (the GPU's facts, the compute mode): not on PATH" in out
+    assert "## soft (enforcement backend hami-core): not measured" in out
+
+
+# the MPS daemon, with a fake runner ----------------------------------------------------------------------
+
+
+class FakeRunner:
+    """Records each command (with the pipe folder it was given and its stdin) and answers from ``fail``."""
+
+    def __init__(self, mode: str = "Default", fail: tuple[str, ...] = ()) -> None:
+        self.calls: list[tuple[str, str | None, str | None]] = []
+        self.mode, self.fail = mode, fail
+
+    def __call__(
+        self, cmd: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        line = " ".join(cmd)
+        self.calls.append((line, (env or {}).get(Env.MPS_PIPE_DIRECTORY), stdin))
+        rc = 1 if any(line.endswith(f) for f in self.fail) else 0
+        return subprocess.CompletedProcess(cmd, rc, f"{self.mode}\n" if "--query-gpu" in line else "", "nope")
+
+
+def test_the_daemon_is_started_private_and_everything_put_back(tmp_path: Path) -> None:
+    runner, log = FakeRunner("Default"), []
+    with mps_daemon(0, tmp_path / "mps", log, runner) as pipe:
+        assert pipe == tmp_path / "mps" / "pipe" and pipe.is_dir() and (tmp_path / "mps" / "log").is_dir()
+        assert len(runner.calls) == 3
+    assert runner.calls == [
+        ("nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader", None, None),
+        ("nvidia-smi -i 0 -c EXCLUSIVE_PROCESS", None, None),
+        ("nvidia-cuda-mps-control -d", str(pipe), None),
+        ("nvidia-cuda-mps-control", str(pipe), "quit\n"),
+        ("nvidia-smi -i 0 -c DEFAULT", None, None),
+    ]
+    assert log[0] == "compute mode found: DEFAULT" and log[-1] == "$ nvidia-smi -i 0 -c DEFAULT: rc 0"
+
+
+def test_an_error_inside_still_quits_the_daemon_and_restores_the_mode(tmp_path: Path) -> None:
+    runner = FakeRunner("Prohibited")
+    with pytest.raises(RuntimeError, match="a tenant crashed"), mps_daemon(1, tmp_path, [], runner):
+        raise RuntimeError("a tenant crashed")
+    assert [c[0] for c in runner.calls[-2:]] == ["nvidia-cuda-mps-control", "nvidia-smi -i 1 -c PROHIBITED"]
+    assert runner.calls[-2][2] == "quit\n"
+
+
+def test_a_daemon_that_does_not_start_leaves_the_mode_restored(tmp_path: Path) -> None:
+    runner, log = FakeRunner(fail=("-d",)), []
+    with pytest.raises(MpsError, match="nvidia-cuda-mps-control -d failed"), mps_daemon(0, tmp_path, log, runner):
+        pytest.fail("ran without a daemon")
+    assert [c[0] for c in runner.calls][-2:] == ["nvidia-cuda-mps-control -d", "nvidia-smi -i 0 -c DEFAULT"]
+
+
+def test_a_refused_compute_mode_starts_nothing(tmp_path: Path) -> None:
+    runner = FakeRunner(fail=("EXCLUSIVE_PROCESS",))
+    with pytest.raises(MpsError, match="cannot set GPU 0 to EXCLUSIVE_PROCESS"), mps_daemon(0, tmp_path, [], runner):
+        pytest.fail("ran without the compute mode")
+    assert [c[0] for c in runner.calls] == [
+        "nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader",
+        "nvidia-smi -i 0 -c EXCLUSIVE_PROCESS",
+    ]
+
+
+def test_a_failed_restore_says_how_to_do_it_by_hand(tmp_path: Path) -> None:
+    log: list[str] = []
+    with mps_daemon(0, tmp_path, log, FakeRunner(fail=("-c DEFAULT",))):
+        pass
+    assert log[-1] == "COMPUTE MODE NOT RESTORED: set it back by hand: nvidia-smi -i 0 -c DEFAULT"
+
+
+# the report ----------------------------------------------------------------------------------------------
+
+
+def test_the_report_renders_a_canned_result(tmp_path: Path) -> None:
+    result = json.loads(FIXTURE.read_text())
+    markdown = write_report(tmp_path, result)
+    assert (tmp_path / "isolation.md").read_text() == markdown == render_markdown(result)
+    assert json.loads((tmp_path / "isolation.json").read_text()) == result
+    lines = markdown.splitlines()
+    versions = "NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0"
+    assert f"## shared (enforcement backend none) — {versions}" in lines
+    assert f"## soft (enforcement backend hami-core) — {versions}" in lines
+    assert "| compute, one tenant | 10 % | 12.0 % of uncapped (60.0 kernels/s) | +2.0 points |" in lines
+    assert "| memory, one tenant | 10 % | failed: cudaErrorLaunchFailure | n/a |" in lines
+    assert (
+        "| two saturating tenants, compute | 30 / 70 % | 48.0 / 50.0 % over 21.0 s together | "
+        "+18.0 / -20.0 points; together 98 % of one uncapped tenant |"
+    ) in lines
+    assert "| two saturating tenants, compute | 10 / 90 % | n/a (no common second) | n/a |" in lines
+    assert (
+        "| latency stream, p99 | 50 % beside a 50 % neighbour | 4200 µs (p50 2000); alone 40 µs (p50 30) | ×105.0 |"
+    ) in lines
+    assert (
+        lines.count("| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81079 MiB | NOT held |") == 1
+    )
+    assert (
+        "| memory | 4096 MiB | 5120 MiB refused (cudaErrorMemoryAllocation), 1024 MiB granted; device seen 4096 MiB "
+        "| held |"
+    ) in lines
+    assert lines[lines.index("| compute | 500.0 kernels/s |") - 4] == "## uncapped, alone (what every share is of)"
+    tamper = next(line for line in lines if line.startswith("| tampering"))
+    assert "CUDA_DEVICE_SM_LIMIT=100" in tamper and "97.5 % of uncapped (honest 28.0 %)" in tamper
+    assert tamper.endswith("| +69.5 points, more memory |")
+    assert "FAILED: graph 10 %: RuntimeError: boom" in lines and "Not run, out of budget: graph 50 %" in lines
+    assert lines[lines.index("## hard (enforcement backend mps): not measured") + 2] == (
+        "- nvidia-cuda-mps-control (the MPS control daemon): not on PATH"
+    )
+    assert "- note: two-tenant splits scaled down to 24 s each" in markdown
+
+
+def test_a_result_that_never_reached_the_gpu_still_renders() -> None:
+    markdown = render_markdown({"budget_s": 480, "modes": {}, "error": "Traceback ...\nRuntimeError: nvcc failed"})
+    assert "GPU: not reached" in markdown and markdown.endswith("RuntimeError: nvcc failed\n```\n")
+
+
+# the programs --------------------------------------------------------------------------------------------
+
+
+def test_the_tenant_load_has_every_load_the_benchmark_runs() -> None:
+    source = (bench.HERE / "tenant_load.cu").read_text()
+    usage = next(line for line in source.splitlines() if "usage: %s" in line)
+    for kernel in (*KERNELS, "latency", "alloc"):
+        assert kernel in usage
+        assert f"//   tenant_load {kernel} " in source
+
+
+# a whole run against fake GPU commands -------------------------------------------------------------------
+
+FAKE_LOAD = """#!{python}
+# tenant_load as a fake GPU would run it: a compute limit holds only where its limiter is really there
+# (HAMi-core preloaded from the file LD_PRELOAD names, or the MPS pipe folder the daemon made)
+import json, os, sys, time
+
+def limit(key, default):
+    return float(os.environ[key].split("=")[-1].rstrip("mM")) if key in os.environ else default
+
+hami = os.path.isfile(os.environ.get("LD_PRELOAD", "/nonexistent"))
+mps = os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"))
+pct = limit("CUDA_DEVICE_SM_LIMIT", 100) if hami else limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100) if mps else 100
+mib = limit("CUDA_DEVICE_MEMORY_LIMIT_0", 1e9) if hami else limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", 1e9) if mps else 1e9
+emit = lambda **row: print(json.dumps(row), flush=True)
+kind, t0 = sys.argv[1], time.time()
+if kind == "alloc":
+    emit(step="mem_get_info", total_mib=int(min(mib, 81559)))
+    for step, want in (("within", sys.argv[2]), ("over", sys.argv[3])):
+        ok = int(want) <= mib
+        emit(step=step, mib=int(want), ok=ok, error="" if ok else "cudaErrorMemoryAllocation")
+    sys.exit(0)
+emit(step="ready", kernel=kind, pid=os.getpid(), wall=t0, unit="us" if kind == "latency" else "kernels/s")
+for i in range(int(float(sys.argv[2]))):
+    emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": 10 * pct}})
+emit(step="done", kernel=kind, wall=t0 + float(sys.argv[2]), p50_us=30.0, p99_us=100.0 - pct / 2)
+"""
+
+FAKE_SMI = f"""
+echo "nvidia-smi $*" >> "$FAKE_LOG"
+case "$*" in
+  *mig.mode.current*) echo "NVIDIA H100 80GB HBM3, Disabled, Default" ;;
+  "-q -x") echo '<nvidia_smi_log><driver_version>580.159.04</driver_version><cuda_version>13.0</cuda_version>
+    <gpu><product_name>NVIDIA H100 80GB HBM3</product_name><uuid>{UUID}</uuid><compute_mode>Default</compute_mode>
+    <mig_mode><current_mig>Disabled</current_mig></mig_mode><fb_memory_usage><total>81559 MiB</total>
+    </fb_memory_usage></gpu></nvidia_smi_log>' ;;
+  *compute_mode*) cat "$FAKE_MODE" ;;
+  *" -c "*) echo "$4" > "$FAKE_MODE" ;;
+esac
+"""
+
+
+def test_a_whole_run_on_fake_gpu_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lib = tmp_path / "libvgpu.so"
+    lib.write_text("")
+    (tmp_path / "load.py").write_text(FAKE_LOAD.format(python=sys.executable))
+    folder = fake_bin(
+        tmp_path / "bin",
+        **{
+            "nvidia-smi": FAKE_SMI,
+            "nvcc": f'eval out=\\${{$#}}; for a; do [ "$prev" = -o ] && out=$a; prev=$a; done; '
+            f'cp {tmp_path}/load.py "$out"; chmod +x "$out"; echo "nvcc $*" >> "$FAKE_LOG"',
+            "nvidia-cuda-mps-control": 'echo "mps $* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(cat)" >> "$FAKE_LOG"; '
+            '[ "$1" = -d ] && mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"; true',
+            "cmake": "true",
+        },
+    )
+    (tmp_path / "mode").write_text("Default\n")
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.setenv("FAKE_MODE", str(tmp_path / "mode"))
+    monkeypatch.setattr(bench, "WORK", tmp_path / "work")
+    source = hami_source(tmp_path)
+    monkeypatch.setattr(bench, "build_hami", lambda src, out: lib if src == source else None)
+    monkeypatch.setattr(bench, "check", lambda modes, src: check(modes, src, euid=lambda: 0))
+    monkeypatch.setattr(gpu_report, "SUMMARY", [])
+    kept = procs.DEADLINE[0]
+    try:
+        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL) == 0
+    finally:
+        procs.DEADLINE[0] = kept
+    result = json.loads((tmp_path / "out" / "isolation.json").read_text())
+    modes = result["modes"]
+    assert [m["status"] for m in modes.values()] == ["measured", "measured", "measured", "not measured"]
+    assert [s["rate"] for s in result["baseline"]["single"]] == [1000.0] * 3
+    for mode in ("soft", "hard"):
+        assert [(s["kernel"], s["target"], s["share"]) for s in modes[mode]["single"]] == [
+            (k, c, pytest.approx(c)) for k in KERNELS for c in CAPS
+        ]
+        assert [p["points"] for p in modes[mode]["pairs"]] == [pytest.approx([0, 0])] * 2
+        assert [p["total"] for p in modes[mode]["pairs"]] == [pytest.approx(100)] * 2
+        assert (modes[mode]["memory"]["within_ok"], modes[mode]["memory"]["over_ok"]) == (True, False)
+        assert modes[mode]["tampering"]["gain_points"] == pytest.approx(75)
+        assert modes[mode]["tampering"]["memory"]["over_ok"] is True
+        assert modes[mode]["latency"]["alone"]["p99_us"] == 75.0
+    assert [p["shares"] for p in modes["shared"]["pairs"]] == [[100.0, 100.0]] * 2
+    assert modes["shared"]["memory"]["over_ok"] is True and "tampering" not in modes["shared"]
+    assert result["pair_s"] == 60.0 and modes["shared"]["pairs"][0]["seconds_together"] == pytest.approx(59, abs=0.5)
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    pipe = tmp_path / "work" / "mps" / "pipe"
+    assert [c for c in calls if c.startswith(("mps", "nvidia-smi -i"))] == [
+        "nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader",
+        "nvidia-smi -i 0 -c EXCLUSIVE_PROCESS",
+        f"mps -d pipe={pipe} stdin=",
+        f"mps  pipe={pipe} stdin=quit",
+        "nvidia-smi -i 0 -c DEFAULT",
+    ]
+    assert (tmp_path / "mode").read_text() == "DEFAULT\n"
+    assert modes["hard"]["mps"][-1] == "$ nvidia-smi -i 0 -c DEFAULT: rc 0"
+    out = capsys.readouterr().out
+    assert "| compute, one tenant | 25 % | 25.0 % of uncapped (250.0 kernels/s) | +0.0 points |" in out
+    assert "| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81559 MiB | NOT held |" in out
+    assert "started PID" in (tmp_path / "out" / "runs.log").read_text()
