@@ -1,10 +1,12 @@
 """The isolation benchmark's command line: its flags, the budget planned (and refused where it cannot hold
-the runs: exit status 2, as for any bad flag), the plan printed, then the run. ``scripts/isolation-bench``
+the runs: exit status 2, as for any bad flag), the plan printed, then the run (a SIGTERM ends it as an
+error would: what it changed on the GPU is put back). ``scripts/isolation-bench``
 runs this from the repository root."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -49,7 +51,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render_plan(made))
     if args.dry_run:
         return 0
-    return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes)
+    # A timeout's SIGTERM unwinds like an error, so that the MPS daemon is quit and the compute mode restored.
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

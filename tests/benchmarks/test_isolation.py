@@ -6,8 +6,11 @@ back on error, the report rendered from a canned result, and the wrapper script.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +111,29 @@ def test_the_dry_run_prints_the_plan_and_touches_nothing(
     assert ("partitioned (MIG): reported, not measured" in out) == ("partitioned" in modes)
 
 
-def test_a_real_run_goes_to_run_all_with_the_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     seen: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(entry, "run_all", lambda *a: seen.append(a) or 7)
+    unwound: list[str] = []
+
+    def run_all(*args: Any) -> int:
+        seen.append(args)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            unwound.append("put back")
+        return 0
+
+    monkeypatch.setattr(entry, "run_all", run_all)
     monkeypatch.chdir(tmp_path)
-    assert entry.main(["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"]) == 7
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"])
+    assert (stopped.value.code, unwound) == (128 + signal.SIGTERM, ["put back"])
     assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,))]
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 # the planner ---------------------------------------------------------------------------------------------
