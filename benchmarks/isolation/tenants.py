@@ -30,7 +30,9 @@ BACKENDS = {
     IsolationMode.PARTITIONED: EnforcementBackend.NONE,  # the partition is the limit
 }
 PRELOAD_LIST = "/etc/ld.so.preload"  # where envs.build mounts HAMi-core's preload list in the container
-VISIBLE = "CUDA_VISIBLE_DEVICES"  # what the container runtime's NVIDIA_VISIBLE_DEVICES amounts to outside one
+# What the container runtime's NVIDIA_VISIBLE_DEVICES amounts to outside a container. HAMi-core reads it as
+# device indexes (atoi: 0 for a UUID), right for the GPU measured here, index 0.
+VISIBLE = "CUDA_VISIBLE_DEVICES"
 UNKNOWN_TFLOPS = 1_000_000  # milli: a GPU the catalog lacks; only the percent of it matters here
 
 
