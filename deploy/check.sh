@@ -54,6 +54,7 @@ variants=(
   "--set metricsApi.tls.mode=cert-manager --set metricsApi.tls.certManager.issuerRef.name=ca --set metricsApi.tls.certManager.issuerRef.kind=ClusterIssuer"
   "--set metricsApi.tls.mode=provided --set metricsApi.tls.caBundle=Q0E= --set metricsApi.replicas=1"
   "--set metricsApi.enabled=false"
+  "--set devicePlugin.backend=mps"
 )
 for kube in "${KUBE_VERSIONS[@]}"; do
   for v in "${variants[@]}"; do

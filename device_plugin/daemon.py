@@ -2,8 +2,9 @@
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
 keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
-the live-limits keeper and the CDI spec files, so that the CLI and the component tests run the very same
-assembly (tests swap only the probe, the process resolver, the Kubernetes gateway and the PodResources source).
+the live-limits keeper, the CDI spec files and, under ``--backend=mps``, NVIDIA's MPS control daemon, so
+that the CLI and the component tests run the very same assembly (tests swap only the probe, the process
+resolver, the Kubernetes gateway and the PodResources source).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from device_plugin.cluster.publisher import InventoryPublisher
 from device_plugin.enforcement.cdi import CdiSpecs
 from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.enforcement.live_limits import Tamper
+from device_plugin.enforcement.mps_daemon import MpsDaemon
+from device_plugin.enforcement.mps_plan import plan, served
 from device_plugin.gpus.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.kubelet.allocator import Allocator, AllocatorConfig
@@ -35,9 +38,11 @@ from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from device_plugin.usage.sampler import UsageSampler
 from vgpu.catalog import Catalog
 from vgpu.contract import usage
+from vgpu.names import EnforcementBackend
 
 log = logging.getLogger(__name__)
 CACHE_SYNC_S: Final = 30.0  # how long serving waits for the first list of the node's pods
+MPS_START_WAIT_S: Final = 60.0  # how long serving waits for the MPS control daemon's first start (--backend=mps)
 CDI_SWEEP_S: Final = 10.0  # seconds between sweeps of the CDI spec files of pods gone, besides every pod change
 
 
@@ -112,8 +117,25 @@ class Daemon:
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         sockets = dataclasses.replace(settings.sockets, poll_s=socket_poll_s, retry_s=socket_retry_s)
         self.server = PluginServer(self.servicer, sockets, self.metrics)
+        mps = settings.backend is EnforcementBackend.MPS
+        self.mps = (
+            MpsDaemon(
+                plan(self.board.gpus(), settings.mps),
+                probe,
+                self.metrics,
+                fault=lambda problems: self.monitor.fault(problems),
+                poll_s=settings.health_check_interval,
+                backoff_s=settings.mps_restart_backoff,
+            )
+            if mps
+            else None
+        )
         self.monitor = HealthMonitor(
-            probe, self.board, check_interval_s=settings.health_check_interval, on_flip=self.node_events.gpu_flipped
+            probe,
+            self.board,
+            check_interval_s=settings.health_check_interval,
+            on_flip=self.node_events.gpu_flipped,
+            extra=self.mps.problem if self.mps else None,
         )
         self.publisher = InventoryPublisher(
             gateway,
@@ -133,6 +155,7 @@ class Daemon:
             self.metrics,
             node=node,
             interval_s=settings.usage_interval,
+            sm_unknown=frozenset(g.uuid for g in served(self.board.gpus())) if mps else frozenset(),
         )
 
     def latest_usage(self) -> str | None:
@@ -165,9 +188,13 @@ class Daemon:
             *([self.sampler.run()] if http is not None else []),
             *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),
             *([self.cdi.run(self.cache, settings.node, CDI_SWEEP_S, self.allocator.regrant)] if self.cdi else []),
+            *([self.mps.run()] if self.mps else []),
         ]
         tasks = [asyncio.create_task(c) for c in background]
         try:
+            if self.mps is not None:  # its GPUs are faulted before the kubelet first lists them if it cannot run
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.mps.attempted.wait(), MPS_START_WAIT_S)
             await self.server.run(stopping)
         finally:
             self.feed.stop()
@@ -177,5 +204,7 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.mps is not None:
+                await self.mps.stop()
             await self.keeper.drain()
             await self.node_events.drain()

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_plugin.enforcement.envs import EnforcementPaths
+from device_plugin.enforcement.mps_plan import MpsConfig
 from device_plugin.gpus.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
@@ -48,8 +49,32 @@ class PluginSettings(BaseSettings):
     hami_preload: str = Field(
         _PATHS.hami_preload, description="Host file mounted as the container's /etc/ld.so.preload."
     )
-    mps_pipe_host: str = Field(_PATHS.mps_pipe_host, description="Host MPS pipe directory.")
+    mps_pipe_host: str = Field(
+        _PATHS.mps_pipe_host,
+        description="Host MPS pipe directory: the MPS control daemon's (--backend=mps; the same path in the "
+        "plugin's container), mounted into each container.",
+    )
     mps_pipe_container: str = Field(_PATHS.mps_pipe_container, description="MPS pipe directory inside containers.")
+    mps_shm_host: str = Field(
+        _PATHS.mps_shm_host,
+        description="Host directory that is the plugin's /dev/shm (--backend=mps: the MPS server's), mounted at "
+        "/dev/shm in each container: MPS clients share memory with their server there.",
+    )
+    mps_log_dir: str = Field(
+        "/run/nvidia/mps/log",
+        description="The MPS control daemon's log directory (control.log, server.log); --backend=mps.",
+    )
+    mps_control: str = Field(
+        "nvidia-cuda-mps-control",
+        description="NVIDIA's MPS control program (a path, or a name on PATH) the plugin runs as the MPS control "
+        "daemon for its GPUs under --backend=mps (docs/isolation-mps.md).",
+    )
+    mps_restart_backoff: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds before the MPS control daemon is started again after it died or failed to start; "
+        "doubled on each failure in a row, up to 60.",
+    )
     live_limits_dir: str = Field(
         "/var/lib/tensor-fusion/limits",
         description="Host directory of the per-container live-limits directories (<dir>/<pod UID>/<container>/, "
@@ -187,7 +212,12 @@ class PluginSettings(BaseSettings):
             hami_preload=self.hami_preload,
             mps_pipe_host=self.mps_pipe_host,
             mps_pipe_container=self.mps_pipe_container,
+            mps_shm_host=self.mps_shm_host,
         )
+
+    @property
+    def mps(self) -> MpsConfig:
+        return MpsConfig(control=self.mps_control, pipe_dir=self.mps_pipe_host, log_dir=self.mps_log_dir)
 
     @property
     def default_milli_tflops(self) -> int:

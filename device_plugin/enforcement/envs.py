@@ -35,6 +35,7 @@ class EnforcementPaths:
     hami_preload: str = "/usr/local/vgpu/ld.so.preload"
     mps_pipe_host: str = "/run/nvidia/mps/pipe"
     mps_pipe_container: str = "/run/nvidia/mps/pipe"
+    mps_shm_host: str = "/run/nvidia/mps/shm"  # the MPS server's /dev/shm, which its clients share
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +63,9 @@ class LiveMount:
     """The host directory holding this container's live limits (prepared before the answer)."""
 
     host_dir: str
+
+
+MPS_SHM_DIR = "/dev/shm"  # where an MPS client and its server share memory (docs/isolation-mps.md)
 
 
 def hami_mib(vram_limit: int) -> int:
@@ -116,7 +120,11 @@ def build(
         envs[Env.MPS_PINNED_MEM_LIMIT] = ",".join(f"{i}={hami_mib(g.vram_limit)}M" for i, g in enumerate(gpus))
         envs[Env.MPS_ACTIVE_THREAD_PERCENTAGE] = str(widest)
         envs[Env.MPS_PIPE_DIRECTORY] = paths.mps_pipe_container
-        mounts = (MountSpec(paths.mps_pipe_container, paths.mps_pipe_host, False),)
+        mounts = (
+            *mounts,
+            MountSpec(paths.mps_pipe_container, paths.mps_pipe_host, False),
+            MountSpec(MPS_SHM_DIR, paths.mps_shm_host, False),
+        )
     if live is not None:
         envs[Env.TF_LIVE_LIMITS] = f"{LIVE_LIMITS_DIR}/{LIVE_LIMITS_FILE}"
         if backend is EnforcementBackend.HAMI_CORE:

@@ -182,18 +182,28 @@ class HealthMonitor:
         check_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_flip: Callable[[str, GpuHealth], None] | None = None,
+        extra: Callable[[str], str | None] | None = None,
     ) -> None:
-        """``on_flip(uuid, state)`` hears of every GPU that turned healthy or unhealthy (it must not block)."""
+        """``on_flip(uuid, state)`` hears of every GPU that turned healthy or unhealthy (it must not block);
+        ``extra(uuid)`` is a check besides the probe's, of what the plugin runs for the GPU (the MPS daemon):
+        it must not block either."""
         self._probe, self._board = probe, board
         self._interval = check_interval_s
         self._clock = clock
         self._on_flip = on_flip
+        self._extra = extra
 
     def _apply(self, board: HealthBoard, flipped: frozenset[str]) -> None:
         self._board.set_health(board, flipped)
         if self._on_flip is not None:
             for uuid in sorted(flipped):
                 self._on_flip(uuid, board.states[uuid])
+
+    def fault(self, problems: Mapping[str, str]) -> None:
+        """Faults found elsewhere, applied now, on the event loop, like failed checks (healing is left to
+        the periodic checks, whose ``extra`` then finds nothing wrong)."""
+        board, flipped = self._board.health.checked(problems, self._clock())
+        self._apply(board, flipped)
 
     def _check_all(self) -> dict[str, str | None]:
         results: dict[str, str | None] = {}
@@ -202,6 +212,8 @@ class HealthMonitor:
                 results[gpu.uuid] = self._probe.check(gpu.uuid)
             except Exception as exc:  # a probe that cannot even ask is itself a fault
                 results[gpu.uuid] = f"health check failed: {exc}"
+            if results[gpu.uuid] is None and self._extra is not None:
+                results[gpu.uuid] = self._extra(gpu.uuid)
         return results
 
     async def run(self) -> None:

@@ -1,7 +1,8 @@
 """A GPU probe described by a YAML/JSON file, for tests, the demo and the end-to-end tier (no GPU).
 
 The file is re-read whenever it changes, so a test or an operator injects faults by rewriting it
-(``events``: XIDs delivered once; ``fail``: a failing health check). It scripts GPU use too: each
+(``events``: XIDs delivered once; ``fail``: a failing health check; ``computeModeFixed``: a compute mode the
+driver refuses to change, with why). It scripts GPU use too: each
 ``usage`` entry is one process of a pod's container on a GPU, with a synthetic PID
 (``FAKE_PID_BASE`` + its position) that the probe, as a
 :class:`~device_plugin.usage.process_owner.ProcessResolver`, maps to that pod and container, so the
@@ -20,7 +21,15 @@ from typing import Any, Final
 
 import yaml
 
-from device_plugin.gpus.probe import GpuDevice, GpuSample, MigUnit, ProcessReport, ProcessSample, XidEvent
+from device_plugin.gpus.probe import (
+    ComputeMode,
+    GpuDevice,
+    GpuSample,
+    MigUnit,
+    ProcessReport,
+    ProcessSample,
+    XidEvent,
+)
 from device_plugin.usage.process_owner import ProcessOwner
 
 MIB = 1024 * 1024
@@ -82,6 +91,7 @@ class FakeProbe:
         self._by_gpu: dict[str, list[Scripted]] = {}
         self._by_pid: dict[int, Scripted] = {}
         self._delivered = 0
+        self._modes: dict[str, ComputeMode] = {}  # compute modes set, as a driver keeps them (not in the file)
         self._refresh()
         self._delivered = len(self._events())  # events already in the file at start are history
 
@@ -156,6 +166,22 @@ class FakeProbe:
             scripted = self._by_pid.get(pid)
         return None if scripted is None else ProcessOwner(pod=scripted.pod, container=scripted.container)
 
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        """The mode last set, else the file's ``computeMode`` (nvidia-smi's names; default ``Default``)."""
+        with self._lock:
+            self._refresh()
+            gpu = self._gpu(uuid)
+            return self._modes.get(uuid) or ComputeMode(gpu.get("computeMode", ComputeMode.DEFAULT))
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        """Kept in memory, as the driver keeps it; a GPU with ``computeModeFixed`` refuses with that text."""
+        with self._lock:
+            self._refresh()
+            fixed = self._gpu(uuid).get("computeModeFixed")
+            if fixed:
+                raise FakeProbeError(str(fixed))
+            self._modes[uuid] = mode
+
     def close(self) -> None:
         return None
 
@@ -180,6 +206,12 @@ class FakeProbe:
         self._by_gpu = {}
         for p in scripted:
             self._by_gpu.setdefault(p.gpu, []).append(p)
+
+    def _gpu(self, uuid: str) -> Mapping[str, Any]:
+        gpu = next((g for g in self._gpus() if g.get("uuid") == uuid), None)
+        if gpu is None:
+            raise FakeProbeError(f"GPU {uuid} is not in the fake GPU file")
+        return gpu
 
     def _gpus(self) -> list[Mapping[str, Any]]:
         gpus: list[Mapping[str, Any]] = self._doc.get("gpus") or []

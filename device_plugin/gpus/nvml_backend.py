@@ -16,7 +16,16 @@ from typing import Any
 
 import pynvml
 
-from device_plugin.gpus.probe import GpuDevice, GpuSample, MigUnit, ProbeError, ProcessReport, ProcessSample, XidEvent
+from device_plugin.gpus.probe import (
+    ComputeMode,
+    GpuDevice,
+    GpuSample,
+    MigUnit,
+    ProbeError,
+    ProcessReport,
+    ProcessSample,
+    XidEvent,
+)
 
 log = logging.getLogger(__name__)
 _SYS_PCI = Path("/sys/bus/pci/devices")
@@ -53,6 +62,14 @@ def _mig_slices(handle: Any) -> int:
         if info is not None and int(info.sliceCount) > 0:
             return int(info.sliceCount)
     return 7
+
+
+def _nvml_modes() -> dict[ComputeMode, int]:
+    return {
+        ComputeMode.DEFAULT: pynvml.NVML_COMPUTEMODE_DEFAULT,
+        ComputeMode.EXCLUSIVE_PROCESS: pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        ComputeMode.PROHIBITED: pynvml.NVML_COMPUTEMODE_PROHIBITED,
+    }
 
 
 def _mig_units(handle: Any) -> tuple[MigUnit, ...]:
@@ -194,6 +211,14 @@ class NvmlProbe:
             until_us=until,
             sm_supported=supported,
         )
+
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        raw = int(pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())))
+        # EXCLUSIVE_THREAD (1) is deprecated: the driver reports it as exclusive-process.
+        return next((mode for mode, value in _nvml_modes().items() if value == raw), ComputeMode.EXCLUSIVE_PROCESS)
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()), _nvml_modes()[mode])
 
     def close(self) -> None:
         with self._lock:

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from device_plugin.gpus.probe import GpuDevice, GpuProbe, GpuSample, ProbeError, ProcessReport, XidEvent
+from device_plugin.gpus.probe import (
+    ComputeMode,
+    GpuDevice,
+    GpuProbe,
+    GpuSample,
+    ProbeError,
+    ProcessReport,
+    XidEvent,
+)
 
 
 def parse(text: str) -> tuple[str, ...]:
@@ -56,6 +64,12 @@ class OwnedProbe:
 
     def processes(self, uuid: str, since_us: int) -> ProcessReport:
         return self._inner.processes(uuid, since_us)
+
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        return self._inner.compute_mode(uuid)
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        self._inner.set_compute_mode(uuid, mode)
 
     def close(self) -> None:
         self._inner.close()

@@ -10,11 +10,21 @@ callers run them in a thread, never on the gRPC event loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 
 class ProbeError(RuntimeError):
     """The probe cannot reach the GPUs at all (no driver, no device nodes); the message says what to check."""
+
+
+class ComputeMode(StrEnum):
+    """A GPU's compute mode, as nvidia-smi names it: who may hold a CUDA context on it. MPS wants
+    ``EXCLUSIVE_PROCESS``: then only the MPS server holds one, and a process that bypasses MPS gets none."""
+
+    DEFAULT = "Default"
+    EXCLUSIVE_PROCESS = "Exclusive_Process"
+    PROHIBITED = "Prohibited"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +117,14 @@ class GpuProbe(Protocol):
 
     def processes(self, uuid: str, since_us: int) -> ProcessReport:
         """Each process on one GPU: its SM share since ``since_us`` and the memory it holds now."""
+        ...
+
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        """One GPU's compute mode now."""
+        ...
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        """Set one GPU's compute mode (root only); raises, saying why, when the driver refuses."""
         ...
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from device_plugin.cluster.pods import PodRecord
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.process_owner import ProcessOwner, ProcessResolver
-from device_plugin.usage.usage import GpuProcesses, Skip, allocated, node_usage
+from device_plugin.usage.usage import GpuProcesses, Skip, allocated, node_usage, sm_unknown
 from vgpu.contract.inventory import GpuInfo
 from vgpu.contract.usage import NodeUsage
 from vgpu.timefmt import rfc3339
@@ -42,8 +42,12 @@ class UsageSampler:
         *,
         node: str,
         interval_s: float,
+        sm_unknown: frozenset[str] = frozenset(),
     ) -> None:
+        """``sm_unknown``: GPUs whose per-process SM shares are not the processes' own (MPS): their
+        containers' TFLOPS are reported unmeasured."""
         self._probe, self._resolver, self._gpus, self._pods = probe, resolver, gpus, pods
+        self._sm_unknown = sm_unknown
         self._metrics, self._node, self.interval_s = metrics, node, interval_s
         self._since: dict[str, int] = {}  # per GPU, the driver's timestamp of the newest sample seen
         self._failing: set[str] = set()  # GPUs whose calls failed in the last pass
@@ -71,6 +75,8 @@ class UsageSampler:
                 log.info("sampling the processes of GPU %s works again", gpu.uuid)
                 self._failing.discard(gpu.uuid)
             self._since[gpu.uuid] = report.until_us
+            if gpu.uuid in self._sm_unknown:
+                report = sm_unknown(report)
             measured.append(GpuProcesses(gpu=gpu, report=report))
         owners = {p.pid: self._owner(p.pid) for m in measured for p in m.report.processes}
         result = node_usage(
@@ -98,7 +104,7 @@ class UsageSampler:
 
     def _note_support(self, now: Mapping[str, bool]) -> None:
         for uuid, supported in now.items():
-            if not supported and self.supported.get(uuid, True):
+            if not supported and self.supported.get(uuid, True) and uuid not in self._sm_unknown:
                 log.warning(
                     "GPU %s: the driver reports no per-process utilisation; its containers' TFLOPS used read 0 "
                     "(memory only)",

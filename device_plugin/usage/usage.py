@@ -9,13 +9,15 @@ processes use and whom each process belongs to; this module joins that with the 
 * its request and limit are its pod's grant on that GPU: every GPU container of a pod is given the pod's
   whole grant at Allocate, so each is measured against it;
 * a process whose pod, container or grant cannot be found is counted under the GPU's ``unattributed``,
-  with the reason, never dropped.
+  with the reason, never dropped;
+* on a GPU shared through NVIDIA's MPS the driver counts every client's work to the MPS server process, so
+  no container's SM share is known: its TFLOPS are unmeasured (:func:`sm_unknown`), never 0 or the server's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 
@@ -52,6 +54,12 @@ class Attribution:
 
     usage: NodeUsage
     skipped: tuple[tuple[str, int, Skip], ...]
+
+
+def sm_unknown(report: ProcessReport) -> ProcessReport:
+    """``report`` with its SM shares unmeasured (the contract's ``tflopsMeasured`` false, 0 by convention),
+    its memory kept: for a GPU whose per-process shares are not the processes' own (MPS)."""
+    return replace(report, processes=tuple(replace(p, sm_percent=0) for p in report.processes), sm_supported=False)
 
 
 @lru_cache(maxsize=4096)

@@ -429,3 +429,21 @@ def test_the_webhook_reads_the_charts_gpu_tolerations(monkeypatch: pytest.Monkey
     assert WebhookSettings().gpu_tolerations == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
+
+
+def test_under_mps_the_plugin_shares_the_daemons_pipe_log_and_shm_directories_with_its_flags(tmp_path: Path) -> None:
+    spec = pod_spec(render({"devicePlugin": {"backend": "mps"}}, tmp_path), *WORKLOADS[1][:2])
+    plugin = container(spec, "device-plugin")
+    hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert (hosts["mps"], mounts["mps"]) == ("/run/nvidia/mps", "/run/nvidia/mps")
+    # The MPS server (the plugin's child) and its clients share memory in the same host directory.
+    assert (hosts["mps-shm"], mounts["mps-shm"]) == ("/run/nvidia/mps/shm", "/dev/shm")
+    flags = {a.split("=")[0]: a.split("=", 1)[1] for a in plugin["args"] if "=" in a}
+    assert (flags["--mps-pipe-host"], flags["--mps-log-dir"], flags["--mps-shm-host"]) == (
+        "/run/nvidia/mps/pipe",
+        "/run/nvidia/mps/log",
+        "/run/nvidia/mps/shm",
+    )
+    assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility,compute"} in plugin["env"]
+    assert "privileged" not in plugin["securityContext"]

@@ -106,7 +106,7 @@ def test_common_env_for_every_backend() -> None:
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
                 "CUDA_MPS_PIPE_DIRECTORY": "/mps/pipe",
             },
-            [("/mps/pipe", "/host/mps", False)],
+            [("/mps/pipe", "/host/mps", False), ("/dev/shm", "/host/mps-shm", False)],
         ),
     ],
 )
@@ -118,6 +118,7 @@ def test_backend_specific_env_and_mounts(
         hami_preload="/opt/hami/preload",
         mps_pipe_host="/host/mps",
         mps_pipe_container="/mps/pipe",
+        mps_shm_host="/host/mps-shm",
     )
     grant_ = build(TWO, TARGET, backend, paths)
     backend_keys = {k for k in grant_.envs if k.startswith(("CUDA_DEVICE", "CUDA_MPS"))}

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin.cluster.pods import PodRecord, from_json
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe, FakeProbeError
-from device_plugin.gpus.probe import GpuDevice, GpuSample, ProcessReport, ProcessSample, XidEvent
+from device_plugin.gpus.probe import ComputeMode, GpuDevice, GpuSample, ProcessReport, ProcessSample, XidEvent
 from device_plugin.metrics import PluginMetrics, UsageCollector
 from device_plugin.usage.process_owner import ProcessOwner, ProcResolver, owner_from_cgroup
 from device_plugin.usage.sampler import UsageSampler
@@ -392,6 +392,12 @@ class Broken:
             raise RuntimeError("NVML: GPU is lost")
         return self.reports[uuid]
 
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        return ComputeMode.DEFAULT
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        return None
+
 
 class Owners:
     def __init__(self, owners: dict[int, ProcessOwner | None]) -> None:
@@ -596,3 +602,31 @@ def test_the_whole_loop_in_the_plugin_serves_scripted_use_on_usage_and_metrics(t
             assert daemon.sampler.latest is not None
 
     run(scenario())
+
+
+def test_on_a_gpu_shared_through_mps_a_containers_tflops_are_unmeasured_never_0_or_the_servers() -> None:
+    # NVML counts every MPS client's work to the MPS server process (4242, in no pod): the client's own
+    # share reads 0 and the server's is everyone's. Neither is the container's.
+    pod = record("trainer")
+    probe = Broken({GPU0: report((1, 0, 1), (4242, 80, 0))})  # (PID, SM %, MiB)
+    probe.down = set()
+
+    def sampler(sm_unknown: frozenset[str]) -> UsageSampler:
+        owners = Owners({1: owned(pod, "main")})
+        return UsageSampler(
+            probe,
+            owners,
+            lambda: (GPU_A,),
+            lambda: [pod],
+            PluginMetrics(),
+            node="n",
+            interval_s=5,
+            sm_unknown=sm_unknown,
+        )
+
+    mps = sampler(frozenset({GPU0})).sample([pod])
+    (container,) = mps.containers
+    assert (container.tflops_measured, container.tflops_used, container.vram_used) == (False, 0, MIB)
+    assert mps.unattributed == (Unattributed(gpu=GPU0, processes=1, tflops_used=0, vram_used=0, tflops_measured=False),)
+    (plain,) = sampler(frozenset()).sample([pod]).containers  # the same figures off MPS: taken as measured
+    assert (plain.tflops_measured, plain.tflops_used) == (True, 0)

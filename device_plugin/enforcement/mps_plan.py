@@ -1,0 +1,125 @@
+"""What the device plugin does with NVIDIA's MPS control daemon under ``--backend=mps``, as plain decisions.
+
+MPS enforces nothing unless its control daemon runs: a client whose ``CUDA_MPS_PIPE_DIRECTORY`` leads to no
+daemon runs on the GPU directly, without its limits. So the plugin runs one daemon for the whole GPUs it
+serves (a GPU in MIG mode and its instances are left out). This module decides, without processes, files or
+clocks, so that each decision is a table test: which GPUs are served, the daemon's environment and command
+lines, the defaults sent through its control pipe after each start, what a compute mode that cannot be set
+means, the restart backoff, and each GPU's health problem. :mod:`device_plugin.enforcement.mps_daemon` runs
+it. What a tenant can and cannot gain under MPS: docs/isolation-mps.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from device_plugin.gpus.probe import ComputeMode
+from vgpu.contract.inventory import GpuInfo
+from vgpu.names import Env
+from vgpu.quantity import MIB
+
+# Names NVIDIA's tools read or write (docs.nvidia.com/deploy/mps, "Appendix: Tools and Interface Reference").
+PID_FILE: Final = "nvidia-cuda-mps-control.pid"  # written by the control daemon in its pipe directory
+VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"  # the GPUs the daemon's servers may use, by UUID
+LOG_DIRECTORY: Final = "CUDA_MPS_LOG_DIRECTORY"  # where the daemon writes control.log and server.log
+QUIT: Final = "quit"
+# NVIDIA's own default: a client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE only lowers what the daemon allows.
+DEFAULT_THREAD_PERCENTAGE: Final = 100
+BACKOFF_CAP_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MpsConfig:
+    """The plugin's MPS settings: the control binary and the directories it shares with clients."""
+
+    control: str
+    pipe_dir: str
+    log_dir: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MpsPlan:
+    """One daemon for ``gpus`` (UUIDs, in the order its servers number them): ``start`` runs it, ``command``
+    (commands on its standard input) talks to it, ``defaults`` are sent after each start, both with ``env``."""
+
+    gpus: tuple[str, ...]
+    env: Mapping[str, str]
+    start: tuple[str, ...]
+    command: tuple[str, ...]
+    defaults: tuple[str, ...]
+    pipe_dir: str
+    log_dir: str
+
+    @property
+    def pid_file(self) -> str:
+        return f"{self.pipe_dir}/{PID_FILE}"
+
+
+def served(gpus: Iterable[GpuInfo]) -> tuple[GpuInfo, ...]:
+    """The GPUs the daemon serves: whole GPUs not in MIG mode (MPS on MIG instances is left out)."""
+    return tuple(g for g in gpus if not g.mig and g.parent is None)
+
+
+def defaults(gpus: Iterable[GpuInfo]) -> tuple[str, ...]:
+    """The control commands sent after each start. A client's own environment only lowers these
+    (docs/isolation-mps.md), so they bound what a tenant editing its environment gets: every SM, and at
+    most the GPU's memory. Devices are numbered as the daemon's servers see them: their position in
+    ``CUDA_VISIBLE_DEVICES``."""
+    return (
+        f"set_default_active_thread_percentage {DEFAULT_THREAD_PERCENTAGE}",
+        *(f"set_default_device_pinned_mem_limit {i} {g.vram // MIB}M" for i, g in enumerate(gpus)),
+    )
+
+
+def plan(gpus: Iterable[GpuInfo], config: MpsConfig) -> MpsPlan:
+    """The daemon for the served ones of ``gpus``."""
+    mine = served(gpus)
+    env = {
+        VISIBLE_DEVICES: ",".join(g.uuid for g in mine),
+        str(Env.MPS_PIPE_DIRECTORY): config.pipe_dir,
+        LOG_DIRECTORY: config.log_dir,
+    }
+    return MpsPlan(
+        gpus=tuple(g.uuid for g in mine),
+        env=env,
+        start=(config.control, "-d"),
+        command=(config.control,),
+        defaults=defaults(mine),
+        pipe_dir=config.pipe_dir,
+        log_dir=config.log_dir,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ModeVerdict:
+    """What a GPU's compute mode means for it: a health ``problem`` (None: fine) and a ``warning`` to log."""
+
+    problem: str | None = None
+    warning: str | None = None
+
+
+def compute_mode_verdict(error: str | None, now: ComputeMode | None) -> ModeVerdict:
+    """After setting ``EXCLUSIVE_PROCESS``: ``error`` is why the driver refused (None: it did not), ``now``
+    the mode read back (None: unreadable). A refusal is only a warning where the mode is already right;
+    otherwise a process could hold the GPU without MPS, beyond any limit, so the GPU is unhealthy."""
+    if error is None:
+        return ModeVerdict()
+    if now is ComputeMode.EXCLUSIVE_PROCESS:
+        return ModeVerdict(warning=f"setting compute mode Exclusive_Process failed ({error}); it already is")
+    mode = "unreadable" if now is None else now.value
+    return ModeVerdict(
+        problem=f"compute mode cannot be set to Exclusive_Process for MPS ({error}); it is {mode}, so a process "
+        "could use the GPU without MPS's limits"
+    )
+
+
+def backoff(failures: int, first_s: float, cap_s: float = BACKOFF_CAP_S) -> float:
+    """Seconds before the next start after ``failures`` (≥ 1) failed starts or deaths in a row: doubling."""
+    return min(cap_s, first_s * 2.0 ** max(0, failures - 1))
+
+
+def problems(gpus: Iterable[str], daemon: str | None, modes: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Each served GPU's health problem: its compute mode's, else the daemon's (None: healthy)."""
+    return {u: modes.get(u) or daemon for u in gpus}
