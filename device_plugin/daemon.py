@@ -2,9 +2,9 @@
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
 keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
-the live-limits keeper, the CDI spec files and, under ``--backend=mps``, NVIDIA's MPS control daemon, so
-that the CLI and the component tests run the very same assembly (tests swap only the probe, the process
-resolver, the Kubernetes gateway and the PodResources source).
+the live-limits keeper, the CDI spec files, the NVIDIA toolkit check and, under ``--backend=mps``, NVIDIA's
+MPS control daemon, so that the CLI and the component tests run the very same assembly (tests swap only
+the probe, the process resolver, the Kubernetes gateway and the PodResources source).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, Final
 
 from device_plugin.cluster.gateway import KubeGateway
@@ -26,6 +27,7 @@ from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.enforcement.live_limits import Tamper
 from device_plugin.enforcement.mps_daemon import MpsDaemon
 from device_plugin.enforcement.mps_plan import plan, served
+from device_plugin.enforcement.toolkit_check import ToolkitCheck
 from device_plugin.gpus.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.kubelet.allocator import Allocator, AllocatorConfig
@@ -99,6 +101,15 @@ class Daemon:
         )
         cdi_dir = settings.cdi_path
         self.cdi = None if cdi_dir is None else CdiSpecs(cdi_dir, self.metrics, grace_s=cdi_grace_s)
+        self.toolkit = ToolkitCheck(
+            Path(settings.nvidia_toolkit_config),
+            settings.nvidia_cdi_paths,
+            settings.wanted_delivery,
+            lambda: [g.uuid for g in self.board.gpus()],
+            self.node_events,
+            self.metrics,
+            on_change=lambda: self.publisher.nudge(),
+        )
         self.keeper = HandoffKeeper(gateway, self.cache, node, self.metrics, pod_devices=pod_devices)
         allocator_config = AllocatorConfig(
             node=node, backend=settings.backend, paths=settings.enforcement_paths, lookup_wait_s=settings.lookup_wait
@@ -113,6 +124,7 @@ class Daemon:
             pod_devices,
             self.live,
             self.cdi,
+            self.toolkit.delivery,
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         sockets = dataclasses.replace(settings.sockets, poll_s=socket_poll_s, retry_s=socket_retry_s)
@@ -143,6 +155,7 @@ class Daemon:
             self.metrics,
             node=node,
             backend=settings.backend,
+            setup=lambda: self.toolkit.current,
             pool=settings.pool,
             heartbeat_s=settings.heartbeat,
         )
@@ -177,6 +190,7 @@ class Daemon:
             await asyncio.wait_for(self.cache.synced.wait(), CACHE_SYNC_S)
         if not self.cache.synced.is_set():
             log.warning("pod cache not synced after %.0fs; serving anyway", CACHE_SYNC_S)
+        await self.toolkit.refresh()  # before the first Allocate: it decides how containers get their GPUs
         watch = LayoutWatch(
             self.probe, self.board, self.catalog, settings.default_milli_tflops, settings.layout_check_interval
         )
@@ -184,6 +198,7 @@ class Daemon:
             watch.run(stopping),
             self.monitor.run(),
             self.publisher.run(),
+            self.toolkit.run(settings.toolkit_check_interval),
             self.keeper.run(self.allocator, settings.reconcile_interval),
             *([self.sampler.run()] if http is not None else []),
             *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),

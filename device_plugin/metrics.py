@@ -54,6 +54,9 @@ class PluginMetrics:
         def counter(metric: m.Metric) -> Counter:
             return Counter(metric.name, metric.help, metric.labels, registry=self.registry)
 
+        def gauge(metric: m.Metric) -> Gauge:
+            return Gauge(metric.name, metric.help, metric.labels, registry=self.registry)
+
         self.allocate_seconds = histogram(m.ALLOCATE_SECONDS, _LATENCY_BUCKETS)
         self.lookup_wait_seconds = histogram(m.ALLOCATE_LOOKUP_WAIT_SECONDS, _LATENCY_BUCKETS)
         self.errors = counter(m.ERRORS)
@@ -62,6 +65,12 @@ class PluginMetrics:
         self.usage_skips = counter(m.USAGE_SKIPS)
         self.live_limit_writes = counter(m.LIVE_LIMIT_WRITES)
         self.usage_sampled_at = Gauge(m.USAGE_SAMPLED_AT.name, m.USAGE_SAMPLED_AT.help, registry=self.registry)
+        self.envvar_guard = Gauge(
+            m.ENVVAR_GUARD.name, m.ENVVAR_GUARD.help, m.ENVVAR_GUARD.labels, registry=self.registry
+        )
+        self.device_delivery = Gauge(
+            m.DEVICE_DELIVERY.name, m.DEVICE_DELIVERY.help, m.DEVICE_DELIVERY.labels, registry=self.registry
+        )
 
     def serve(self, port: int, latest: Callable[[], str | None], address: str = "0.0.0.0") -> ThreadingHTTPServer:
         """``/metrics`` and ``/usage`` (``latest()``: the encoded document, None before the first pass) on

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,7 +21,7 @@ from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
 from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.errors import DomainError
-from vgpu.names import CDI_SPEC_DIR, DEFAULT_SLICES_PER_GPU, EnforcementBackend
+from vgpu.names import CDI_SPEC_DIR, DEFAULT_SLICES_PER_GPU, NVIDIA_TOOLKIT_CONFIG, DeviceDelivery, EnforcementBackend
 from vgpu.quantity import parse_milli
 
 _PATHS = EnforcementPaths()
@@ -95,6 +96,26 @@ class PluginSettings(BaseSettings):
         "container's own env and envFrom, so a container cannot override its limits (docs/security.md). The same "
         "path inside the plugin's container. Empty: off, the answer's env alone (a container's own variables of "
         "the same name win).",
+    )
+    device_delivery: Literal["auto", "envvar", "volume-mounts", "cdi"] = Field(
+        "auto",
+        description="How containers are given their GPUs: envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts (/dev/null "
+        "under /var/run/nvidia-container-devices, read where the NVIDIA toolkit accepts them), cdi (NVIDIA's CDI "
+        "devices, nvidia.com/gpu=<UUID>); auto: the first of volume-mounts, cdi, envvar the node's toolkit "
+        "configuration and CDI specs allow, checked every --toolkit-check-interval (docs/security.md).",
+    )
+    nvidia_toolkit_config: str = Field(
+        NVIDIA_TOOLKIT_CONFIG,
+        description="The NVIDIA container toolkit's configuration (host path, the same in the plugin's container): "
+        "read to report a node whose toolkit gives GPUs to any container naming them by environment.",
+    )
+    nvidia_cdi_dirs: str = Field(
+        "/etc/cdi,/var/run/cdi",
+        description="Directories of NVIDIA's CDI specs (kind nvidia.com/gpu), separated by commas: cdi delivery "
+        "needs one naming every GPU by UUID.",
+    )
+    toolkit_check_interval: float = Field(
+        60.0, gt=0, description="Seconds between reads of the toolkit's configuration and NVIDIA's CDI specs."
     )
     fake_gpus: str | None = Field(None, description="YAML/JSON file describing fake GPUs; replaces NVML.")
     gpus: str = Field(
@@ -233,6 +254,15 @@ class PluginSettings(BaseSettings):
     def cdi_path(self) -> Path | None:
         """Where the CDI spec files are written; None: CDI off."""
         return Path(self.cdi_dir) if self.cdi_dir else None
+
+    @property
+    def wanted_delivery(self) -> DeviceDelivery | None:
+        """The delivery asked for; None: automatic."""
+        return None if self.device_delivery == "auto" else DeviceDelivery(self.device_delivery)
+
+    @property
+    def nvidia_cdi_paths(self) -> tuple[Path, ...]:
+        return tuple(Path(d.strip()) for d in self.nvidia_cdi_dirs.split(",") if d.strip())
 
     @property
     def live_limits_path(self) -> Path | None:

@@ -193,6 +193,7 @@ class Binder:
             containers=wanted.request.containers,
             gpus=placement.grants,
             bound_at=rfc3339(self.clock()),
+            isolation=wanted.request.isolation,
         )
         text = allocation_contract.encode(allocation)
         self._write_allocation(ref, node, pod, text, deadline, shown=shown)

@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from scheduler_extender.kubelet_devices import allocate_sizes, vgpu_device_ids
+from vgpu import isolation
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
@@ -354,6 +355,7 @@ def node_state(node: Mapping[str, Any], default_pool: str) -> NodeState:
             healthy=g.health is Health.HEALTHY and not g.mig,
             numa=g.numa,
             slots=inv.slices_per_gpu,
+            isolation=isolation.served(inv.backend, mig_unit=g.parent is not None),
         )
         for g in inv.gpus
     )

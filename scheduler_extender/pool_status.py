@@ -3,7 +3,8 @@
 Pools are a name on nodes, and only the extender's cache has every node's GPU inventory and every
 pod's allocation, so only it can say what a pool offers right now. A node's pool is the one the cache
 places it by; CPU-only nodes are in no pool. The status counts nodes, GPUs and healthy GPUs, the
-healthy GPUs' capacity and what pods reserve there, and one condition, ``Ready``. The fields and
+healthy GPUs' capacity and what pods reserve there, how many healthy GPUs serve each isolation mode
+(docs/isolation.md), and one condition, ``Ready``. The fields and
 rules: deploy/README.md, section "Workload and pool status".
 
 Pure; ``status.py`` lists the pools, compares and patches (the leader only).
@@ -11,6 +12,7 @@ Pure; ``status.py`` lists the pools, compares and patches (the leader only).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,7 @@ class PoolTotals:
     healthy_gpus: int = 0
     tflops_milli: int = 0
     vram_bytes: int = 0
+    modes: tuple[tuple[str, int], ...] = ()  # (isolation mode, healthy GPUs serving it), by mode
 
 
 EMPTY_POOL = PoolTotals()
@@ -49,12 +52,15 @@ def pool_totals(nodes: Iterable[NodeState]) -> dict[str, PoolTotals]:
             continue
         healthy = [g for g in node.gpus if g.healthy]
         old = totals.get(node.pool, EMPTY_POOL)
+        modes = Counter(dict(old.modes))
+        modes.update(m.value for g in healthy for m in g.isolation)
         totals[node.pool] = PoolTotals(
             nodes=old.nodes + 1,
             gpus=old.gpus + len(node.gpus),
             healthy_gpus=old.healthy_gpus + len(healthy),
             tflops_milli=old.tflops_milli + sum(g.tflops for g in healthy),
             vram_bytes=old.vram_bytes + sum(g.vram for g in healthy),
+            modes=tuple(sorted(modes.items())),
         )
     return totals
 
@@ -92,6 +98,7 @@ def pool_statuses(nodes: Iterable[NodeState], records: Iterable[PodRecord]) -> S
             "healthyGPUs": pool.healthy_gpus,
             "capacityTflops": format_milli(pool.tflops_milli),
             "capacityVram": format_bytes(pool.vram_bytes),
+            "isolationModes": dict(pool.modes),
             **held.allocated_fields(),
         }
         return Status(fields, (pool_ready(name, pool),))

@@ -6,14 +6,17 @@ configures prediction gets no error — and, until a controller implements them,
 value is named in a warning the API server hands back to ``kubectl``, saying what does not happen,
 so that silence is never mistaken for a promise. The three autoscaling layers are acted on by the
 autoscaler in the extender (docs/autoscaling.md), so they warn no more; their prediction blocks still
-do. Pure: a resolved request in, warning texts out.
+do. An isolation mode that does not hold a value the pod sets says so too (docs/isolation.md): shared
+enforces no TFLOPS limit, soft's is HAMi-core's loose one, and under hard a request is guaranteed only
+where no pod may go past its own. Pure: a resolved request in, warning texts out.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from vgpu.names import Annotation
+from vgpu.names import Annotation, IsolationMode
+from vgpu.quantity import humanize_tflops
 from vgpu.request import GpuRequest
 
 _PREDICTING: Final = ("autoSetLimits", "autoSetRequests")
@@ -44,4 +47,31 @@ def unkept(req: GpuRequest) -> tuple[str, ...]:
             f"{Annotation.NO_STANDALONE_WORKER_MODE} / standaloneWorkerMode: recorded only; every pod uses its "
             "granted GPU from its own containers (there is no separate worker to run or skip)"
         )
+    out += _isolation(req)
     return tuple(out)
+
+
+def _isolation(req: GpuRequest) -> list[str]:
+    mode, key = req.isolation, Annotation.ISOLATION
+    limit, request = humanize_tflops(req.tflops_limit), humanize_tflops(req.tflops_request)
+    if req.dedicated_gpu or req.tflops_limit == 0:
+        return []
+    if mode is IsolationMode.SHARED:
+        return [
+            f"{key} 'shared': the TFLOPS limit {limit} is not enforced (pods on the GPU share its compute by "
+            f"time-slicing) and the TFLOPS request {request} is counted for placement only, not guaranteed; "
+            "VRAM limits hold (docs/isolation.md)"
+        ]
+    if mode is IsolationMode.SOFT:
+        return [
+            f"{key} 'soft': the TFLOPS limit {limit} is enforced by HAMi-core inside the pod's processes, a loose "
+            "bound (measured: a bf16 matmul loop was not slowed under a 20 % cap); ask for isolation hard for a "
+            "hard cap (docs/isolation.md)"
+        ]
+    if mode is IsolationMode.HARD and req.tflops_limit > req.tflops_request:
+        return [
+            f"{key} 'hard': each pod may use up to its TFLOPS limit ({limit} here), so requests on a GPU are "
+            "guaranteed only while its pods' limits fit in it: the scheduler counts requests, so this pod's request "
+            f"{request} holds where every hard pod on its GPU sets its limit equal to its request (docs/isolation.md)"
+        ]
+    return []

@@ -19,7 +19,7 @@ import yaml
 
 from tf_shell.catalog_file import CatalogFileError
 from tf_shell.catalog_file import load as load_catalog
-from tfctl import autoscale_view, explain_client, planning, top
+from tfctl import autoscale_view, explain_client, nodes, planning, top
 from vgpu.contract import resolved
 from vgpu.errors import DomainError
 from vgpu.names import DISTRIBUTION
@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     planning.add_subcommand(sub)
     explain_client.add_subcommand(sub)
     top.add_subcommand(sub)
+    nodes.add_subcommand(sub)
     autoscale_view.add_subcommand(sub)
     return parser
 

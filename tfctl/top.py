@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -163,18 +163,23 @@ def pod_grants(pods: Iterable[RawObject]) -> list[Grant]:
     return sorted(grants, key=lambda g: (g.namespace, g.pod))
 
 
-def node_capacity(nodes: Iterable[RawObject]) -> dict[str, tuple[int, int, int]]:
-    """(GPUs, milli-TFLOPS, VRAM bytes) of each node with an inventory: its schedulable GPUs (MIG units, not
-    the GPUs in MIG mode that hold them)."""
-    found = {}
+def inventories(nodes: Iterable[RawObject]) -> Iterator[tuple[RawObject, inventory.NodeInventory]]:
+    """Each node with a readable GPU inventory, and that inventory (an unreadable one is skipped)."""
     for node in nodes:
         text = ((node.get("metadata") or {}).get("annotations") or {}).get(SystemAnnotation.NODE_INVENTORY.value)
         if not text:
             continue
         try:
-            published = inventory.decode(text)
+            yield node, inventory.decode(text)
         except DomainError:
             continue
+
+
+def node_capacity(nodes: Iterable[RawObject]) -> dict[str, tuple[int, int, int]]:
+    """(GPUs, milli-TFLOPS, VRAM bytes) of each node with an inventory: its schedulable GPUs (MIG units, not
+    the GPUs in MIG mode that hold them)."""
+    found = {}
+    for _, published in inventories(nodes):
         gpus = [g for g in published.gpus if not g.mig]
         found[published.node] = (len(gpus), sum(g.tflops for g in gpus), sum(g.vram for g in gpus))
     return found

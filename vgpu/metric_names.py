@@ -54,6 +54,17 @@ ALLOCATE_LOOKUP_WAIT_SECONDS: Final = Metric(
     "How long Allocate waited for the pod's allocation to reach the pod cache.",
 )
 ERRORS: Final = Metric(f"{DEVICE_PLUGIN}_errors_total", "Errors by where they happened.", ("where",))
+ENVVAR_GUARD: Final = Metric(
+    f"{DEVICE_PLUGIN}_envvar_guard",
+    "1 for the state of the node's NVIDIA container toolkit guard: on (GPUs named in NVIDIA_VISIBLE_DEVICES by an "
+    "unprivileged container are refused), off (any pod can take GPUs so), unknown (no readable configuration).",
+    ("state",),
+)
+DEVICE_DELIVERY: Final = Metric(
+    f"{DEVICE_PLUGIN}_device_delivery",
+    "1 for how containers are given their GPUs: envvar, volume-mounts or cdi.",
+    ("delivery",),
+)
 REGISTRATIONS: Final = Metric(f"{DEVICE_PLUGIN}_registrations_total", "Successful registrations with the kubelet.")
 USAGE_SAMPLE_SECONDS: Final = Metric(
     f"{DEVICE_PLUGIN}_usage_sample_seconds", "Time one usage sampling pass over every GPU took."
@@ -149,6 +160,8 @@ DEVICE_PLUGIN_METRICS: Final = (
     ALLOCATE_SECONDS,
     ALLOCATE_LOOKUP_WAIT_SECONDS,
     ERRORS,
+    ENVVAR_GUARD,
+    DEVICE_DELIVERY,
     REGISTRATIONS,
     USAGE_SAMPLE_SECONDS,
     USAGE_SAMPLED_AT,

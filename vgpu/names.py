@@ -60,6 +60,8 @@ class Annotation(StrEnum):
     NO_STANDALONE_WORKER_MODE = f"{DOMAIN}/no-standalone-worker-mode"
     # Not in TF v1; ours: per-pod override of the scheduler's placement policy.
     PLACEMENT_POLICY = f"{DOMAIN}/placement-policy"
+    # TensorFusion v2: how the pod's share is enforced on the GPU (IsolationMode; docs/isolation.md).
+    ISOLATION = f"{DOMAIN}/isolation"
 
 
 class SystemAnnotation(StrEnum):
@@ -83,6 +85,10 @@ LABEL_ALLOCATED_NODE: Final = f"{DOMAIN}/allocated-node"
 LABEL_NODE_POOL: Final = f"{DOMAIN}/gpupool"
 LABEL_NODE_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 LABEL_NODE_GPU_COUNT: Final = f"{DOMAIN}/gpu-count"
+# Published by the device plugin from its NVIDIA toolkit check (EnvvarGuard, DeviceDelivery values): what
+# `tfctl nodes` shows, and what a nodeAffinity can require (envvar-guard In (on)).
+LABEL_NODE_ENVVAR_GUARD: Final = f"{DOMAIN}/envvar-guard"
+LABEL_NODE_DEVICE_DELIVERY: Final = f"{DOMAIN}/device-delivery"
 LABEL_HOSTNAME: Final = "kubernetes.io/hostname"  # the kubelet's label naming its node: one value per node
 
 # --- the extended resource the webhook injects and the device plugin advertises -----------------
@@ -199,6 +205,39 @@ class EnforcementBackend(StrEnum):
     HAMI_CORE = "hami-core"
     MPS = "mps"
     NONE = "none"
+
+
+class IsolationMode(StrEnum):
+    """How a pod's share is held on the GPU (TensorFusion v2's ``tensor-fusion.ai/isolation`` values)."""
+
+    SHARED = "shared"  # time-sliced by CUDA, VRAM limited, no compute limit
+    SOFT = "soft"  # a limiter inside the pod's processes (HAMi-core); TensorFusion's default
+    HARD = "hard"  # NVIDIA MPS: the control daemon caps each client's threads and pinned memory
+    PARTITIONED = "partitioned"  # a hardware partition (MIG)
+
+
+class DeviceDelivery(StrEnum):
+    """How a container is given its GPUs (``--device-delivery``; docs/security.md, "Pods that are not ours")."""
+
+    ENVVAR = "envvar"  # NVIDIA_VISIBLE_DEVICES=<UUIDs>: read by the NVIDIA runtime hook
+    VOLUME_MOUNTS = "volume-mounts"  # /dev/null mounted at NVIDIA_DEVICE_MOUNT_ROOT/<UUID>
+    CDI = "cdi"  # NVIDIA's CDI devices, NVIDIA_CDI_KIND=<UUID> (nvidia-ctk cdi generate --device-name-strategy=uuid)
+
+
+class EnvvarGuard(StrEnum):
+    """Whether the node's NVIDIA container toolkit ignores NVIDIA_VISIBLE_DEVICES in unprivileged containers."""
+
+    ON = "on"  # accept-nvidia-visible-devices-envvar-when-unprivileged = false
+    OFF = "off"  # the toolkit's default: any pod naming GPUs in its environment gets them
+    UNKNOWN = "unknown"  # no readable toolkit configuration
+
+
+# NVIDIA's container toolkit: its configuration keys, the mount root it reads device requests from, its CDI kind.
+NVIDIA_TOOLKIT_CONFIG: Final = "/etc/nvidia-container-runtime/config.toml"
+TOOLKIT_ACCEPT_ENVVAR: Final = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+TOOLKIT_ACCEPT_MOUNTS: Final = "accept-nvidia-visible-devices-as-volume-mounts"
+NVIDIA_DEVICE_MOUNT_ROOT: Final = "/var/run/nvidia-container-devices"
+NVIDIA_CDI_KIND: Final = "nvidia.com/gpu"
 
 
 class PlacementPolicy(StrEnum):

@@ -15,7 +15,7 @@ from typing import Any, Final
 from vgpu import fields
 from vgpu.autoscale import config as autoscale_config
 from vgpu.errors import DomainError, FieldError
-from vgpu.names import Qos
+from vgpu.names import IsolationMode, Qos
 from vgpu.quantity import format_bytes, format_milli
 
 AutoScaling = Mapping[str, Mapping[str, Any]]
@@ -47,6 +47,8 @@ class ProfileSpec:
     gpu_count: int | None = None
     node_affinity: Mapping[str, Any] | None = None
     auto_scaling: AutoScaling = field(default_factory=dict)
+    # How the share is held on the GPU (docs/isolation.md); None: the GPU's own mode.
+    isolation: IsolationMode | None = None
 
 
 _TOP_KEYS: Final = frozenset(
@@ -61,6 +63,7 @@ _TOP_KEYS: Final = frozenset(
         "nodeAffinity",
         "autoScalingConfig",
         "standaloneWorkerMode",
+        "isolation",
     }
 )
 
@@ -83,6 +86,11 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
     if qos_raw is not None:
         chosen = fields.choice(f"{where}.qos", str(qos_raw), tuple(Qos), errors)
         qos = Qos(chosen) if chosen else None
+    isolation_raw = spec.get("isolation")
+    isolation = None
+    if isolation_raw is not None:
+        mode = fields.choice(f"{where}.isolation", str(isolation_raw), tuple(IsolationMode), errors)
+        isolation = IsolationMode(mode) if mode else None
     pool = _text(spec, "poolName", where, errors)
     if pool is not None:
         pool = fields.dns_name(f"{where}.poolName", pool, errors)
@@ -109,6 +117,7 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
         gpu_count=gpu_count,
         node_affinity=affinity,
         auto_scaling=auto,
+        isolation=isolation,
     )
 
 
@@ -129,6 +138,7 @@ def to_crd(spec: ProfileSpec) -> dict[str, Any]:
         ("gpuModel", spec.gpu_model),
         ("gpuCount", spec.gpu_count),
         ("nodeAffinity", spec.node_affinity),
+        ("isolation", spec.isolation and spec.isolation.value),
     ):
         if value is not None:
             out[key] = value

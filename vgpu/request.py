@@ -16,9 +16,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu import fields
+from vgpu import fields, mig
 from vgpu.errors import DomainError, FieldError
-from vgpu.names import DEFAULT_POOL, LABEL_ENABLED, PREFIX, Annotation, PlacementPolicy, Qos, SystemAnnotation
+from vgpu.names import (
+    DEFAULT_POOL,
+    LABEL_ENABLED,
+    PREFIX,
+    Annotation,
+    IsolationMode,
+    PlacementPolicy,
+    Qos,
+    SystemAnnotation,
+)
 from vgpu.profile import AutoScaling, ProfileSpec, Resources
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
@@ -86,6 +95,8 @@ class GpuRequest:
     auto_scaling: AutoScaling = field(default_factory=dict)
     # Set when autoSetRequests replaced the requests at admission: from what, and the values replaced.
     auto_requests: str | None = None
+    # How the share is held on the GPU (docs/isolation.md); None: whatever the granted GPU serves first.
+    isolation: IsolationMode | None = None
 
     def describe(self) -> str:
         """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or
@@ -188,6 +199,8 @@ def resolve(
         chosen = fields.choice(A.PLACEMENT_POLICY, ann[A.PLACEMENT_POLICY], tuple(PlacementPolicy), errors)
         policy = PlacementPolicy(chosen) if chosen else None
     auto = _auto(ann, pick_auto(layers), errors)
+    isolation, isolation_from = pick_from("isolation")
+    _isolation_fits_model(isolation, isolation_from, pick("gpu_model"), errors)
     if errors:
         raise DomainError(errors)
     return GpuRequest(
@@ -210,6 +223,7 @@ def resolve(
         placement_policy=policy,
         node_affinity=pick("node_affinity"),
         auto_scaling=auto,
+        isolation=isolation,
     )
 
 
@@ -244,6 +258,7 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         vram_limit=_opt(get(A.VRAM_LIMIT), lambda v: fields.byte_count(A.VRAM_LIMIT, v, errors)),
     )
     qos = _opt(get(A.QOS), lambda v: fields.choice(A.QOS, v, tuple(Qos), errors))
+    isolation = _opt(get(A.ISOLATION), lambda v: fields.choice(A.ISOLATION, v, tuple(IsolationMode), errors))
     model = get(A.GPU_MODEL)
     if model is not None and not model.strip():
         errors.append(
@@ -260,7 +275,36 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         standalone_worker_mode=_flag(ann, A.NO_STANDALONE_WORKER_MODE, errors),
         gpu_model=model,
         gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
+        isolation=IsolationMode(isolation) if isolation else None,
     )
+
+
+def _isolation_fits_model(mode: IsolationMode | None, source: str, model: str | None, errors: list[FieldError]) -> None:
+    """A MIG profile is a partition and a partition is a MIG profile: the two fields must agree."""
+    if mode is None:
+        return
+    key = A.ISOLATION if source == _ANNOTATIONS else "isolation"
+    shown = mode.value if source == _ANNOTATIONS else f"{mode.value} (from {source})"
+    is_mig = model is not None and mig.split_request(model) is not None
+    if mode is IsolationMode.PARTITIONED and not is_mig:
+        errors.append(
+            FieldError(
+                key,
+                shown,
+                f"a hardware partition is a MIG unit: {A.GPU_MODEL} must name a MIG profile such as 1g.10gb or "
+                f"A100 3g.40gb (it is {model!r})"
+                if model
+                else f"needs {A.GPU_MODEL} naming a MIG profile such as 1g.10gb or A100 3g.40gb",
+            )
+        )
+    elif mode is not IsolationMode.PARTITIONED and is_mig:
+        errors.append(
+            FieldError(
+                key,
+                shown,
+                f"{A.GPU_MODEL} {model!r} is a MIG unit, a hardware partition: isolation must be partitioned, or unset",
+            )
+        )
 
 
 def _standalone_needs_local(source: str, errors: list[FieldError]) -> None:

@@ -6,7 +6,8 @@ operator looking at a node whose capacity shrank, or at pods that no longer land
 need the plugin's logs to learn which GPU and why. Each flip is posted once, off the gRPC loop, and a
 failed post is logged and counted, never retried into a storm. Tampering with live limits
 (docs/security.md, "Tampering with live limits") is posted on the pod, for its owner, and on the node,
-naming the pod, for the node's operator; the live-limits keeper posts each kind once per container.
+naming the pod, for the node's operator; the live-limits keeper posts each kind once per container. A node
+whose container toolkit lets other pods take GPUs, or cannot give ours theirs, gets a Warning of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class NodeEvents:
 
     def gpu_flipped(self, uuid: str, state: GpuHealth) -> None:
         self._background.spawn(self._post(*event_for(uuid, state)))
+
+    def node_warning(self, reason: str, message: str) -> None:
+        """A Warning Event on the node (its toolkit setup: :mod:`device_plugin.enforcement.toolkit_check`)."""
+        self._background.spawn(self._post(reason, message, True))
 
     def live_limits_tampered(self, namespace: str, pod: str, uid: str, message: str, *, restored: bool) -> None:
         """A Warning Event on the pod and one on the node (``message`` names the pod and the container)."""

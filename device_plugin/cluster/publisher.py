@@ -4,10 +4,11 @@ as a heartbeat.
 The extender places pods from this annotation, so it must follow health changes promptly (the board
 wakes us) and prove liveness (a heartbeat every ``heartbeat_s``), yet not churn the API server: we
 patch only when the content changed or the heartbeat is due. Labels (pool, GPU model, GPU count)
-let users select GPU nodes with plain nodeAffinity. The node's TFLOPS and VRAM totals go into its
-status as extended resources (``vgpu/node_resources.py``), so kube-scheduler's fit and preemption,
-ResourceQuota and ``kubectl describe node`` count GPU shares; the kubelet keeps resources it does not
-manage, and a re-created Node gets them back at the next heartbeat.
+let users select GPU nodes with plain nodeAffinity; two more say what the node's NVIDIA toolkit check
+found (:mod:`device_plugin.enforcement.toolkit_check`), for ``tfctl nodes`` and for affinities. The node's
+TFLOPS and VRAM totals go into its status as extended resources (``vgpu/node_resources.py``), so
+kube-scheduler's fit and preemption, ResourceQuota and ``kubectl describe node`` count GPU shares; the
+kubelet keeps resources it does not manage, and a re-created Node gets them back at the next heartbeat.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from collections.abc import Callable, Mapping
 
 from device_plugin.cluster.gateway import KubeGateway
 from device_plugin.cluster.handoff import rfc3339_now
+from device_plugin.enforcement.delivery import NodeSetup
 from device_plugin.gpus.board import DeviceBoard
 from device_plugin.metrics import PluginMetrics
 from vgpu.contract.inventory import NodeInventory, encode
 from vgpu.names import (
     DEFAULT_POOL,
+    LABEL_NODE_DEVICE_DELIVERY,
+    LABEL_NODE_ENVVAR_GUARD,
     LABEL_NODE_GPU_COUNT,
     LABEL_NODE_GPU_MODEL,
     LABEL_NODE_POOL,
@@ -44,8 +48,13 @@ def label_value(text: str) -> str:
     return _INVALID.sub("-", text).strip("-_.")[:63].rstrip("-_.")
 
 
-def node_labels(inv: NodeInventory) -> dict[str, str]:
-    labels = {LABEL_NODE_POOL: label_value(inv.pool), LABEL_NODE_GPU_COUNT: str(len(inv.gpus))}
+def node_labels(inv: NodeInventory, setup: NodeSetup) -> dict[str, str]:
+    labels = {
+        LABEL_NODE_POOL: label_value(inv.pool),
+        LABEL_NODE_GPU_COUNT: str(len(inv.gpus)),
+        LABEL_NODE_ENVVAR_GUARD: setup.guard.value,
+        LABEL_NODE_DEVICE_DELIVERY: setup.delivery.value,
+    }
     if inv.gpus:
         labels[LABEL_NODE_GPU_MODEL] = label_value(min(inv.gpus, key=lambda g: g.index).model)
     return labels
@@ -60,17 +69,23 @@ class InventoryPublisher:
         *,
         node: str,
         backend: EnforcementBackend,
+        setup: Callable[[], NodeSetup],
         pool: str | None = None,
         heartbeat_s: float = 30.0,
         now: Callable[[], str] = rfc3339_now,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._gateway, self._board, self._metrics = gateway, board, metrics
-        self._node, self._backend, self._pool = node, backend, pool
+        self._node, self._backend, self._setup, self._pool = node, backend, setup, pool
         self._heartbeat_s, self._now, self._clock = heartbeat_s, now, clock
         self._last: tuple[Mapping[str, str], str] | None = None
         self._last_at = 0.0
+        self._nudged = asyncio.Event()
         self.patches = 0
+
+    def nudge(self) -> None:
+        """Look again now (the toolkit check changed its conclusion: the labels follow at once)."""
+        self._nudged.set()
 
     async def resolve_pool(self) -> str:
         """The pool flag, else the node's existing pool label, else the default pool."""
@@ -94,7 +109,7 @@ class InventoryPublisher:
         """Patch the node if the inventory changed or the heartbeat is due; True when it patched."""
         pool = await self.resolve_pool()
         content = self.inventory(pool, "")
-        state = (node_labels(content), encode(content))
+        state = (node_labels(content, self._setup()), encode(content))
         due = self._last is None or self._clock() - self._last_at >= self._heartbeat_s
         if state == self._last and not due:
             return False
@@ -117,4 +132,11 @@ class InventoryPublisher:
                 self._metrics.errors.labels("inventory").inc()
                 log.warning("cannot publish the node inventory (will retry): %s", exc)
                 self._last, wait = None, min(_RETRY_S, self._heartbeat_s)
-            await self._board.wait_change(generation, wait)
+            changed = asyncio.ensure_future(self._board.wait_change(generation, wait))
+            nudged = asyncio.ensure_future(self._nudged.wait())
+            try:
+                await asyncio.wait((changed, nudged), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                nudged.cancel()
+            self._nudged.clear()

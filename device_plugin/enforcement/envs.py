@@ -1,6 +1,8 @@
 """The Allocate answer for one container: environment and mounts, as a pure function of the grant.
 
-Every container gets ``NVIDIA_VISIBLE_DEVICES`` with the physical UUIDs the extender granted and
+Every container gets its granted GPUs the way the node's toolkit reads them (:class:`~vgpu.names.DeviceDelivery`:
+``NVIDIA_VISIBLE_DEVICES`` with their UUIDs, ``/dev/null`` mounted under
+:data:`~vgpu.names.NVIDIA_DEVICE_MOUNT_ROOT` per UUID, or NVIDIA's CDI device per UUID) and
 TensorFusion-style per-UUID JSON limits; the node's enforcement backend adds its own knobs
 (HAMi-core's limits and preload mounts, or NVIDIA MPS client limits and the pipe directory), and a
 multi-GPU container's shared SM percent is the largest of its GPUs'. Where the node keeps live limits
@@ -16,7 +18,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import HAMI_REGION_FILE, LIVE_LIMITS_DIR, LIVE_LIMITS_FILE, EnforcementBackend, Env
+from vgpu.names import (
+    HAMI_REGION_FILE,
+    LIVE_LIMITS_DIR,
+    LIVE_LIMITS_FILE,
+    NVIDIA_CDI_KIND,
+    NVIDIA_DEVICE_MOUNT_ROOT,
+    DeviceDelivery,
+    EnforcementBackend,
+    Env,
+    IsolationMode,
+)
 from vgpu.quantity import MIB, humanize_tflops
 
 
@@ -80,9 +92,40 @@ def sm_percent(tflops_limit: int, gpu_tflops: int) -> int:
     return max(1, min(100, -(-tflops_limit * 100 // gpu_tflops)))
 
 
+def granted_percents(alloc: PodAllocation) -> dict[str, int]:
+    """Each granted GPU's compute cap in percent: its TFLOPS limit's share of the GPU, or 100 (uncapped, as
+    HAMi-core and MPS read it) under isolation shared, where VRAM alone is limited (docs/isolation.md)."""
+    uncapped = alloc.isolation is IsolationMode.SHARED
+    return {g.uuid: 100 if uncapped else sm_percent(g.tflops_limit, g.gpu_tflops) for g in alloc.gpus}
+
+
 def _per_uuid(gpus: tuple[GpuGrant, ...], value: Mapping[str, str]) -> str:
     """A JSON object keyed by UUID whose values are already-valid JSON number literals."""
     return "{" + ",".join(f"{json.dumps(g.uuid)}:{value[g.uuid]}" for g in gpus) + "}"
+
+
+# What NVIDIA_VISIBLE_DEVICES says under each delivery: the device list itself, where the toolkit finds it
+# (NVIDIA's device plugin sets the mount root in its volume-mounts mode), or "void" (no device by variable:
+# NVIDIA's CDI spec sets it too, and it replaces any value the container brought).
+def _visible(delivery: DeviceDelivery, gpus: tuple[GpuGrant, ...]) -> str:
+    if delivery is DeviceDelivery.VOLUME_MOUNTS:
+        return NVIDIA_DEVICE_MOUNT_ROOT
+    if delivery is DeviceDelivery.CDI:
+        return "void"
+    return ",".join(g.uuid for g in gpus)
+
+
+def _device_mounts(delivery: DeviceDelivery, gpus: tuple[GpuGrant, ...]) -> tuple[MountSpec, ...]:
+    if delivery is not DeviceDelivery.VOLUME_MOUNTS:
+        return ()
+    return tuple(MountSpec(f"{NVIDIA_DEVICE_MOUNT_ROOT}/{g.uuid}", "/dev/null", True) for g in gpus)
+
+
+def _nvidia_cdi(delivery: DeviceDelivery, gpus: tuple[GpuGrant, ...]) -> tuple[str, ...]:
+    """NVIDIA's CDI devices for the granted GPUs (named by UUID) under CDI delivery; none otherwise."""
+    if delivery is not DeviceDelivery.CDI:
+        return ()
+    return tuple(f"{NVIDIA_CDI_KIND}={g.uuid}" for g in gpus)
 
 
 def build(
@@ -91,11 +134,12 @@ def build(
     backend: EnforcementBackend,
     paths: EnforcementPaths,
     live: LiveMount | None = None,
+    delivery: DeviceDelivery = DeviceDelivery.ENVVAR,
 ) -> ContainerGrant:
     gpus = alloc.gpus
-    percent = {g.uuid: sm_percent(g.tflops_limit, g.gpu_tflops) for g in gpus}
+    percent = granted_percents(alloc)
     envs: dict[str, str] = {
-        Env.NVIDIA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
+        Env.NVIDIA_VISIBLE_DEVICES: _visible(delivery, gpus),
         Env.TF_MEM_LIMIT: _per_uuid(gpus, {g.uuid: str(g.vram_limit) for g in gpus}),
         Env.TF_UP_LIMIT: _per_uuid(gpus, {u: str(p) for u, p in percent.items()}),
         Env.TF_UP_LIMIT_TFLOPS: _per_uuid(gpus, {g.uuid: humanize_tflops(g.tflops_limit) for g in gpus}),
@@ -104,7 +148,7 @@ def build(
         Env.TF_CONTAINER_NAME: target.container,
         Env.TF_POOL_NAME: alloc.pool,
     }
-    mounts: tuple[MountSpec, ...] = ()
+    mounts = _device_mounts(delivery, gpus)
     widest = max(percent.values(), default=100)
     if backend is EnforcementBackend.HAMI_CORE:
         for i, g in enumerate(gpus):
@@ -113,6 +157,7 @@ def build(
             envs[f"{Env.HAMI_SM_LIMIT}_{i}"] = str(percent[g.uuid])
         envs[Env.HAMI_SM_LIMIT] = str(widest)
         mounts = (
+            *mounts,
             MountSpec(paths.hami_library, paths.hami_library, True),
             MountSpec("/etc/ld.so.preload", paths.hami_preload, True),
         )
@@ -131,4 +176,6 @@ def build(
             envs[Env.HAMI_SHARED_REGION] = f"{LIVE_LIMITS_DIR}/{HAMI_REGION_FILE}"
         # Read-write: HAMi-core maps its region there from inside the container.
         mounts = (*mounts, MountSpec(LIVE_LIMITS_DIR, live.host_dir, False))
-    return ContainerGrant(envs={str(k): v for k, v in envs.items()}, mounts=mounts)
+    return ContainerGrant(
+        envs={str(k): v for k, v in envs.items()}, mounts=mounts, cdi_devices=_nvidia_cdi(delivery, gpus)
+    )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from device_plugin.cluster.pods import TERMINAL_PHASES, PodRecord
-from device_plugin.enforcement.envs import hami_mib, sm_percent
+from device_plugin.enforcement.envs import granted_percents, hami_mib
 from vgpu.contract.allocation import PodAllocation, decode
 from vgpu.errors import DomainError
 from vgpu.quantity import MIB, humanize_tflops
@@ -60,9 +60,8 @@ ContainerKey = tuple[str, str]  # (pod UID, container name)
 
 def limits_of(alloc: PodAllocation) -> tuple[GpuLimit, ...]:
     """Every container of the pod holds every GPU of the grant, with the grant's limits."""
-    return tuple(
-        GpuLimit(g.uuid, g.tflops_limit, sm_percent(g.tflops_limit, g.gpu_tflops), g.vram_limit) for g in alloc.gpus
-    )
+    percent = granted_percents(alloc)
+    return tuple(GpuLimit(g.uuid, g.tflops_limit, percent[g.uuid], g.vram_limit) for g in alloc.gpus)
 
 
 def wanted(pods: Iterable[PodRecord], node: str) -> dict[ContainerKey, Wanted]:

@@ -34,9 +34,10 @@ from device_plugin.kubelet.kubelet_api import PodDevices
 from device_plugin.kubelet.lookup import AllocateError, Match, awaiting, choose, validate
 from device_plugin.kubelet.proof import Answer, Outcome, holders, refusal, settle
 from device_plugin.metrics import PluginMetrics
-from vgpu.contract.allocation import decode
+from vgpu import isolation
+from vgpu.contract.allocation import PodAllocation, decode
 from vgpu.errors import DomainError
-from vgpu.names import EnforcementBackend
+from vgpu.names import DeviceDelivery, EnforcementBackend
 
 log = logging.getLogger(__name__)
 # When the confirmation task reads PodResources after an answer: the kubelet records the answer as
@@ -65,12 +66,14 @@ class Allocator:
         pod_devices: Callable[[], Awaitable[PodDevices]],
         live: LiveLimits | None = None,
         cdi: CdiSpecs | None = None,
+        delivery: Callable[[], DeviceDelivery] = lambda: DeviceDelivery.ENVVAR,
     ) -> None:
         """``live``: where each container's live limits are kept (None: nowhere, limits fixed at start);
         ``cdi``: where each answer is also written as a CDI device, which the runtime applies after the
-        container's own environment (None: CDI off, the answer's envs alone)."""
+        container's own environment (None: CDI off, the answer's envs alone); ``delivery``: how containers
+        are given their GPUs now (:mod:`device_plugin.enforcement.toolkit_check` follows the node's toolkit)."""
         self._config, self._gateway, self._cache = config, gateway, cache
-        self._live, self._cdi = live, cdi
+        self._live, self._cdi, self._delivery = live, cdi, delivery
         self._board, self._keeper, self._metrics = board, keeper, metrics
         self._pending: dict[frozenset[str], Answer] = {}  # provisional answers, by their device IDs
         self._confirmed: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID → container → IDs, kubelet order
@@ -120,7 +123,7 @@ class Allocator:
             found = choose(candidates(self._cache.pods() if final is None else final), node, ids, self.served())
         if isinstance(found, AllocateError):
             raise found
-        alloc = validate(found.pod, node, self._board.by_uuid())
+        alloc = validate(found.pod, node, self._board.by_uuid(), self._config.backend)
         if not found.again:
             pod = found.pod
             self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
@@ -137,7 +140,7 @@ class Allocator:
             extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
         )
         live = None if self._live is None else await self._live.mount(target, found.pod.uid, alloc)
-        grant = build(alloc, target, self._config.backend, self._config.paths, live)
+        grant = build(alloc, target, self._backend(alloc), self._config.paths, live, self._delivery())
         if self._cdi is None:
             return grant
         try:
@@ -151,13 +154,13 @@ class Allocator:
                 f"cannot write the CDI spec of pod {found.pod.key} container {found.container} in "
                 f"{self._cdi.root}: {exc}"
             ) from exc
-        return replace(grant, cdi_devices=(device,))
+        return replace(grant, cdi_devices=(*grant.cdi_devices, device))
 
     def regrant(self, pod: PodRecord, container: str) -> ContainerGrant | None:
         """The answer ``container`` of ``pod`` would get now, without an Allocate's bookkeeping or files: what
         a missing CDI spec is written again from. None when the pod's allocation no longer validates."""
         try:
-            alloc = validate(pod, self._config.node, self._board.by_uuid())
+            alloc = validate(pod, self._config.node, self._board.by_uuid(), self._config.backend)
         except AllocateError as exc:
             log.warning("no CDI spec for pod %s container %s: %s", pod.key, container, exc)
             return None
@@ -166,7 +169,13 @@ class Allocator:
             directory = self._live.directory((pod.uid, container))
             live = LiveMount(str(directory)) if directory.is_dir() else None
         target = Target(namespace=pod.namespace, pod=pod.name, container=container)
-        return build(alloc, target, self._config.backend, self._config.paths, live)
+        return build(alloc, target, self._backend(alloc), self._config.paths, live, self._delivery())
+
+    def _backend(self, alloc: PodAllocation) -> EnforcementBackend:
+        """Whose limiter the grant's containers get (a MIG unit on an MPS node: none)."""
+        gpus = self._board.by_uuid()
+        unit = any(gpus[g.uuid].parent is not None for g in alloc.gpus if g.uuid in gpus)
+        return isolation.enforcing(self._config.backend, mig_unit=unit)
 
     async def verify_start(self, ids: tuple[str, ...]) -> None:
         """PreStartContainer: raise :class:`AllocateError` unless the container holding ``ids`` is proven

@@ -16,10 +16,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from device_plugin.cluster.pods import PodRecord
+from vgpu import isolation
 from vgpu.contract.allocation import Handoff, PodAllocation, decode, decode_handoff
 from vgpu.contract.inventory import GpuInfo, Health
 from vgpu.errors import DomainError
-from vgpu.names import RESOURCE_VGPU
+from vgpu.names import RESOURCE_VGPU, EnforcementBackend
 from vgpu.quantity import humanize_bytes, humanize_tflops
 
 RESOURCE_NOUN = f"{RESOURCE_VGPU} devices"
@@ -110,8 +111,9 @@ def choose(
     )
 
 
-def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo]) -> PodAllocation:
-    """Decode the pod's allocation strictly and check it is for this pod, this node and real GPUs."""
+def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo], backend: EnforcementBackend) -> PodAllocation:
+    """Decode the pod's allocation strictly and check it is for this pod, this node and real GPUs that serve the
+    isolation mode it names (``backend``: this plugin's)."""
     where = f"pod {pod.key}"
     if pod.allocation is None:
         raise AllocateError(f"{where}: has no tensor-fusion allocation")
@@ -156,6 +158,12 @@ def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo]) -> PodAlloc
             )
         _ordered(where, grant.uuid, "TFLOPS", humanize_tflops, grant.tflops_request, grant.tflops_limit, gpu.tflops)
         _ordered(where, grant.uuid, "vram", humanize_bytes, grant.vram_request, grant.vram_limit, gpu.vram)
+        modes = isolation.served(backend, mig_unit=gpu.parent is not None)
+        if alloc.isolation is not None and alloc.isolation not in modes:
+            raise AllocateError(
+                f"{where}: allocation asks for isolation {alloc.isolation} on GPU {grant.uuid}, which serves "
+                f"{', '.join(sorted(modes))} on node {node} (its device plugin runs --backend={backend})"
+            )
     return alloc
 
 

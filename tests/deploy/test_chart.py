@@ -198,13 +198,16 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
-def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_and_the_cdi_dir() -> None:
+def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_the_cdi_dirs_and_the_toolkit() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/var/lib/tensor-fusion/limits",
         "/var/run/cdi",
+        "/etc/cdi",  # NVIDIA's CDI specs
+        "/etc/nvidia-container-runtime",  # the toolkit's configuration
+        "/dev/null",  # NVML's GPUs, as a volume-mount device request
     }
     # NVML's process list carries host PIDs; mapping them to pods reads the host's /proc.
     assert spec["hostPID"] is True
@@ -220,6 +223,10 @@ def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_and_the_
     assert mounts[cdi["name"]] == cdi["hostPath"]["path"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in container["securityContext"]
+    # What it only reads is mounted read-only; the toolkit check reads the file its argument names.
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert {"/etc/cdi", "/etc/nvidia-container-runtime", "/var/run/nvidia-container-devices/all"} <= read_only
+    assert "--nvidia-toolkit-config=/etc/nvidia-container-runtime/config.toml" in container["args"]
 
 
 def test_every_workload_runs_as_an_existing_service_account_with_bound_roles() -> None:

@@ -33,6 +33,7 @@ from vgpu.names import (
     PLURAL_GPU_POOL,
     PLURAL_WORKLOAD,
     PLURAL_WORKLOAD_PROFILE,
+    IsolationMode,
     Qos,
 )
 from vgpu.profile import ProfileSpec, Resources, parse_spec, to_crd
@@ -136,6 +137,7 @@ def test_every_crd_field_is_accepted_by_parse_spec_and_every_parsed_field_is_in_
         "gpuCount": 2,
         "nodeAffinity": {},
         "autoScalingConfig": {"autoSetLimits": {"enable": True}},
+        "isolation": "hard",
     }
     assert set(samples) == set(props)
     for key, value in samples.items():
@@ -151,6 +153,7 @@ def test_every_crd_field_is_accepted_by_parse_spec_and_every_parsed_field_is_in_
         gpu_count=1,
         node_affinity={},
         auto_scaling={"autoSetLimits": {"enable": True}},
+        isolation=IsolationMode.SOFT,
     )
     assert set(to_crd(full)) == set(props)
     assert parse_spec(to_crd(full), where="crd") == full
@@ -159,6 +162,7 @@ def test_every_crd_field_is_accepted_by_parse_spec_and_every_parsed_field_is_in_
 def test_enums_and_ranges_match_vgpu() -> None:
     props = spec_schema(KIND_WORKLOAD_PROFILE)["properties"]
     assert props["qos"]["enum"] == [q.value for q in Qos]
+    assert props["isolation"]["enum"] == [m.value for m in IsolationMode]
     assert (props["gpuCount"]["minimum"], props["gpuCount"]["maximum"]) == (1, fields.MAX_GPU_COUNT)
     assert (props["replicas"]["minimum"], props["replicas"]["maximum"]) == (0, fields.MAX_REPLICAS)
 

@@ -16,7 +16,7 @@ import yaml
 from device_plugin.cluster.gateway import Json, WatchKind
 from tf_shell.kube.api import GatewayError, GoneError, Listing, RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant, PodAllocation, encode
-from vgpu.names import RESOURCE_VGPU, Qos, SystemAnnotation
+from vgpu.names import NVIDIA_DEVICE_MOUNT_ROOT, RESOURCE_VGPU, Env, IsolationMode, Qos, SystemAnnotation
 
 NODE = "node-a"
 GPU0 = "GPU-00000000-0000-0000-0000-00000000a100"
@@ -74,7 +74,12 @@ def grant(uuid: str = GPU0, *, index: int = 0, tflops: int = 10_000, vram: int =
 
 
 def allocation(
-    uid: str, *, node: str = NODE, containers: Sequence[str] = ("main",), gpus: Sequence[GpuGrant] = ()
+    uid: str,
+    *,
+    node: str = NODE,
+    containers: Sequence[str] = ("main",),
+    gpus: Sequence[GpuGrant] = (),
+    isolation: IsolationMode | None = None,
 ) -> str:
     return encode(
         PodAllocation(
@@ -85,6 +90,7 @@ def allocation(
             containers=tuple(containers),
             gpus=tuple(gpus) or (grant(),),
             bound_at="2026-11-22T03:05:46Z",
+            isolation=isolation,
         )
     )
 
@@ -124,6 +130,18 @@ def make_pod(
         },
         "status": {"phase": phase},
     }
+
+
+def toolkit_gpus(response: Any) -> str:
+    """The GPUs NVIDIA's toolkit would give the container of a ContainerAllocateResponse, comma-separated: the
+    /dev/null mounts under its device root where the answer has them (volume-mounts delivery, the harness's
+    well-set node), else NVIDIA_VISIBLE_DEVICES."""
+    mounted = [
+        m.container_path.removeprefix(NVIDIA_DEVICE_MOUNT_ROOT + "/")
+        for m in response.mounts
+        if m.host_path == "/dev/null" and m.container_path.startswith(NVIDIA_DEVICE_MOUNT_ROOT + "/")
+    ]
+    return ",".join(mounted) if mounted else str(response.envs[Env.NVIDIA_VISIBLE_DEVICES])
 
 
 def uid_of(pod: Json) -> str:

@@ -16,6 +16,7 @@ from device_plugin.settings import PluginSettings
 from tests.device_plugin.fakes import NODE, FakeKube
 from tests.device_plugin.kubelet import TestKubelet
 from vgpu.catalog import Catalog, builtin
+from vgpu.names import TOOLKIT_ACCEPT_ENVVAR, TOOLKIT_ACCEPT_MOUNTS
 
 T = TypeVar("T")
 
@@ -34,7 +35,10 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
 
 def settings(tmp: Path, **overrides: Any) -> PluginSettings:
     """The plugin's settings for a test: its sockets in ``tmp``, fast health checks, no /metrics server, no
-    live-limits directories and no CDI spec files unless ``overrides`` (settings fields) ask for them."""
+    live-limits directories and no CDI spec files unless ``overrides`` (settings fields) ask for them, on a
+    node whose NVIDIA toolkit is set as docs/security.md asks (GPUs by volume mounts, none by environment)."""
+    toolkit = tmp / "toolkit.toml"
+    toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n{TOOLKIT_ACCEPT_MOUNTS} = true\n")
     base: dict[str, Any] = {
         "node_name": NODE,
         "plugin_dir": str(tmp),
@@ -45,6 +49,8 @@ def settings(tmp: Path, **overrides: Any) -> PluginSettings:
         "metrics_port": 0,
         "live_limits_dir": "",
         "cdi_dir": "",
+        "nvidia_toolkit_config": str(toolkit),
+        "nvidia_cdi_dirs": "",
     }
     return PluginSettings(**(base | overrides))
 

@@ -22,6 +22,7 @@ from tests.device_plugin.fakes import (
     gpu_file,
     grant,
     make_pod,
+    toolkit_gpus,
     uid_of,
 )
 from tests.device_plugin.harness import plugin, run, until
@@ -175,11 +176,11 @@ def test_allocate_serves_pods_in_flight_even_before_their_allocation_arrives(tmp
             env_one = dict(r_one.container_responses[0].envs)
             env_two = dict(r_two.container_responses[0].envs)
             # The physical GPU is the extender's choice, not the slice kubelet picked (GPU1's).
-            assert env_one[Env.NVIDIA_VISIBLE_DEVICES] == GPU0
+            assert toolkit_gpus(r_one.container_responses[0]) == GPU0
             assert json.loads(env_one[Env.TF_UP_LIMIT]) == {GPU0: 10}
             assert json.loads(env_one[Env.TF_MEM_LIMIT]) == {GPU0: 4 * GIB}
             assert env_one[Env.TF_POD_NAME] == "one"
-            assert env_two[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
+            assert toolkit_gpus(r_two.container_responses[0]) == f"{GPU0},{GPU1}"
             assert json.loads(env_two[Env.TF_UP_LIMIT]) == {GPU0: 50, GPU1: 50}
             assert await receipt(kube, uid_of(one)) == {"main": (slice_id(GPU1, 0),)}
             assert await receipt(kube, uid_of(two)) == {"main": (slice_id(GPU0, 1), slice_id(GPU1, 1))}
@@ -278,7 +279,7 @@ def test_kubelet_restart_reregisters_within_two_seconds_and_keeps_allocations(tm
             both = [grant(GPU0), grant(GPU1, index=1)]
             kube.annotate(uid_of(second), ALLOC, allocation(uid_of(second), gpus=both))
             response = await restarted.allocate(slice_id(GPU0, 2), slice_id(GPU1, 2), pod="second")
-            assert response.container_responses[0].envs[Env.NVIDIA_VISIBLE_DEVICES] == f"{GPU0},{GPU1}"
+            assert toolkit_gpus(response.container_responses[0]) == f"{GPU0},{GPU1}"
             assert await receipt(kube, uid_of(first)) == {"main": (slice_id(GPU0, 0),)}
             await restarted.stop()
 

@@ -15,6 +15,7 @@ from device_plugin.cluster.handoff import HandoffKeeper
 from device_plugin.cluster.pod_cache import PodCache
 from device_plugin.cluster.publisher import InventoryPublisher, label_value
 from device_plugin.daemon import Daemon
+from device_plugin.enforcement.delivery import NodeSetup
 from device_plugin.gpus.board import DeviceBoard, discover
 from device_plugin.gpus.fake_probe import FakeProbe, FakeProbeError
 from device_plugin.gpus.health import HealthPolicy
@@ -29,12 +30,16 @@ from vgpu.catalog import builtin
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
 from vgpu.contract.inventory import decode
 from vgpu.names import (
+    LABEL_NODE_DEVICE_DELIVERY,
+    LABEL_NODE_ENVVAR_GUARD,
     LABEL_NODE_GPU_COUNT,
     LABEL_NODE_GPU_MODEL,
     LABEL_NODE_POOL,
     RESOURCE_MILLI_TFLOPS,
     RESOURCE_VRAM,
+    DeviceDelivery,
     EnforcementBackend,
+    EnvvarGuard,
     SystemAnnotation,
 )
 
@@ -118,6 +123,7 @@ def _board(tmp_path: Path) -> DeviceBoard:
 def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) -> None:
     kube = FakeKube(node_labels={LABEL_NODE_POOL: "training"})
     clock = [0.0]
+    setup = [NodeSetup(EnvvarGuard.OFF, DeviceDelivery.ENVVAR)]
 
     async def scenario() -> None:
         board = _board(tmp_path)
@@ -127,6 +133,7 @@ def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) ->
             PluginMetrics(),
             node="node-a",
             backend=EnforcementBackend.HAMI_CORE,
+            setup=lambda: setup[0],
             heartbeat_s=30,
             now=lambda: f"beat-{clock[0]}",
             clock=lambda: clock[0],
@@ -137,6 +144,8 @@ def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) ->
             LABEL_NODE_POOL: "training",
             LABEL_NODE_GPU_MODEL: "A100-SXM4-80GB",
             LABEL_NODE_GPU_COUNT: "2",
+            LABEL_NODE_ENVVAR_GUARD: "off",
+            LABEL_NODE_DEVICE_DELIVERY: "envvar",
         }
         inv = decode(annotations[SystemAnnotation.NODE_INVENTORY.value])
         assert [(g.uuid, g.tflops, g.numa) for g in inv.gpus] == [(GPU0, 312_000, 0), (GPU1, 312_000, 1)]
@@ -158,6 +167,11 @@ def test_inventory_is_patched_on_change_and_on_heartbeat_only(tmp_path: Path) ->
         clock[0] = 45.0
         assert await publisher.publish_once()  # heartbeat due
         assert len(kube.node_patches) == 3
+        clock[0] = 50.0
+        setup[0] = NodeSetup(EnvvarGuard.ON, DeviceDelivery.VOLUME_MOUNTS)  # the toolkit check's new conclusion
+        assert await publisher.publish_once()
+        labels = kube.node_patches[-1][0]
+        assert (labels[LABEL_NODE_ENVVAR_GUARD], labels[LABEL_NODE_DEVICE_DELIVERY]) == ("on", "volume-mounts")
 
     run(scenario())
 

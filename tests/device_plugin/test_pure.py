@@ -8,6 +8,7 @@ import pytest
 
 from device_plugin.cluster.pods import from_json
 from device_plugin.enforcement.envs import EnforcementPaths, Target, build, sm_percent
+from device_plugin.enforcement.live_limits import limits_of
 from device_plugin.gpus.health import HEALTHY, GpuHealth, HealthBoard, HealthPolicy, on_check, on_xid
 from device_plugin.gpus.slices import SliceIdError, gpu_of, preferred, slice_id, slices
 from device_plugin.kubelet.lookup import AllocateError, Match, choose, validate
@@ -15,7 +16,7 @@ from device_plugin.kubelet.proof import Answer, Holder, Outcome, Settled, refusa
 from tests.device_plugin.fakes import A100_TFLOPS, A100_VRAM, GIB, GPU0, GPU1, allocation, grant, make_pod
 from vgpu.contract.allocation import Handoff, decode, encode_handoff
 from vgpu.contract.inventory import GpuInfo, Health
-from vgpu.names import EnforcementBackend, Env
+from vgpu.names import EnforcementBackend, Env, IsolationMode
 
 POLICY = HealthPolicy(recovery_s=10)
 SICK = GpuHealth(healthy=False, reason="XID 79", last_fault=100.0)
@@ -216,19 +217,43 @@ def test_choose_serves_a_recorded_container_again_only_with_the_same_ids() -> No
 def test_validate_names_the_broken_rule(alloc: str, containers: list[tuple[str, int]], message: str) -> None:
     pod = from_json(make_pod("p", uid="U", alloc=alloc, containers=containers))
     with pytest.raises(AllocateError) as err:
-        validate(pod, "node-a", GPUS)
+        validate(pod, "node-a", GPUS, EnforcementBackend.HAMI_CORE)
     assert message in str(err.value)
 
 
 def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> None:
     pod = from_json(make_pod("p", uid="U", alloc=allocation("U")))
-    assert validate(pod, "node-a", GPUS).gpus[0].uuid == GPU0
+    assert validate(pod, "node-a", GPUS, EnforcementBackend.HAMI_CORE).gpus[0].uuid == GPU0
     sick = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=1, vram=1, health=Health.UNHEALTHY)}
     with pytest.raises(AllocateError, match="unhealthy on node node-a"):
-        validate(pod, "node-a", sick)
+        validate(pod, "node-a", sick, EnforcementBackend.HAMI_CORE)
     mig = {GPU0: GpuInfo(uuid=GPU0, index=0, model="A100", tflops=A100_TFLOPS, vram=A100_VRAM, mig=True)}
     with pytest.raises(AllocateError, match="in MIG mode on node node-a: its UUID gives a container no usable"):
-        validate(pod, "node-a", mig)
+        validate(pod, "node-a", mig, EnforcementBackend.HAMI_CORE)
+
+
+def test_a_named_isolation_mode_is_checked_against_the_node_and_shared_is_uncapped() -> None:
+    """hard on a HAMi-core node is refused, naming what the GPU serves; shared there passes and its answer caps
+    no compute (every percent 100) while its VRAM stays limited; soft gets the TFLOPS limit's share."""
+    pod = from_json(make_pod("p", uid="U", alloc=allocation("U", isolation=IsolationMode.HARD)))
+    with pytest.raises(AllocateError, match=f"isolation hard on GPU {GPU0}, which serves shared, soft on node node-a"):
+        validate(pod, "node-a", GPUS, EnforcementBackend.HAMI_CORE)
+    assert validate(pod, "node-a", GPUS, EnforcementBackend.MPS).isolation is IsolationMode.HARD
+    answers = {}
+    for mode in (IsolationMode.SHARED, IsolationMode.SOFT):
+        pod = from_json(make_pod("p", uid="U", alloc=allocation("U", isolation=mode)))
+        alloc = validate(pod, "node-a", GPUS, EnforcementBackend.HAMI_CORE)
+        answers[mode] = build(alloc, TARGET, EnforcementBackend.HAMI_CORE, EnforcementPaths()).envs
+    shared, soft = answers[IsolationMode.SHARED], answers[IsolationMode.SOFT]
+    assert (shared[Env.HAMI_SM_LIMIT], shared[f"{Env.HAMI_SM_LIMIT}_0"], shared[Env.TF_UP_LIMIT]) == (
+        "100",
+        "100",
+        f'{{"{GPU0}":100}}',
+    )
+    assert soft[Env.HAMI_SM_LIMIT] == "4"  # 10 of 312 TFLOPS, rounded up
+    assert shared[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0"] == soft[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0"] == "4096m"
+    # Live limits (limits.json, HAMi-core's region) follow the same rule when the grant changes in place.
+    assert [g.sm_percent for g in limits_of(decode(allocation("U", isolation=IsolationMode.SHARED)))] == [100]
 
 
 def test_a_mig_instance_is_granted_by_its_own_uuid_and_the_parent_has_no_slices() -> None:
@@ -239,7 +264,7 @@ def test_a_mig_instance_is_granted_by_its_own_uuid_and_the_parent_has_no_slices(
     }
     whole = grant(unit, tflops=44_571, vram=9728 * 1024**2, gpu_tflops=44_571)
     pod = from_json(make_pod("p", uid="U", alloc=allocation("U", gpus=[whole])))
-    alloc = validate(pod, "node-a", gpus)
+    alloc = validate(pod, "node-a", gpus, EnforcementBackend.HAMI_CORE)
     env = build(alloc, TARGET, EnforcementBackend.HAMI_CORE, EnforcementPaths()).envs
     assert env[Env.NVIDIA_VISIBLE_DEVICES] == unit
     assert {s.uuid for s in slices(gpus.values(), 4)} == {unit}

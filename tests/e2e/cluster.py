@@ -53,6 +53,7 @@ from .procs import (
 VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"
 PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (the plugin's default: 5)
+TOOLKIT_CHECK_INTERVAL = 1  # seconds between the plugin's reads of its toolkit configuration (its default: 60)
 METRICS_API_INTERVAL = 1  # seconds between tf-metrics' passes over the plugins (its default: 5)
 AUTOSCALER_MAX_REPLICAS = 3  # the extender's --autoscaler-max-replicas: maxReplicas of the HPAs it owns
 TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their namespaces
@@ -221,6 +222,9 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--slices-per-gpu={SLICES_PER_GPU}",
                 f"--backend={EnforcementBackend.HAMI_CORE.value}",
                 f"--cdi-dir={self.cdi_dir}",
+                f"--nvidia-toolkit-config={self.node.toolkit_config}",
+                "--nvidia-cdi-dirs=",
+                f"--toolkit-check-interval={TOOLKIT_CHECK_INTERVAL}",
                 "--health-check-interval=1",
                 "--health-recovery=2",
                 f"--metrics-port={self.plugin_metrics_port}",  # on every address: tf-metrics reaches it off loopback

@@ -11,7 +11,9 @@ was created with, what the device plugin measured of each running container's GP
 the fake GPU file, read back from its ``/usage``), and the status the extender wrote on the generated
 TensorFusionWorkload; then
 what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
-hand is admitted by the kubelet but the device plugin refuses to start it); and QoS preemption on
+hand is admitted by the kubelet but the device plugin refuses to start it), what a pod setting the plugin's
+variables through envFrom gets (its grant), and what a pod that is not ours asking for every GPU by
+environment gets (none: the node's NVIDIA toolkit is set as docs/security.md asks); and QoS preemption on
 fragmented GPUs: the node's four GPUs each hold a high and a low pod, a critical pod fits the node's
 totals but no single GPU, and the extender evicts one low pod and runs the critical one in its place;
 and autoscaling: a Deployment with autoSetLimits, autoSetRequests and autoSetReplicas under a scripted
@@ -31,7 +33,17 @@ from typing import Any
 from kubernetes.client import ApiException, AppsV1Api, CustomObjectsApi
 
 from vgpu.contract import allocation, usage
-from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, Env, SystemAnnotation
+from vgpu.names import (
+    CRD_GROUP,
+    CRD_VERSION,
+    LABEL_ENABLED,
+    LABEL_NODE_DEVICE_DELIVERY,
+    LABEL_NODE_ENVVAR_GUARD,
+    PLURAL_WORKLOAD,
+    Annotation,
+    Env,
+    SystemAnnotation,
+)
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
 
 from . import deploy
@@ -52,7 +64,7 @@ from .autoscaling import (
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml, gpus
 from .kube import apply, bind_by_hand, events_for, eventually, wait_running
-from .pods import allocation_of, created_env, gpu_pod
+from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
 DEMO_NOWHERE = "demo-no-nodes"  # a pool without nodes: a pod there waits for a Binding posted by hand
@@ -117,6 +129,9 @@ def run(keep: bool) -> None:
             print(f"\nenv of {pod.metadata.name}/{container} as the kubelet created it (fake runtime's record):")
             for key in sorted(k for k in env if k.startswith(("NVIDIA_", "TENSOR_FUSION_", "CUDA_"))):
                 print(f"  {key}={env[key]}")
+            print(
+                f"  GPUs the NVIDIA toolkit gives it (by volume mounts): {created_gpus(cluster.node, pod, container)}"
+            )
             measured(cluster, running)
         workloads = CustomObjectsApi(cluster.admin)
 
@@ -292,6 +307,7 @@ def isolation(cluster: Cluster, namespace: str) -> None:
 
     print(f"  kubelet event: {eventually('the kubelet refusing bound-by-hand', refused, timeout=30)}")
     overriding(cluster, namespace)
+    not_ours(cluster, namespace)
 
 
 def overriding(cluster: Cluster, namespace: str) -> None:
@@ -313,6 +329,32 @@ def overriding(cluster: Cluster, namespace: str) -> None:
     print("  the runtime applies the plugin's CDI device after it, so the container gets its grant:")
     for key, wanted in lifted.items():
         print(f"  {key}: ConfigMap {wanted!r} -> container {env.get(key)!r}")
+    print(f"  GPUs the NVIDIA toolkit gives it: {created_gpus(cluster.node, running, 'main')}")
+
+
+def not_ours(cluster: Cluster, namespace: str) -> None:
+    """A pod that is not ours (no label, no GPU resource) asks for every GPU by environment: the kubelet node's
+    toolkit is set as the docs ask, so it gets none, and the device plugin publishes that the node is guarded."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-ours"},
+        "spec": {
+            "nodeName": REAL_NODE,
+            "containers": [
+                {"name": "main", "image": IMAGE, "env": [{"name": str(Env.NVIDIA_VISIBLE_DEVICES), "value": "all"}]}
+            ],
+        },
+    }
+    cluster.core.create_namespaced_pod(namespace, pod)
+    running = wait_running(cluster.core, namespace, "not-ours")
+    got = created_gpus(cluster.node, running, "main") or "none"
+    labels = cluster.core.read_node(REAL_NODE).metadata.labels or {}
+    print(f"pod/not-ours (no label, no GPU resource) sets NVIDIA_VISIBLE_DEVICES=all on {REAL_NODE}: GPUs {got}")
+    print(
+        f"  {REAL_NODE}: {LABEL_NODE_ENVVAR_GUARD}={labels.get(LABEL_NODE_ENVVAR_GUARD)}, "
+        f"{LABEL_NODE_DEVICE_DELIVERY}={labels.get(LABEL_NODE_DEVICE_DELIVERY)} (what tfctl nodes shows)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

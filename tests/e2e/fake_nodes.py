@@ -19,15 +19,17 @@ import yaml
 from kubernetes.client import ApiClient, CoreV1Api
 
 from device_plugin.cluster.publisher import node_labels
+from device_plugin.enforcement.delivery import NodeSetup
 from vgpu import catalog
 from vgpu.contract import inventory
-from vgpu.names import RESOURCE_VGPU, EnforcementBackend
+from vgpu.names import RESOURCE_VGPU, DeviceDelivery, EnforcementBackend, EnvvarGuard
 from vgpu.node_resources import node_capacity
 
 from .kube import untaint_not_ready
 
 MIB = 1024 * 1024
 SLICES_PER_GPU = 16
+FAKE_SETUP = NodeSetup(EnvvarGuard.ON, DeviceDelivery.VOLUME_MOUNTS)  # what a plugin on a well-set node publishes
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ def add_fake_node(admin: ApiClient, plugin: ApiClient, name: str, fake: tuple[Fa
         ),
     )
     core = CoreV1Api(admin)
-    labels = {"kubernetes.io/hostname": name, **node_labels(inv)}
+    labels = {"kubernetes.io/hostname": name, **node_labels(inv, FAKE_SETUP)}
     core.create_node({"metadata": {"name": name, "labels": labels}})
     slots = str(len(fake) * SLICES_PER_GPU)
     resources = {"cpu": "64", "memory": "256Gi", "pods": "110", RESOURCE_VGPU: slots}

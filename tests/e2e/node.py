@@ -5,7 +5,8 @@ admission, restarts that wipe its socket directory), and only a real kubelet beh
 The kubelet hard-codes /var/lib/kubelet/device-plugins whatever --root-dir says, so it runs under
 ``unshare -m`` with a scratch directory bind-mounted there; our device plugin, outside that
 namespace, uses the scratch directory itself (a bind mount: the same directory). The fake runtime
-records every CreateContainer, which is where the env our plugin answered must show up.
+records every CreateContainer, which is where the env our plugin answered must show up, and which GPUs
+NVIDIA's container toolkit would hand the container under the node's toolkit configuration.
 The kubelet changes a few kernel sysctls at start; they are restored when the node stops.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from vgpu.names import TOOLKIT_ACCEPT_ENVVAR, TOOLKIT_ACCEPT_MOUNTS
 
 from .procs import Proc, free_port, http_ok, wait_until
 
@@ -51,6 +54,21 @@ class KubeletNode:
         return self.root / "cri.sock"
 
     @property
+    def toolkit_config(self) -> Path:
+        """The node's NVIDIA container toolkit configuration: the fake runtime decides each container's GPUs by it
+        (read at every create, as the toolkit does) and the device plugin checks it."""
+        return self.root / "nvidia-container-runtime" / "config.toml"
+
+    def set_toolkit(self, *, guarded: bool) -> None:
+        """Write the toolkit configuration: as docs/security.md asks (GPUs by volume mounts, none by
+        environment), or with the toolkit's defaults (an empty file: any container naming GPUs gets them)."""
+        self.toolkit_config.parent.mkdir(parents=True, exist_ok=True)
+        text = f"{TOOLKIT_ACCEPT_ENVVAR} = false\n{TOOLKIT_ACCEPT_MOUNTS} = true\n" if guarded else ""
+        staged = self.toolkit_config.with_suffix(".staged")
+        staged.write_text(text)
+        staged.replace(self.toolkit_config)
+
+    @property
     def creates_log(self) -> Path:
         """One JSON line per CRI CreateContainer the kubelet made."""
         return self.root / "create-container.jsonl"
@@ -66,9 +84,15 @@ class KubeletNode:
         for sub in ("device-plugins", "kubelet", "pod-logs", "volume-plugins", "cwd", "logs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.sysctls = {k: (Path("/proc/sys") / k).read_text().strip() for k in SYSCTLS}
+        self.set_toolkit(guarded=True)
         self.cri = Proc(
             f"fake-cri-{self.name}",
-            [str(self.bin / "fake-cri"), f"-socket={self.cri_socket}", f"-log={self.creates_log}"],
+            [
+                str(self.bin / "fake-cri"),
+                f"-socket={self.cri_socket}",
+                f"-log={self.creates_log}",
+                f"-nvidia-toolkit-config={self.toolkit_config}",
+            ],
             self.root / "logs" / "fake-cri.log",
         ).start()
         wait_until("fake CRI socket", self.cri_socket.exists, 30, [self.cri])

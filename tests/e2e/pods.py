@@ -76,17 +76,30 @@ def allocation_of(pod: Any) -> allocation.PodAllocation:
     return allocation.decode(text)
 
 
-def created_env(node: KubeletNode | None, pod: Any, container: str) -> dict[str, str]:
-    """The env the kubelet created ``container`` of ``pod`` with (latest attempt), from the fake CRI."""
+def created(node: KubeletNode | None, pod: Any, container: str) -> dict[str, Any]:
+    """The fake CRI's record of ``container`` of ``pod`` (latest attempt): its effective env, mounts, and the GPUs
+    NVIDIA's toolkit would give it (tests/e2e/fake_cri/main.go)."""
     assert node is not None, "the cluster has no kubelet node"
     records = [r for r in node.creates() if r["podUid"] == pod.metadata.uid and r["container"] == container]
     assert records, f"the runtime never created {pod.metadata.name}/{container}"
-    env: dict[str, str] = records[-1]["env"]
+    return records[-1]
+
+
+def created_env(node: KubeletNode | None, pod: Any, container: str) -> dict[str, str]:
+    """The env the kubelet created ``container`` of ``pod`` with (latest attempt), from the fake CRI."""
+    env: dict[str, str] = created(node, pod, container)["env"]
     return env
 
 
-def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodAllocation, sm_percent: int) -> None:
-    """The container sees exactly its granted GPUs, each capped at its granted limits (design §7).
+def created_gpus(node: KubeletNode | None, pod: Any, container: str) -> str:
+    """The GPUs ``container`` of ``pod`` got (latest attempt), as NVIDIA's toolkit reads its request: comma-joined."""
+    return ",".join(created(node, pod, container)["gpus"])
+
+
+def assert_grant_matches_allocation(
+    record: Mapping[str, Any], alloc: allocation.PodAllocation, sm_percent: int
+) -> None:
+    """The container gets exactly its granted GPUs, each capped at its granted limits (design §7).
 
     ``sm_percent`` is the compute cap the scenario expects on every granted GPU (each GPU of an e2e
     pod has the same share of the same A100), written out by the scenario rather than recomputed
@@ -95,7 +108,8 @@ def assert_env_matches_allocation(env: Mapping[str, str], alloc: allocation.PodA
     device_plugin/enforcement/envs.py sets to the largest per-GPU percent (here the same one).
     """
     uuids = [g.uuid for g in alloc.gpus]
-    assert env.get(Env.NVIDIA_VISIBLE_DEVICES) == ",".join(uuids), (env, uuids)
+    env: Mapping[str, str] = record["env"]
+    assert record["gpus"] == uuids, (record["gpus"], uuids)
     mem = json.loads(env[Env.TF_MEM_LIMIT])
     tflops = json.loads(env[Env.TF_UP_LIMIT_TFLOPS])
     assert set(mem) == set(tflops) == set(uuids), (mem, tflops, uuids)

@@ -20,7 +20,7 @@ from vgpu.quantity import parse_bytes, parse_milli
 
 from .cluster import REAL_NODE, Cluster
 from .kube import eventually
-from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 TFLOPS, VRAM = "30", "4Gi"  # 10 pods per A100 by TFLOPS (312), 20 by VRAM
 
@@ -77,7 +77,7 @@ def check_invariants(cluster: Cluster, core: CoreV1Api, pods: list[Any]) -> None
         alloc = allocation_of(pod)
         assert alloc.pod_uid == pod.metadata.uid and alloc.node == REAL_NODE
         sm_percent = 10  # TFLOPS (30, also the limit) of an A100's 312, rounded up
-        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), alloc, sm_percent)
+        assert_grant_matches_allocation(created(cluster.node, pod, "main"), alloc, sm_percent)
     if len(running) < len(pods):  # someone waits: then no GPU may have room for one more pod
         room = [u for u, (cap_t, cap_v) in capacity.items() if cap_t - used.get(u, (0, 0))[0] >= parse_milli(TFLOPS)
                 and cap_v - used.get(u, (0, 0))[1] >= parse_bytes(VRAM)]  # fmt: skip

@@ -27,7 +27,7 @@ from vgpu.names import SCHEDULER_NAME, Annotation
 
 from .cluster import REAL_NODE, Cluster
 from .kube import eventually
-from .pods import IMAGE, allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+from .pods import IMAGE, allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 SHARE = {Annotation.TFLOPS_REQUEST: "30", Annotation.VRAM_REQUEST: "4Gi"}
 RATES_ENV = "TF_E2E_RATES"
@@ -153,7 +153,7 @@ def test_gpu_pods_reach_one_kubelet_node_through_the_gate(
     for pod in placed:
         alloc = allocation_of(pod)
         assert alloc.pod_uid == pod.metadata.uid and alloc.node == REAL_NODE
-        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), alloc, 10)
+        assert_grant_matches_allocation(created(cluster.node, pod, "main"), alloc, 10)
     figures = {
         "burst": burst,
         "pods": len(pods),

@@ -24,7 +24,7 @@ from vgpu.names import DEFAULT_POOL, LABEL_NODE_GPU_COUNT, LABEL_NODE_POOL, RESO
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import SLICES_PER_GPU
 from .kube import emptied, eventually, wait_running
-from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 NAMESPACE = "e2e-kubelet-restart"
 SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
@@ -77,7 +77,7 @@ def test_plugin_reregisters_capacity_returns_and_running_pods_are_untouched(clus
 
     core.create_namespaced_pod(ns, gpu_pod("after", SHARE))
     after = wait_running(core, ns, "after")
-    assert_env_matches_allocation(created_env(cluster.node, after, "main"), allocation_of(after), sm_percent=SM_PERCENT)
+    assert_grant_matches_allocation(created(cluster.node, after, "main"), allocation_of(after), sm_percent=SM_PERCENT)
 
 
 def gpu_state(core: CoreV1Api) -> tuple[int, int, dict[str, str]]:
@@ -156,4 +156,4 @@ def test_killed_plugin_comes_back_and_running_pods_keep_their_allocation(cluster
 
     core.create_namespaced_pod(ns, gpu_pod("after-plugin-crash", SHARE))
     after = wait_running(core, ns, "after-plugin-crash")
-    assert_env_matches_allocation(created_env(cluster.node, after, "main"), allocation_of(after), sm_percent=SM_PERCENT)
+    assert_grant_matches_allocation(created(cluster.node, after, "main"), allocation_of(after), sm_percent=SM_PERCENT)

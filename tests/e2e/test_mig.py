@@ -15,12 +15,12 @@ import yaml
 from kubernetes.client import CoreV1Api
 
 from vgpu.contract import allocation, inventory
-from vgpu.names import Annotation, Env
+from vgpu.names import Annotation
 
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml
 from .kube import events_for, eventually, wait_running
-from .pods import created_env, gpu_pod
+from .pods import created_gpus, gpu_pod
 
 UNITS = 7
 UNIT_MIB = 4864  # 1g.5gb on an A100-40GB
@@ -92,7 +92,7 @@ def test_pods_naming_a_mig_profile_get_distinct_instances_and_the_parent_uuid_is
         core.create_namespaced_pod(ns, pod(name, **{Annotation.GPU_MODEL: "1g.5gb"}))
     core.create_namespaced_pod(ns, pod("fractional"))
     running = {n: wait_running(core, ns, n, timeout=120) for n in [*names, "fractional"]}
-    seen = {n: created_env(cluster.node, p, "main")[Env.NVIDIA_VISIBLE_DEVICES] for n, p in running.items()}
+    seen = {n: created_gpus(cluster.node, p, "main") for n, p in running.items()}
     print(
         f"{UNITS} MIG pods on {len({seen[n] for n in names})} distinct instances; fractional pod on {seen['fractional']}"
     )

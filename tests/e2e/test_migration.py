@@ -33,7 +33,7 @@ from vgpu.names import (
 
 from .cluster import REAL_NODE, Cluster
 from .kube import eventually, wait_running_pods
-from .pods import IMAGE, allocation_of, assert_env_matches_allocation, created_env
+from .pods import IMAGE, allocation_of, assert_grant_matches_allocation, created
 
 NAMESPACE = "e2e-migration"
 UNLABELLED = "e2e-migration-off"
@@ -119,7 +119,7 @@ def test_a_seed_style_nvidia_gpu_deployment_runs_as_tensor_fusion_pods_on_whole_
         assert grant.tflops_request == grant.tflops_limit == grant.gpu_tflops == 312_000  # the whole A100
         (gpu,) = [g for g in cluster.gpus if g.uuid == grant.uuid]
         assert grant.vram_request == grant.vram_limit == gpu.model.memory_mib << 20
-        assert_env_matches_allocation(created_env(cluster.node, pod, "python"), alloc, sm_percent=100)
+        assert_grant_matches_allocation(created(cluster.node, pod, "python"), alloc, sm_percent=100)
         gpus.add(grant.uuid)
     assert len(gpus) == REPLICAS  # whole GPUs are never shared
     before = core.read_namespaced_pod("before-the-label", migrated)

@@ -23,7 +23,7 @@ from vgpu.quantity import parse_bytes, parse_milli
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import FakeGpu, gpus
 from .kube import apply, emptied, events_for, eventually, wait_bound, wait_running
-from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 NAMESPACE = "e2e-placement"
 H100 = gpus("h100", 2, "NVIDIA H100 80GB HBM3")
@@ -60,8 +60,9 @@ def test_annotation_beats_workload_profile_which_fills_the_rest(cluster: Cluster
     assert grant.tflops_limit == parse_milli("15"), "the profile fills what the pod left out"
     assert grant.vram_request == grant.vram_limit == parse_bytes("3Gi")
     assert running.spec.node_name == REAL_NODE
-    env = created_env(cluster.node, running, "main")
-    assert_env_matches_allocation(env, allocation_of(running), sm_percent=5)  # 15 of 312 TFLOPS, rounded up
+    assert_grant_matches_allocation(
+        created(cluster.node, running, "main"), allocation_of(running), sm_percent=5
+    )  # 15 of 312 TFLOPS, rounded up
 
 
 @pytest.mark.parametrize(("model", "node", "fleet"), [("H100", "e2e-h100", H100), ("T4", "e2e-t4", T4)])
@@ -90,8 +91,9 @@ def test_gpu_count_two_gets_two_distinct_gpus_in_its_env(cluster: Cluster, core:
     alloc = allocation_of(running)
     assert len({g.uuid for g in alloc.gpus}) == 2
     assert running.spec.containers[0].resources.limits[RESOURCE_VGPU] == "2"
-    env = created_env(cluster.node, running, "main")
-    assert_env_matches_allocation(env, alloc, sm_percent=7)  # 20 of 312 TFLOPS on each, rounded up
+    assert_grant_matches_allocation(
+        created(cluster.node, running, "main"), alloc, sm_percent=7
+    )  # 20 of 312 TFLOPS on each, rounded up
 
 
 def test_exhausted_pool_leaves_the_pod_pending_with_our_reason(core: CoreV1Api, ns: str) -> None:

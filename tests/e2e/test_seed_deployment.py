@@ -36,7 +36,7 @@ from vgpu.quantity import parse_milli
 from . import deploy
 from .cluster import REAL_NODE, Cluster
 from .kube import apply, eventually, kubectl_get, wait_running_pods
-from .pods import allocation_of, assert_env_matches_allocation, created_env
+from .pods import allocation_of, assert_grant_matches_allocation, created
 
 
 def test_seed_deployment_runs_two_replicas_each_with_its_own_gpu_share(cluster: Cluster, core: CoreV1Api) -> None:
@@ -61,8 +61,9 @@ def test_seed_deployment_runs_two_replicas_each_with_its_own_gpu_share(cluster: 
         for container in request.containers:
             spec = next(c for c in pod.spec.containers if c.name == container)
             assert spec.resources.limits[RESOURCE_VGPU] == str(request.gpu_count)
-            env = created_env(cluster.node, pod, container)
-            assert_env_matches_allocation(env, alloc, sm_percent=7)  # tflops-limit 20 of 312, rounded up
+            assert_grant_matches_allocation(
+                created(cluster.node, pod, container), alloc, sm_percent=7
+            )  # tflops-limit 20 of 312, rounded up
         for grant in alloc.gpus:
             assert grant.tflops_request == request.tflops_request and grant.vram_request == request.vram_request
             assert grant.tflops_limit == request.tflops_limit and grant.vram_limit == request.vram_limit

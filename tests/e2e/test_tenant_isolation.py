@@ -34,7 +34,7 @@ from vgpu.names import Annotation, Env
 from .cluster import REAL_NODE, Cluster
 from .deploy import system_namespace
 from .kube import api_client, bind_by_hand, events_for, eventually, wait_bound, wait_running
-from .pods import allocation_of, assert_env_matches_allocation, created_env, gpu_pod
+from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 OWN = "e2e-isolation-a"
 OTHER = "e2e-isolation-b"
@@ -143,5 +143,5 @@ def test_rogue_pods_admitted_during_a_hand_off_never_start_on_its_grant(
     ]
     assert (len(on_rogues), len(on_another_grant)) == (0, 0), (on_rogues, on_another_grant)
     for pod in legit:
-        assert_env_matches_allocation(created_env(cluster.node, pod, "main"), allocation_of(pod), SM_PERCENT)
+        assert_grant_matches_allocation(created(cluster.node, pod, "main"), allocation_of(pod), SM_PERCENT)
     assert (len(legit), len(rogues), len(ours)) == (ROUNDS, 2 * ROUNDS, ROUNDS)

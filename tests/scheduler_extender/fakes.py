@@ -412,6 +412,7 @@ def make_node(
     pool: str = "default-pool",
     inventory: str | None = None,
     unhealthy: tuple[int, ...] = (),
+    backend: EnforcementBackend = EnforcementBackend.HAMI_CORE,
 ) -> RawObject:
     if inventory is None:
         inv = NodeInventory(
@@ -429,7 +430,7 @@ def make_node(
                 for i in range(gpus)
             ),
             slices_per_gpu=4,
-            backend=EnforcementBackend.HAMI_CORE,
+            backend=backend,
             heartbeat="2026-01-01T00:00:00Z",
         )
         inventory = inventory_contract.encode(inv)

@@ -14,15 +14,16 @@ from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import bind_body
 from tests.scheduler_extender.test_workload_status import record
-from vgpu.names import LABEL_NODE_POOL, PLURAL_GPU_POOL
+from vgpu.names import LABEL_NODE_POOL, PLURAL_GPU_POOL, EnforcementBackend
 from vgpu.scheduling.model import NodeState
 
+MPS = EnforcementBackend.MPS
 JOIN = f"{LABEL_NODE_POOL}=p"
 
 
 def nodes() -> list[NodeState]:
     a100 = make_node("a", gpus=2, unhealthy=(1,))  # one healthy A100 (312 TFLOPS, 80Gi), one not
-    l4 = make_node("b", gpus=2, model="NVIDIA L4", tflops=121_000, vram=24 * GI, pool="small")
+    l4 = make_node("b", gpus=2, model="NVIDIA L4", tflops=121_000, vram=24 * GI, pool="small", backend=MPS)
     labelled = {"metadata": {"name": "c", "labels": {LABEL_NODE_POOL: "small"}}}  # its plugin has not reported yet
     cpu = {"metadata": {"name": "cpu", "labels": {}}}  # no inventory, no label: in no pool
     corrupt = make_node("d", inventory="{not json")  # a GPU node all the same, in the default pool
@@ -30,9 +31,14 @@ def nodes() -> list[NodeState]:
 
 
 def test_pools_count_their_gpu_nodes_and_the_capacity_of_healthy_gpus() -> None:
+    hami = (("shared", 1), ("soft", 1))  # the healthy A100, under HAMi-core
     assert pool_totals(nodes()) == {
-        "default-pool": PoolTotals(nodes=2, gpus=2, healthy_gpus=1, tflops_milli=312_000, vram_bytes=80 * GI),
-        "small": PoolTotals(nodes=2, gpus=2, healthy_gpus=2, tflops_milli=242_000, vram_bytes=48 * GI),
+        "default-pool": PoolTotals(
+            nodes=2, gpus=2, healthy_gpus=1, tflops_milli=312_000, vram_bytes=80 * GI, modes=hami
+        ),
+        "small": PoolTotals(
+            nodes=2, gpus=2, healthy_gpus=2, tflops_milli=242_000, vram_bytes=48 * GI, modes=(("hard", 2),)
+        ),
     }
 
 
@@ -60,6 +66,7 @@ def test_a_pool_status_sums_what_pods_hold_on_its_nodes() -> None:
         "healthyGPUs": 1,
         "capacityTflops": "312",
         "capacityVram": "80Gi",
+        "isolationModes": {"shared": 1, "soft": 1},
         "allocatedTflops": "10",
         "allocatedVram": "4Gi",
     }

@@ -480,3 +480,25 @@ def test_a_pod_not_opted_in_keeps_such_variables_and_other_names_are_not_the_plu
     response, _ = run(plain)
     assert response["allowed"] is True and "patch" not in response
     assert not any(set_by_plugin(n) for n in ("CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_DEVICE"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "said"),
+    [
+        ("shared", "20", "tensor-fusion.ai/isolation 'shared': the TFLOPS limit 20 is not enforced"),
+        ("soft", "20", "tensor-fusion.ai/isolation 'soft': the TFLOPS limit 20 is enforced by HAMi-core inside"),
+        ("hard", "20", "tensor-fusion.ai/isolation 'hard': each pod may use up to its TFLOPS limit (20 here)"),
+        ("hard", "10", None),  # limit = request: the request holds where its neighbours do the same; nothing to say
+        (None, "20", None),  # no mode named: the node's own, whose promise the docs state
+    ],
+)
+def test_an_isolation_mode_that_does_not_hold_a_value_says_so(mode: str | None, limit: str, said: str | None) -> None:
+    annotations = {**BASIC, A.TFLOPS_REQUEST.value: "10", A.TFLOPS_LIMIT.value: limit}
+    if mode is not None:
+        annotations[A.ISOLATION.value] = mode
+    response, _ = run(review_of(annotations))
+    assert response["allowed"] is True
+    warned = [w for w in response.get("warnings") or [] if w.startswith(A.ISOLATION.value)]
+    assert warned == [] if said is None else (len(warned) == 1 and warned[0].startswith(said)), warned
+    if mode is not None:
+        assert resolved.decode(patched_pod(review_of(annotations))["metadata"]["annotations"][resolved.KEY]).isolation

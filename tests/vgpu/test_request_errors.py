@@ -66,10 +66,21 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/dedicated-gpu, "
      "tensor-fusion.ai/generate-workload, "
      "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
-     "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/no-standalone-worker-mode, tensor-fusion.ai/placement-policy, "
+     "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
+     "tensor-fusion.ai/placement-policy, "
      "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
      "tensor-fusion.ai/vram-limit, tensor-fusion.ai/vram-request, tensor-fusion.ai/workload, "
      "tensor-fusion.ai/workload-profile"),
+    ("isolation not a mode", {**OK, f"{P}isolation": "strict"}, ("python",),
+     "tensor-fusion.ai/isolation 'strict': must be one of shared, soft, hard, partitioned"),
+    ("partitioned without a MIG profile", {**OK, f"{P}isolation": "partitioned"}, ("python",),
+     "tensor-fusion.ai/isolation 'partitioned': needs tensor-fusion.ai/gpu-model naming a MIG profile"),
+    ("partitioned with a whole-GPU model", {**OK, f"{P}isolation": "partitioned", f"{P}gpu-model": "A100"}, ("python",),
+     "tensor-fusion.ai/isolation 'partitioned': a hardware partition is a MIG unit: tensor-fusion.ai/gpu-model must "
+     "name a MIG profile such as 1g.10gb or A100 3g.40gb (it is 'A100')"),
+    ("a MIG profile with soft", {**OK, f"{P}isolation": "soft", f"{P}gpu-model": "1g.10gb"}, ("python",),
+     "tensor-fusion.ai/isolation 'soft': tensor-fusion.ai/gpu-model '1g.10gb' is a MIG unit, a hardware partition: "
+     "isolation must be partitioned, or unset"),
     ("exponent too large", {f"{P}vram-limit": "1e31"}, ("python",), "tensor-fusion.ai/vram-limit '1e31': exponent must be within ±30"),
     ("exponent too small", {f"{P}tflops-limit": "1e-31"}, ("python",),
      "tensor-fusion.ai/tflops-limit '1e-31': exponent must be within ±30"),
@@ -121,6 +132,7 @@ PROFILE_CASES: list[tuple[dict[str, object], str]] = [
     ({"gpuModel": ""}, "spec.gpuModel '': must be a non-empty string"),
     ({"nodeAffinity": "zone-a"}, "spec.nodeAffinity 'zone-a': must be a core/v1 NodeAffinity object"),
     ({"colour": "blue"}, "spec.colour: unknown field; accepted:"),
+    ({"isolation": "Hard"}, "spec.isolation 'Hard': must be one of shared, soft, hard, partitioned"),
     ({"autoScalingConfig": {"autoSetLimits": {"enable": "yes"}}}, "spec.autoScalingConfig.autoSetLimits.enable 'yes': must be true or false"),
     ({"autoScalingConfig": {"autoSetLimits": {"targetResource": "gpu"}}},
      "spec.autoScalingConfig.autoSetLimits.targetResource 'gpu': must be one of all, tflops, vram"),

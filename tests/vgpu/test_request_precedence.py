@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vgpu.contract import resolved
 from vgpu.errors import DomainError
-from vgpu.names import Qos
-from vgpu.profile import ProfileSpec, Resources
+from vgpu.names import IsolationMode, Qos
+from vgpu.profile import ProfileSpec, Resources, parse_spec, to_crd
 from vgpu.request import referenced_profile, referenced_workload, resolve
 
 from .builders import pod
@@ -157,3 +158,19 @@ def test_profile_standalone_worker_mode_needs_local_mode_too() -> None:
     pools = {"default-pool": ProfileSpec(resources=Resources(vram_request=GI), standalone_worker_mode=True)}
     with pytest.raises(DomainError, match="standaloneWorkerMode: true in pool default-pool defaults; only allowed"):
         resolve(pod({}), pools=pools)
+
+
+def test_isolation_layers_like_every_field_and_survives_the_resolved_contract() -> None:
+    pools = {**POOLS, "default-pool": ProfileSpec(resources=Resources(vram_request=GI), isolation=IsolationMode.SOFT)}
+    assert resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"})).isolation is None  # the GPU's own mode
+    assert resolve(pod({}), pools=pools).isolation is IsolationMode.SOFT
+    profile = ProfileSpec(resources=Resources(vram_request=GI), isolation=IsolationMode.HARD)
+    assert resolve(pod({}), profile=profile, pools=pools).isolation is IsolationMode.HARD
+    got = resolve(pod({"tensor-fusion.ai/isolation": "shared"}), profile=profile, pools=pools)
+    assert got.isolation is IsolationMode.SHARED
+    assert resolved.decode(resolved.encode(got)).isolation is IsolationMode.SHARED
+    plain = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"}))
+    assert "isolation" not in resolved.encode(plain)  # what older readers never saw
+    assert resolved.decode(resolved.encode(plain)).isolation is None
+    assert parse_spec({"isolation": "partitioned"}, where="spec").isolation is IsolationMode.PARTITIONED
+    assert to_crd(profile)["isolation"] == "hard"

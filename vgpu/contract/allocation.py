@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from vgpu.contract.strict import Reader, dump, load
-from vgpu.names import Qos, SystemAnnotation
+from vgpu.names import IsolationMode, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops, parse_bytes, parse_milli
 
 VERSION: Final = "v1"
@@ -43,6 +43,9 @@ class PodAllocation:
     containers: tuple[str, ...]
     gpus: tuple[GpuGrant, ...]
     bound_at: str  # RFC 3339, the extender's clock
+    # The mode the pod named (docs/isolation.md); None: it named none, and the node's own mode holds. Written
+    # only when set, so allocations read as before for every plugin version where it is not.
+    isolation: IsolationMode | None = None
 
     def describe(self) -> str:
         """One line for the pod's GpuGranted event: each GPU's reserved share and limits, the node, the pool."""
@@ -52,7 +55,8 @@ class PodAllocation:
             f"{humanize_bytes(g.vram_limit)}"
             for g in self.gpus
         )
-        return f"granted on node {self.node} (pool {self.pool}, qos {self.qos.value}): {shares}"
+        mode = f", isolation {self.isolation.value}" if self.isolation else ""
+        return f"granted on node {self.node} (pool {self.pool}, qos {self.qos.value}{mode}): {shares}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +79,7 @@ def encode(alloc: PodAllocation) -> str:
             "qos": alloc.qos.value,
             "containers": list(alloc.containers),
             "boundAt": alloc.bound_at,
+            **({"isolation": alloc.isolation.value} if alloc.isolation else {}),
             "gpus": [
                 {
                     "uuid": g.uuid,
@@ -93,6 +98,7 @@ def encode(alloc: PodAllocation) -> str:
 
 def decode(text: str) -> PodAllocation:
     r = load(text, KEY, (VERSION,))
+    mode = r.added_choice("isolation", tuple(IsolationMode))
     alloc = PodAllocation(
         pod_uid=r.text("podUID"),
         node=r.text("node"),
@@ -101,6 +107,7 @@ def decode(text: str) -> PodAllocation:
         containers=r.strings("containers"),
         gpus=r.items("gpus", _grant),
         bound_at=r.text("boundAt"),
+        isolation=None if mode is None else IsolationMode(mode),
     )
     r.done()
     return alloc

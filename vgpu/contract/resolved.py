@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from vgpu.contract.strict import dump, load
 from vgpu.fields import MAX_GPU_COUNT, MAX_REPLICAS
-from vgpu.names import PlacementPolicy, Qos, SystemAnnotation
+from vgpu.names import IsolationMode, PlacementPolicy, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
 from vgpu.request import GpuRequest
 
@@ -42,6 +42,7 @@ def encode(req: GpuRequest) -> str:
         # Only on dedicated pods: every other pod's annotation reads as before this field existed.
         **({"dedicatedGpu": True} if req.dedicated_gpu else {}),
         **({"autoRequests": req.auto_requests} if req.auto_requests else {}),
+        **({"isolation": req.isolation.value} if req.isolation else {}),
     }
     return dump(doc)
 
@@ -49,6 +50,7 @@ def encode(req: GpuRequest) -> str:
 def decode(text: str) -> GpuRequest:
     r = load(text, KEY, (VERSION,))
     policy = r.opt_choice("placementPolicy", tuple(PlacementPolicy))
+    isolation = r.added_choice("isolation", tuple(IsolationMode))
     req = GpuRequest(
         pool=r.text("pool"),
         containers=r.strings("containers"),
@@ -70,6 +72,7 @@ def decode(text: str) -> GpuRequest:
         node_affinity=r.obj("nodeAffinity", optional=True),
         auto_scaling=r.obj("autoScalingConfig") or {},
         auto_requests=r.added_text("autoRequests"),
+        isolation=None if isolation is None else IsolationMode(isolation),
     )
     r.done()
     return req

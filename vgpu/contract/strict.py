@@ -53,6 +53,11 @@ class Reader:
             return None
         return self.text(key)
 
+    def added_choice(self, key: str, accepted: tuple[str, ...]) -> str | None:
+        """A choice added to a version after it shipped: absent in what older writers wrote (None)."""
+        value = self.added_text(key)
+        return None if value is None else self._accepted(key, value, accepted)
+
     def added_flag(self, key: str) -> bool:
         """A flag added to a version after it shipped: absent in what older writers wrote (False)."""
         if key not in self.raw:

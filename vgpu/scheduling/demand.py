@@ -65,6 +65,7 @@ def demand_from_request(
         policy=req.placement_policy,
         node_affinity=req.node_affinity,
         whole_gpu=req.dedicated_gpu,
+        isolation=req.isolation,
         slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
         cpu=cpu,
         memory=memory,
@@ -93,4 +94,5 @@ def decision_key(demand: Demand) -> tuple[Hashable, ...]:
         demand.memory,
         demand.policy,
         affinity,
+        demand.isolation,
     )

@@ -7,7 +7,8 @@ GPUs on one node; unhealthy GPUs never count; a whole-GPU demand
 needs idle GPUs; a fractional demand never shares a GPU held whole; each GPU needs ``demand.slots``
 free vGPU slots, and the node's healthy GPUs ``slots × gpu_count`` in all (the kubelet's own check).
 This is the inner loop of every filter call, so the happy path is one flat pass over the GPUs and only
-a rejected node pays for the explanation; unresolvable reasons come before capacity ones.
+a rejected node pays for the explanation; unresolvable reasons come before capacity ones. A demand naming an
+isolation mode sees only the GPUs that serve it (:func:`serving`).
 Why, and the budget: vgpu/scheduling/README.md, section "Filter".
 """
 
@@ -82,9 +83,30 @@ class ModelMatcher:
         return name
 
 
+def serving(demand: Demand, node: NodeState) -> NodeState:
+    """The node narrowed to the GPUs that serve the demand's isolation mode (the same object when every GPU
+    does, or the demand names none)."""
+    mode = demand.isolation
+    if mode is None or mode in node.totals().isolation:
+        return node
+    return replace(node, gpus=tuple(g for g in node.gpus if mode in g.isolation))
+
+
+def _isolation_reason(demand: Demand, node: NodeState) -> Reason:
+    """Why a node none of whose GPUs serves the demand's mode was rejected, naming the modes it serves."""
+    served = sorted({m.value for g in node.gpus for m in g.isolation})
+    return Reason(
+        code=R.ISOLATION,
+        message=f"no GPU on node serves isolation {demand.isolation} (its GPUs serve {', '.join(served) or 'none'})",
+        values=tuple(served),
+    )
+
+
 def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatcher) -> NodeState:
-    """The node narrowed to its healthy GPUs of the demanded model (the same object if none is dropped)."""
+    """The node narrowed to its healthy GPUs of the demanded model and isolation mode (the same object if
+    none is dropped)."""
     match = catalog if isinstance(catalog, ModelMatcher) else ModelMatcher(catalog, demand.gpu_model)
+    node = serving(demand, node)
     totals = node.totals()  # the common case, all healthy and of matching models, without a GPU loop
     if totals.all_healthy and match.every(totals.models):
         return node
@@ -132,6 +154,10 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     gpus = node.gpus
     if not gpus:
         return Reason(code=R.NO_GPUS, message="node has no GPUs")
+    whole_node, node = node, serving(demand, node)
+    gpus = node.gpus
+    if not gpus:
+        return _isolation_reason(demand, whole_node)
     need = demand.gpu_count
     t, v, s = demand.tflops, demand.vram_held, demand.slots
     whole = demand.whole_gpu
@@ -153,8 +179,8 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
         if need > 0:  # a CPU-only demand (gpu_count 0, trace replay) needs no GPU
             return _explain(demand, node, match)
     ids = s * demand.gpu_count
-    if ids and node.slots_used + ids > node.totals().slots:
-        return _node_slots(node, ids)
+    if ids and whole_node.slots_used + ids > whole_node.totals().slots:  # the kubelet counts every GPU's IDs
+        return _node_slots(whole_node, ids)
     if node.cpu_free is not None and demand.cpu > node.cpu_free:
         return Reason(
             code=R.INSUFFICIENT_CPU,

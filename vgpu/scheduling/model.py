@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Final
 
-from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
+from vgpu.names import DEFAULT_SLICES_PER_GPU, IsolationMode, PlacementPolicy, Qos
+
+EVERY_MODE: Final = frozenset(IsolationMode)  # a GPU whose modes nobody said (trace replay, benchmarks)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +43,7 @@ class GpuState:
     whole: bool = False  # held exclusively by a whole-GPU pod
     slots: int = DEFAULT_SLICES_PER_GPU
     slots_used: int = 0
+    isolation: frozenset[IsolationMode] = EVERY_MODE  # the modes it serves (the inventory's; docs/isolation.md)
 
     @property
     def tflops_free(self) -> int:
@@ -73,6 +76,7 @@ class NodeTotals:
     most_tflops_free: GpuState | None
     uniform: tuple[int, int] | None
     slots: int
+    isolation: frozenset[IsolationMode]  # the modes every GPU serves
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +127,7 @@ class NodeState:
                 most_tflops_free=max(shared, key=lambda g: g.tflops - g.tflops_used) if shared else None,
                 uniform=sizes.pop() if len(sizes) == 1 else None,
                 slots=sum(g.slots for g in healthy),
+                isolation=EVERY_MODE.intersection(*(g.isolation for g in gpus)),
             )
             object.__setattr__(self, "_totals", totals)
         return totals
@@ -132,7 +137,8 @@ class NodeState:
 
         What it covers is everything the fit check and a state-scored policy read of a node, except
         its identity: the pool, the inventory error, free CPU and memory, the node's used device IDs
-        and each GPU's model, size, health, NUMA node, reservations, pods, whole-holding and slots.
+        and each GPU's model, size, health, NUMA node, reservations, pods, whole-holding, slots and
+        isolation modes.
         Not the name, the labels or the GPU UUIDs. So two nodes of one state fit the same demands
         (node affinity aside) and get the same score from such a policy, so a cold decision judges a
         fitting state once (:func:`vgpu.scheduling.filter.filter_nodes`): large clusters have
@@ -168,6 +174,7 @@ def _gpu_state(g: GpuState) -> tuple[object, ...]:
         g.whole,
         g.slots,
         g.slots_used,
+        g.isolation,
     )
 
 
@@ -208,6 +215,7 @@ class Demand:
     policy: PlacementPolicy | None = None
     node_affinity: Mapping[str, Any] | None = None
     whole_gpu: bool = False  # asks for entire GPUs (never shares with fractional pods)
+    isolation: IsolationMode | None = None  # only GPUs serving this mode (None: any)
     slots: int = 1  # vGPU device IDs per granted GPU: one per GPU container (demand.gpu_slots)
     cpu: int = 0
     memory: int = 0

@@ -18,7 +18,7 @@ from itertools import combinations
 from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
 from vgpu.names import Qos
-from vgpu.scheduling.fit import ModelMatcher, check_node
+from vgpu.scheduling.fit import ModelMatcher, check_node, serving
 from vgpu.scheduling.ledger import held_vram
 from vgpu.scheduling.model import Demand, NodeState
 from vgpu.scheduling.placement import place
@@ -52,7 +52,7 @@ def select_victims(
         return ()
     if reason.unresolvable:
         return None
-    eligible = {g.uuid for g in node.gpus if g.healthy and match(g.model)}
+    eligible = {g.uuid for g in serving(demand, node).gpus if g.healthy and match(g.model)}
     # Short of slots, any pod holding device IDs may help: the kubelet counts the node's total.
     ids = reason.code is ReasonCode.INSUFFICIENT_SLOTS
     useful = [

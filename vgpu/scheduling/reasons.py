@@ -23,6 +23,7 @@ class ReasonCode(StrEnum):
     POOL_MISMATCH = "pool-mismatch"
     NODE_AFFINITY = "node-affinity"
     GPU_MODEL = "gpu-model"
+    ISOLATION = "isolation"  # no GPU of the node serves the pod's isolation mode
     TOO_FEW_GPUS = "too-few-gpus"
     GPU_TOO_SMALL = "gpu-too-small"
     # Capacity: freeing room (preemption, pods finishing) could help (FailedNodes).
@@ -51,6 +52,7 @@ UNRESOLVABLE: frozenset[ReasonCode] = frozenset(
         ReasonCode.POOL_MISMATCH,
         ReasonCode.NODE_AFFINITY,
         ReasonCode.GPU_MODEL,
+        ReasonCode.ISOLATION,
         ReasonCode.TOO_FEW_GPUS,
         ReasonCode.GPU_TOO_SMALL,
     }

@@ -71,7 +71,9 @@ def score_nodes(
             score = known
         else:
             totals = node.totals()
-            view = node if totals.all_healthy and match.every(totals.models) else eligible_node(demand, node, match)
+            mode = demand.isolation
+            every = totals.all_healthy and match.every(totals.models) and (mode is None or mode in totals.isolation)
+            view = node if every else eligible_node(demand, node, match)
             score = policy_score(demand, view)
             if by_state is not None:
                 by_state[node.state()] = score

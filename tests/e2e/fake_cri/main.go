@@ -19,6 +19,15 @@
 // "unresolvable CDI devices" does in containerd. The record keeps the CRI config's env as criEnv and
 // the CDI names as cdiDevices. Only env and mounts are applied (the plugin writes nothing else); YAML
 // spec files are not read.
+//
+// The record's gpus are what NVIDIA's container toolkit would give the container, by its configuration
+// (-nvidia-toolkit-config, read at every CreateContainer as the toolkit reads it at every container start;
+// absent: the toolkit's defaults): the /dev/null mounts under /var/run/nvidia-container-devices where it
+// accepts volume mounts and there are some; else NVIDIA_VISIBLE_DEVICES of the effective environment where
+// the container is privileged or the toolkit accepts the variable from unprivileged ones ("void", "none"
+// and empty: no GPU); plus every CDI device of kind nvidia.com/gpu. Only the two top-level keys that
+// decide this are read (accept-nvidia-visible-devices-envvar-when-unprivileged,
+// accept-nvidia-visible-devices-as-volume-mounts).
 package main
 
 import (
@@ -69,6 +78,8 @@ type createRecord struct {
 	Mounts      []mount           `json:"mounts"` // effective, like Env
 	Devices     []device          `json:"devices"`
 	Annotations map[string]string `json:"annotations"`
+	Privileged  bool              `json:"privileged"`
+	GPUs        []string          `json:"gpus"` // what NVIDIA's toolkit would give the container
 }
 
 type recorder struct {
@@ -76,6 +87,64 @@ type recorder struct {
 	out      *os.File
 	runtime  *fake.RemoteRuntime
 	specDirs []string
+	toolkit  string // the NVIDIA toolkit's configuration file
+}
+
+const (
+	deviceMountRoot = "/var/run/nvidia-container-devices"
+	nvidiaCDIKind   = "nvidia.com/gpu"
+)
+
+// toolkitConfig reads the two settings that decide which GPUs a container gets; the toolkit's defaults
+// (variable accepted, mounts not) where the file or a key is missing.
+func toolkitConfig(path string) (acceptEnvvar, acceptMounts bool) {
+	acceptEnvvar, acceptMounts = true, false
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			break // a table: the keys that follow are not top-level
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		on := strings.TrimSpace(value) == "true"
+		switch strings.TrimSpace(key) {
+		case "accept-nvidia-visible-devices-envvar-when-unprivileged":
+			acceptEnvvar = on
+		case "accept-nvidia-visible-devices-as-volume-mounts":
+			acceptMounts = on
+		}
+	}
+	return
+}
+
+// toolkitGPUs is the toolkit's device request for the container (see the package comment).
+func (r *recorder) toolkitGPUs(rec *createRecord) []string {
+	acceptEnvvar, acceptMounts := toolkitConfig(r.toolkit)
+	gpus := []string{}
+	if acceptMounts {
+		for _, m := range rec.Mounts {
+			if m.HostPath == "/dev/null" && strings.HasPrefix(m.ContainerPath, deviceMountRoot+"/") {
+				gpus = append(gpus, strings.TrimPrefix(m.ContainerPath, deviceMountRoot+"/"))
+			}
+		}
+	}
+	if value := rec.Env["NVIDIA_VISIBLE_DEVICES"]; len(gpus) == 0 && (rec.Privileged || acceptEnvvar) {
+		if value != "" && value != "void" && value != "none" {
+			gpus = append(gpus, strings.Split(value, ",")...)
+		}
+	}
+	for _, name := range rec.CDIDevices {
+		if kind, id, ok := strings.Cut(name, "="); ok && kind == nvidiaCDIKind {
+			gpus = append(gpus, id)
+		}
+	}
+	return gpus
 }
 
 func (r *recorder) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -283,6 +352,7 @@ func (r *recorder) record(id string, create *kubeapi.CreateContainerRequest, edi
 		Mounts:      []mount{},
 		Devices:     []device{},
 		Annotations: cfg.GetAnnotations(),
+		Privileged:  cfg.GetLinux().GetSecurityContext().GetPrivileged(),
 	}
 	env := []string{}
 	for _, kv := range cfg.GetEnvs() {
@@ -320,6 +390,7 @@ func (r *recorder) record(id string, create *kubeapi.CreateContainerRequest, edi
 	for _, d := range cfg.GetDevices() {
 		rec.Devices = append(rec.Devices, device{d.GetContainerPath(), d.GetHostPath(), d.GetPermissions()})
 	}
+	rec.GPUs = r.toolkitGPUs(&rec)
 	line, err := json.Marshal(rec)
 	if err != nil {
 		log.Printf("encode record: %v", err)
@@ -337,6 +408,8 @@ func main() {
 	logPath := flag.String("log", "", "file that receives one JSON line per CreateContainer")
 	specDirs := flag.String("cdi-spec-dirs", "", "CDI spec directories, separated by commas, later ones winning "+
 		"(default: the directory cdi beside -log, the one the e2e harness gives the device plugin)")
+	toolkit := flag.String("nvidia-toolkit-config", "/etc/nvidia-container-runtime/config.toml",
+		"NVIDIA container toolkit configuration deciding the record's gpus")
 	flag.Parse()
 	if *socket == "" || *logPath == "" {
 		log.Fatal("usage: fake-cri -socket PATH -log PATH [-cdi-spec-dirs DIR,...]")
@@ -356,7 +429,7 @@ func main() {
 		{Type: kubeapi.RuntimeReady, Status: true},
 		{Type: kubeapi.NetworkReady, Status: true},
 	}}
-	rec := &recorder{out: out, runtime: runtime, specDirs: dirs}
+	rec := &recorder{out: out, runtime: runtime, specDirs: dirs, toolkit: *toolkit}
 	server := grpc.NewServer(grpc.UnaryInterceptor(rec.intercept))
 	kubeapi.RegisterRuntimeServiceServer(server, runtime)
 	kubeapi.RegisterImageServiceServer(server, runtime)

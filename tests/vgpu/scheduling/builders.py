@@ -6,13 +6,13 @@ exact helpers the product uses, so a test reads like a pod spec and never hand-m
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vgpu.catalog import Catalog, builtin
-from vgpu.names import DEFAULT_SLICES_PER_GPU, PlacementPolicy, Qos
+from vgpu.names import DEFAULT_SLICES_PER_GPU, IsolationMode, PlacementPolicy, Qos
 from vgpu.quantity import parse_bytes, parse_milli
-from vgpu.scheduling.model import Demand, GpuState, NodeState, Snapshot
+from vgpu.scheduling.model import EVERY_MODE, Demand, GpuState, NodeState, Snapshot
 
 A100 = "NVIDIA A100-SXM4-80GB"
 T4 = "Tesla T4"
@@ -33,6 +33,7 @@ def make_gpu(
     whole: bool = False,
     slots: int = DEFAULT_SLICES_PER_GPU,
     slots_used: int = 0,
+    isolation: Iterable[IsolationMode] = EVERY_MODE,
 ) -> GpuState:
     t_used, v_used = parse_milli(tflops_used), parse_bytes(vram_used)
     return GpuState(
@@ -48,6 +49,7 @@ def make_gpu(
         whole=whole,
         slots=slots,
         slots_used=slots_used,
+        isolation=frozenset(isolation),
     )
 
 
@@ -103,6 +105,7 @@ def make_demand(
     cpu: int = 0,
     memory: str = "0",
     slots: int = 1,
+    isolation: IsolationMode | None = None,
 ) -> Demand:
     t, v = parse_milli(tflops), parse_bytes(vram)
     return Demand(
@@ -123,6 +126,7 @@ def make_demand(
         cpu=cpu,
         memory=parse_bytes(memory),
         slots=slots,
+        isolation=isolation,
     )
 
 

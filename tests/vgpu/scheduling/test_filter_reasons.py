@@ -16,6 +16,7 @@ from tests.vgpu.scheduling.builders import (
     make_snapshot,
     required,
 )
+from vgpu.names import IsolationMode
 from vgpu.scheduling.filter import filter_nodes
 from vgpu.scheduling.model import Demand, NodeState
 from vgpu.scheduling.reasons import ReasonCode
@@ -62,6 +63,13 @@ CASES = [
         "node didn't match the pod's node affinity",
     ),
     Case("no GPUs", make_node(gpus=[]), make_demand(), R.NO_GPUS, "node has no GPUs"),
+    Case(
+        "isolation not served",
+        make_node(isolation=(IsolationMode.SHARED, IsolationMode.SOFT)),
+        make_demand(isolation=IsolationMode.HARD),
+        R.ISOLATION,
+        "no GPU on node serves isolation hard (its GPUs serve shared, soft)",
+    ),
     Case(
         "wrong model",
         make_node(model=T4, tflops="65", vram="16Gi"),
@@ -191,6 +199,7 @@ def test_every_filter_code_is_covered_by_the_table() -> None:
     ("code", "unresolvable"),
     [
         (R.GPU_MODEL, True),
+        (R.ISOLATION, True),
         (R.POOL_MISMATCH, True),
         (R.NODE_AFFINITY, True),
         (R.TOO_FEW_GPUS, True),

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from tests.vgpu.scheduling.builders import CATALOG, T4, make_demand, make_gpu, make_node
 from vgpu.contract.allocation import GpuGrant
+from vgpu.names import IsolationMode
 from vgpu.quantity import parse_bytes
 from vgpu.scheduling.model import Demand, GpuState, NodeState
 from vgpu.scheduling.placement import grants_for, place
@@ -89,3 +90,21 @@ def test_place_never_trusts_a_policy_with_a_wrong_choice() -> None:
     assert place(make_demand(), node, Rogue((a, a)), CATALOG) is None  # wrong count
     big = make_node(n_gpus=2)
     assert place(two, big, Rogue((big.gpus[0], big.gpus[0])), CATALOG) is None  # same GPU twice
+
+
+def test_place_offers_only_the_gpus_that_serve_the_pods_isolation_mode() -> None:
+    """A node whose GPUs serve different modes (here a GPU under MPS beside one under HAMi-core): a pod asking
+    for hard isolation gets the MPS GPU even where the other one has more room; one asking for nothing gets
+    either, as before."""
+    hami, mps = (IsolationMode.SHARED, IsolationMode.SOFT), (IsolationMode.HARD,)
+    node = make_node(
+        gpus=[make_gpu("GPU-soft", vram_used="10Gi", isolation=hami), make_gpu("GPU-hard", index=1, isolation=mps)]
+    )
+    hard = place(make_demand(isolation=IsolationMode.HARD), node, Binpack(), CATALOG)
+    assert hard is not None and [g.uuid for g in hard.gpus] == ["GPU-hard"]
+    soft = place(make_demand(isolation=IsolationMode.SOFT), node, Binpack(), CATALOG)
+    assert soft is not None and [g.uuid for g in soft.gpus] == ["GPU-soft"]
+    assert place(make_demand(isolation=IsolationMode.PARTITIONED), node, Binpack(), CATALOG) is None
+    assert place(make_demand(isolation=IsolationMode.HARD, count=2), node, Binpack(), CATALOG) is None
+    anything = place(make_demand(), node, Binpack(), CATALOG)
+    assert anything is not None and [g.uuid for g in anything.gpus] == ["GPU-soft"]  # binpack: the fuller one

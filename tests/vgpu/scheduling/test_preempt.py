@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tests.vgpu.scheduling.builders import CATALOG, T4, make_demand, make_gpu, make_node
 from vgpu.contract.allocation import GpuGrant
-from vgpu.names import Qos
+from vgpu.names import IsolationMode, Qos
 from vgpu.quantity import parse_bytes
 from vgpu.scheduling.ledger import Ledger
 from vgpu.scheduling.model import Demand, NodeState
@@ -149,3 +149,19 @@ def test_past_the_search_budget_the_set_is_still_minimal() -> None:
         rest = [v for v in chosen if v is not spared]
         freed = sum(g.vram_request for v in rest for g in v.grants)
         assert node.gpus[0].vram_free + freed < demand.vram
+
+
+def test_no_victim_is_taken_from_a_gpu_that_does_not_serve_the_pods_mode() -> None:
+    """The critical pod asks for hard isolation: only the MPS GPU can take it, so the low pod there goes, and the
+    (lower, bigger) pod on the HAMi-core GPU stays, though evicting it would free more."""
+    node = make_node(
+        "n",
+        gpus=[
+            make_gpu("GPU-soft", isolation=(IsolationMode.SHARED, IsolationMode.SOFT)),
+            make_gpu("GPU-hard", index=1, isolation=(IsolationMode.HARD,)),
+        ],
+    )
+    soft, hard = victim("ns/on-soft", Qos.LOW, ("GPU-soft", 79)), victim("ns/on-hard", Qos.MEDIUM, ("GPU-hard", 79))
+    assert choose(make_demand(vram="10Gi", qos=Qos.CRITICAL, isolation=IsolationMode.HARD), node, soft, hard) == (
+        "ns/on-hard",
+    )

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tests.vgpu.scheduling.builders import A100, CATALOG, T4, make_demand, make_gpu, make_node
 from vgpu.contract.allocation import GpuGrant
+from vgpu.names import IsolationMode
 from vgpu.scheduling.fit import ModelMatcher, _explain_any, _explain_one, eligible_node
 from vgpu.scheduling.ledger import Ledger, LedgerRefusal
 from vgpu.scheduling.model import GpuState, NodeState, NodeTotals
@@ -41,11 +42,12 @@ def recomputed(node: NodeState) -> NodeTotals:
         most_tflops_free=sorted(shared, key=lambda g: g.tflops_free, reverse=True)[0] if shared else None,
         uniform=sizes[0] if len(sizes) == 1 else None,
         slots=sum(g.slots for g in healthy),
+        isolation=frozenset(m for m in IsolationMode if all(m in g.isolation for g in gpus)),
     )
 
 
-def loop_eligible(node: NodeState, match: ModelMatcher) -> tuple[GpuState, ...]:
-    return tuple(g for g in node.gpus if g.healthy and match(g.model))
+def loop_eligible(node: NodeState, match: ModelMatcher, mode: IsolationMode | None) -> tuple[GpuState, ...]:
+    return tuple(g for g in node.gpus if g.healthy and match(g.model) and (mode is None or mode in g.isolation))
 
 
 def loop_utilisation(tflops: int, vram: int, count: int, node: NodeState) -> float:
@@ -58,8 +60,9 @@ def loop_utilisation(tflops: int, vram: int, count: int, node: NodeState) -> flo
     return min(1.0, max(0.0, VRAM_WEIGHT * v + TFLOPS_WEIGHT * t))
 
 
+MODES = (tuple(IsolationMode), (IsolationMode.SHARED, IsolationMode.SOFT), (IsolationMode.HARD,))
 gpu = st.builds(
-    lambda i, model, healthy, t_used, v_used, whole, small: make_gpu(
+    lambda i, model, healthy, t_used, v_used, whole, small, modes: make_gpu(
         f"GPU-{i}",
         index=i,
         model=model,
@@ -68,6 +71,7 @@ gpu = st.builds(
         vram_used=f"{v_used}Gi",
         whole=whole,
         vram="40Gi" if small else "80Gi",
+        isolation=modes,
     ),
     st.integers(0, 7),
     st.sampled_from([A100, A100, T4, "Unknown GPU"]),
@@ -76,6 +80,7 @@ gpu = st.builds(
     st.integers(0, 40),
     st.booleans(),
     st.booleans(),
+    st.sampled_from(MODES + MODES[:1]),
 )
 nodes = st.lists(gpu, max_size=6, unique_by=lambda g: g.uuid).map(lambda gs: make_node("n", gpus=gs))
 
@@ -108,15 +113,22 @@ def test_totals_equal_the_sums_after_any_ledger_transition(node: NodeState, gran
         assert view.totals() == recomputed(view)
 
 
-@given(nodes, st.sampled_from([None, "A100", "T4"]), st.integers(0, 20), st.integers(0, 16), st.integers(1, 3))
+@given(
+    nodes,
+    st.sampled_from([None, "A100", "T4"]),
+    st.integers(0, 20),
+    st.integers(0, 16),
+    st.integers(1, 3),
+    st.sampled_from([None, None, *IsolationMode]),
+)
 @settings(max_examples=300)
 def test_eligible_view_and_utilisation_match_the_gpu_loop(
-    node: NodeState, model: str | None, tflops: int, vram: int, count: int
+    node: NodeState, model: str | None, tflops: int, vram: int, count: int, mode: IsolationMode | None
 ) -> None:
-    demand = make_demand(tflops=f"{tflops}", vram=f"{vram}Gi", count=count, model=model)
+    demand = make_demand(tflops=f"{tflops}", vram=f"{vram}Gi", count=count, model=model, isolation=mode)
     match = ModelMatcher(CATALOG, model)
     view = eligible_node(demand, node, match)
-    assert view.gpus == loop_eligible(node, match)
+    assert view.gpus == loop_eligible(node, match, mode)
     if view.gpus == node.gpus:
         assert view is node
     assert view.totals() == recomputed(view)
