@@ -205,12 +205,26 @@ class Cluster(AbstractContextManager["Cluster"]):
         assert self.node is not None
         return self.node.creates_log.parent / "cdi"
 
-    def start_device_plugin(self) -> None:
+    @property
+    def mps_dir(self) -> Path:
+        """The kubelet node's MPS directories (pipe/, log/, shm/) while its plugin runs the MPS backend."""
+        assert self.node is not None
+        return self.node.root / "mps"
+
+    def start_device_plugin(self, mps_control: Path | None = None) -> None:
         """On the kubelet node. A GPU's health check runs every second; a failed GPU is healthy
         again after 2 s of passing checks (defaults 5 s and 60 s), so scenarios see both flips. Its
         /metrics and /usage are at ``plugin_metrics_port`` (every address), sampled every
-        :data:`PLUGIN_USAGE_INTERVAL` seconds."""
+        :data:`PLUGIN_USAGE_INTERVAL` seconds. HAMi-core is its backend, unless ``mps_control`` is given: then
+        MPS, with that program as NVIDIA's control daemon and its directories under :attr:`mps_dir`."""
         assert self.node is not None
+        backend = EnforcementBackend.HAMI_CORE if mps_control is None else EnforcementBackend.MPS
+        mps = [
+            f"--mps-control={mps_control}",
+            f"--mps-pipe-host={self.mps_dir / 'pipe'}",
+            f"--mps-log-dir={self.mps_dir / 'log'}",
+            f"--mps-shm-host={self.mps_dir / 'shm'}",
+        ]
         self._ours(
             "tf-device-plugin",
             [
@@ -220,7 +234,8 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--plugin-dir={self.node.device_plugin_dir}",
                 f"--podresources-socket={self.node.pod_resources_socket}",
                 f"--slices-per-gpu={SLICES_PER_GPU}",
-                f"--backend={EnforcementBackend.HAMI_CORE.value}",
+                f"--backend={backend.value}",
+                *(mps if mps_control is not None else []),
                 f"--cdi-dir={self.cdi_dir}",
                 f"--nvidia-toolkit-config={self.node.toolkit_config}",
                 "--nvidia-cdi-dirs=",
@@ -341,10 +356,16 @@ class Cluster(AbstractContextManager["Cluster"]):
         untaint_not_ready(self.core, name)
         return node
 
-    def add_fake_node(self, name: str, gpus: tuple[FakeGpu, ...], pool: str = DEFAULT_POOL) -> None:
+    def add_fake_node(
+        self,
+        name: str,
+        gpus: tuple[FakeGpu, ...],
+        pool: str = DEFAULT_POOL,
+        backend: EnforcementBackend = EnforcementBackend.HAMI_CORE,
+    ) -> None:
         """A Node without a kubelet, in ``pool``, whose inventory the device plugin's identity writes."""
         self.ensure_pool(pool)
-        add_fake_node(self.admin, api_client(self.kubeconfigs["device-plugin"]), name, gpus, pool)
+        add_fake_node(self.admin, api_client(self.kubeconfigs["device-plugin"]), name, gpus, pool, backend)
 
     def ensure_pool(self, pool: str) -> None:
         """The GPUPool an operator creates before nodes join it (the default one is deploy/examples/')."""

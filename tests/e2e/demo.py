@@ -146,11 +146,34 @@ def run(keep: bool) -> None:
 
         print(f"\nkubectl get tensorfusionworkloads -n {namespace} (status written by the extender):")
         print(table(eventually("workload status", workload_statuses, timeout=30)))
-        isolation(cluster, namespace)
+        skipping_the_scheduler(cluster, namespace)
+        isolation_modes(cluster, namespace)
         preemption(cluster)
         autoscaling(cluster)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
+
+
+def isolation_modes(cluster: Cluster, namespace: str) -> None:
+    """tensor-fusion.ai/isolation: a shared pod's container gets no compute cap; a hard pod finds no GPU serving
+    hard (every GPU here runs HAMi-core) and waits, with the scheduler's reason."""
+    print("\nisolation modes (docs/isolation.md): every GPU here runs HAMi-core, so serves shared and soft")
+    share = {Annotation.TFLOPS_REQUEST: "10", Annotation.TFLOPS_LIMIT: "20", Annotation.VRAM_REQUEST: "2Gi"}
+    shared = gpu_pod("isolation-shared", {**share, Annotation.ISOLATION: "shared"})
+    shared["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    cluster.core.create_namespaced_pod(namespace, shared)
+    cluster.core.create_namespaced_pod(namespace, gpu_pod("isolation-hard", {**share, Annotation.ISOLATION: "hard"}))
+    env = created_env(cluster.node, wait_running(cluster.core, namespace, "isolation-shared"), "main")
+    print(
+        f"  pod/isolation-shared (20 TFLOPS limit): {Env.HAMI_SM_LIMIT}={env[Env.HAMI_SM_LIMIT]} (no compute cap), "
+        f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0={env[f'{Env.HAMI_MEMORY_LIMIT_PREFIX}0']}"
+    )
+
+    def waiting() -> str | None:
+        lines = [e for e in events_for(cluster.core, namespace, "isolation-hard") if "isolation hard" in e]
+        return lines[0] if lines else None
+
+    print(f"  pod/isolation-hard Pending: {eventually('the hard pod explained', waiting, timeout=30)}")
 
 
 def preemption(cluster: Cluster) -> None:
@@ -285,7 +308,7 @@ def measured(cluster: Cluster, running: Sequence[Any]) -> None:
     print(table(lines))
 
 
-def isolation(cluster: Cluster, namespace: str) -> None:
+def skipping_the_scheduler(cluster: Cluster, namespace: str) -> None:
     """What a pod that tries to skip the scheduler meets: admission, then the device plugin's proof."""
     share = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
     preset = gpu_pod("skips-the-scheduler", share)

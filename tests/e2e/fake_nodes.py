@@ -69,13 +69,20 @@ def fake_nvml_yaml(
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def add_fake_node(admin: ApiClient, plugin: ApiClient, name: str, fake: tuple[FakeGpu, ...], pool: str) -> None:
+def add_fake_node(
+    admin: ApiClient,
+    plugin: ApiClient,
+    name: str,
+    fake: tuple[FakeGpu, ...],
+    pool: str,
+    backend: EnforcementBackend = EnforcementBackend.HAMI_CORE,
+) -> None:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     inv = inventory.NodeInventory(
         node=name,
         pool=pool,
         slices_per_gpu=SLICES_PER_GPU,
-        backend=EnforcementBackend.HAMI_CORE,
+        backend=backend,
         heartbeat=now,
         gpus=tuple(
             inventory.GpuInfo(
