@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -23,7 +23,7 @@ from vgpu.contract import resolved as resolved_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
-from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation
+from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation, qos_of_priority
 from vgpu.request import GpuRequest
 from vgpu.scheduling.demand import gpu_slots
 from vgpu.scheduling.model import GpuState, NodeState
@@ -168,6 +168,11 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
             request = _decode_request(raw)
         except DomainError as exc:
             error = f"invalid {SystemAnnotation.RESOLVED_REQUEST} annotation: {exc}"
+    priority = (pod.get("spec") or {}).get("priority")
+    if request is not None and isinstance(priority, int) and not isinstance(priority, bool):
+        # Preemption ranks by the priority Kubernetes gave the pod (what quota and kube-scheduler see), not by
+        # the qos it asked for; the allocation records it so, and the pod's later victims are ranked by it.
+        request = replace(request, qos=qos_of_priority(priority))
     elif LABEL_ENABLED in labels:
         error = (
             f"pod is labelled {LABEL_ENABLED} but has no {SystemAnnotation.RESOLVED_REQUEST} annotation: "

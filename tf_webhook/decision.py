@@ -33,6 +33,7 @@ from vgpu.names import (
     LABEL_ENABLED,
     LABEL_MIGRATE_NVIDIA,
     Annotation,
+    Qos,
 )
 from vgpu.profile import ProfileSpec, parse_spec
 from vgpu.request import GpuRequest, PodView, is_enabled, referenced_profile, referenced_workload, resolve
@@ -102,6 +103,9 @@ def decide(
                 denial=Denial.SERVICE_UNAVAILABLE,
             )
         )
+    mismatch = _class_against_qos(pod["spec"].get("priorityClassName"), req, view.annotations)
+    if mismatch is not None:
+        return Decision(_deny_errors([mismatch], warnings))
     ops, patch_warnings = pod_patch(pod, req, view.annotations, tolerations)
     env_ops, env_warnings = strip(pod["spec"])  # the device plugin's variables: its answer is the grant
     upsert = None
@@ -215,6 +219,23 @@ def _malformed(pod: Mapping[str, Any]) -> str | None:
         if value is not None and not (isinstance(value, list) and all(isinstance(c, Mapping) for c in value)):
             return f"spec.{key} must be a list of objects"
     return None
+
+
+def _class_against_qos(chosen: object, req: GpuRequest, annotations: Mapping[str, str]) -> FieldError | None:
+    """A PriorityClass that contradicts the pod's QoS: one of ours for another QoS, or any other class where
+    the pod named a QoS. Preemption and quota read the class's priority, so the QoS would say nothing true."""
+    if not chosen or chosen == req.qos.priority_class:
+        return None
+    named = Annotation.QOS in annotations or req.qos is not Qos.MEDIUM
+    if chosen not in {q.priority_class for q in Qos} and not named:
+        return None  # a class of the cluster's own, no QoS asked: the class's priority decides
+    return FieldError(
+        "spec.priorityClassName",
+        fields.shown(chosen),
+        f"contradicts {Annotation.QOS} {req.qos.value}, whose class is {req.qos.priority_class}: a tensor-fusion "
+        "pod's priority is its QoS's (preemption and quota read the class); remove spec.priorityClassName (the "
+        "webhook sets it) or make the two agree",
+    )
 
 
 def _preset_node(node: str) -> FieldError:

@@ -157,6 +157,19 @@ QOS_PRIORITY_VALUE: Final[dict[Qos, int]] = {
     Qos.CRITICAL: 100000,
 }
 
+
+def qos_of_priority(priority: int) -> Qos:
+    """The QoS a pod's Kubernetes priority stands for: the highest whose PriorityClass value it reaches (below
+    low's: low). Preemption ranks pods by this, never by the annotation they wrote (docs/security.md, "QoS")."""
+    return max(
+        (q for q, value in QOS_PRIORITY_VALUE.items() if value <= priority), key=lambda q: q.rank, default=Qos.LOW
+    )
+
+
+# A namespace label only cluster operators can set: the highest QoS its pods may ask for (high or critical);
+# without it, medium. The shipped admission policy refuses a pod of class tensor-fusion-high/-critical elsewhere.
+LABEL_NAMESPACE_MAX_QOS: Final = f"{DOMAIN}/max-qos"
+
 # --- CRDs ----------------------------------------------------------------------------------------
 CRD_GROUP: Final = DOMAIN
 CRD_VERSION: Final = "v1"

@@ -28,9 +28,11 @@ from vgpu.names import (
     CRD_VERSION,
     DEFAULT_POOL,
     KIND_GPU_POOL,
+    LABEL_NAMESPACE_MAX_QOS,
     LABEL_NODE_POOL,
     RESOURCE_VGPU,
     EnforcementBackend,
+    Qos,
 )
 
 from . import deploy
@@ -378,6 +380,11 @@ class Cluster(AbstractContextManager["Cluster"]):
     def namespace(self, name: str) -> str:
         ensure_namespace(self.admin, name)
         return name
+
+    def grant_qos(self, namespace: str, qos: Qos) -> None:
+        """What an operator does to let a namespace's pods ask for ``qos`` (high or critical): the namespace label
+        the shipped admission policy reads (docs/security.md, "QoS is a privilege")."""
+        CoreV1Api(self.admin).patch_namespace(namespace, {"metadata": {"labels": {LABEL_NAMESPACE_MAX_QOS: qos.value}}})
 
     def grant_tenant(self, namespace: str, role: str) -> None:
         """The tenant user gets the ClusterRole ``role`` (edit, view…) in ``namespace``, as a team would."""

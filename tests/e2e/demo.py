@@ -42,6 +42,7 @@ from vgpu.names import (
     PLURAL_WORKLOAD,
     Annotation,
     Env,
+    Qos,
     SystemAnnotation,
 )
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
@@ -180,6 +181,7 @@ def preemption(cluster: Cluster) -> None:
     """High (200 TFLOPS) and low (60) pods on each of the kubelet node's GPUs leave at most 52 free on any
     GPU but more on the node; a critical 100-TFLOPS pod makes the extender evict one low pod for it."""
     ns = cluster.namespace("demo-preemption")
+    cluster.grant_qos(ns, Qos.CRITICAL)  # an operator's grant: without it the shipped policy refuses high and critical
 
     def pinned(name: str, tflops: str, qos: str) -> dict[str, Any]:
         pod = gpu_pod(name, {Annotation.TFLOPS_REQUEST: tflops, Annotation.VRAM_REQUEST: "1Gi", Annotation.QOS: qos})

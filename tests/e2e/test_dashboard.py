@@ -5,7 +5,8 @@ tf-metrics every second, with ``deploy/alerts/tensor-fusion.rules.yaml`` loaded.
 each panel and alert is about: a GPU pod runs with its use scripted in the fake GPU file (a process of
 another, unknown pod beside it, and NVML figures for every GPU); a second pod takes 300 of the 312 TFLOPS
 and 75 of the 80 GiB of the one GPU of a kubelet-less node in a pool of its own; a third waits for a GPU
-model no node has; one GPU fails its health check; the extender gets a malformed verb; and two targets
+model no node has; one GPU fails its health check; the kubelet node's NVIDIA toolkit is left on its defaults
+(any pod may take GPUs by environment); the extender gets a malformed verb; and two targets
 that never answer stand for a crashed device plugin and a crashed extender. Every target expression of
 every panel of ``deploy/dashboards/tensor-fusion.json`` (template variables as "All", ``$__rate_interval``
 as 1m) and every variable query must then succeed and return series; every rule must be loaded healthy,
@@ -166,6 +167,9 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         doc = yaml.safe_load(fake_nvml_yaml(cluster.gpus, {faulty: "fell off the bus (e2e)"}, usage=script))
         for gpu in doc["gpus"]:
             gpu |= {"utilization": 40, "memoryUsedMiB": 1024, "temperature": 45, "powerWatts": 120.5}
+        assert cluster.node is not None
+        cluster.node.set_toolkit(guarded=False)
+        undo.callback(cluster.node.set_toolkit, guarded=True)
         undo.callback(eventually, "every GPU healthy again", lambda: not unhealthy(cluster), HEALTHY_AGAIN_S)
         undo.callback(cluster.set_gpu_faults, {})
         cluster.write_fake_nvml(yaml.safe_dump(doc, sort_keys=False))
@@ -245,6 +249,7 @@ def test_every_alert_is_loaded_healthy_and_pending_for_what_was_staged(staged: S
         "TensorFusionDevicePluginMissing": {"node": FULL_NODE},
         "TensorFusionExtenderErrors": {"verb": "prioritize", "kind": "invalid-body"},
         "TensorFusionComponentDown": {"job": EXTENDER_JOB},
+        "TensorFusionGpuNodeOpenToEnvvar": {"node": REAL_NODE, "state": "off"},
     }
     quiet = {"TensorFusionAllocationConflicts"}  # nothing staged conflicts
     assert set(expected) | quiet == {r["alert"] for r in shipped}

@@ -16,19 +16,20 @@ critical pod runs there. High pods and the other lows are untouched; no GPU is p
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections import defaultdict
 from typing import Any
 
 import pytest
-from kubernetes.client import CoreV1Api
+from kubernetes.client import ApiException, CoreV1Api
 
 from vgpu.contract import allocation
-from vgpu.names import Annotation
+from vgpu.names import Annotation, Qos
 
 from .cluster import REAL_NODE, Cluster
-from .kube import events_for, eventually, wait_running
+from .kube import api_client, events_for, eventually, wait_running
 from .pods import allocation_of, gpu_pod
 
 A100_MILLI = 312_000
@@ -96,6 +97,7 @@ def alive(core: CoreV1Api, namespace: str) -> set[str]:
 def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_kube_scheduler_and_runs(
     cluster: Cluster, core: CoreV1Api, fresh: str
 ) -> None:
+    cluster.grant_qos(fresh, Qos.CRITICAL)
     node_nearly_empty(core, 12_000)
     lows, highs = [f"low-{i}" for i in range(8)], [f"high-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "100", "low") for n in lows] + [pod_of(n, "100", "high") for n in highs])
@@ -129,6 +131,7 @@ def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_k
 def test_a_critical_pod_on_fragmented_gpus_evicts_one_low_pod_and_runs_on_the_gpu_it_freed(
     cluster: Cluster, core: CoreV1Api, fresh: str
 ) -> None:
+    cluster.grant_qos(fresh, Qos.CRITICAL)
     node_nearly_empty(core, OTHERS_MAX)
     highs, lows = [f"high-{i}" for i in range(4)], [f"low-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "200", "high") for n in highs])  # two never share a GPU (400 > 312)
@@ -165,3 +168,41 @@ def test_a_critical_pod_on_fragmented_gpus_evicts_one_low_pod_and_runs_on_the_gp
         lambda: victims[0] not in {p.metadata.name for p in core.list_namespaced_pod(fresh).items},
         60,
     )
+
+
+@pytest.mark.parametrize("qos", ["high", "critical"])
+def test_a_tenant_cannot_preempt_by_asking_for_a_higher_qos(
+    cluster: Cluster, core: CoreV1Api, fresh: str, qos: str
+) -> None:
+    """As a tenant with pod-create rights in a namespace no operator granted a QoS: pods asking for high or
+    critical, alone, with a lower PriorityClass and with a higher one, are all refused at admission with the
+    reason, so none runs and no pod of another namespace (here: low pods filling the node) is evicted."""
+    own = cluster.namespace(f"e2e-tenant-asks-{qos}")
+    cluster.grant_tenant(own, "edit")
+    tenant = CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    node_nearly_empty(core, OTHERS_MAX)
+    lows = [f"low-{i}" for i in range(4)]
+    start_all(core, fresh, [pod_of(n, "250", "low") for n in lows])  # one per GPU: no room for 100 anywhere
+    evicted_before = preemptions(cluster, "evicted")
+    refused = []
+    for name, chosen in (
+        ("alone", None),
+        ("lower-class", "tensor-fusion-medium"),
+        ("higher-class", "tensor-fusion-critical"),
+    ):
+        pod = pod_of(f"{qos}-{name}", "100", qos)
+        if chosen is not None:
+            pod["spec"]["priorityClassName"] = chosen
+        try:
+            tenant.create_namespaced_pod(own, pod)
+        except ApiException as exc:
+            refused.append(json.loads(exc.body)["message"])
+    assert len(refused) == 3, refused
+    assert "may ask for qos medium at most" in refused[0] and "tensor-fusion.ai/max-qos" in refused[0]
+    assert "contradicts tensor-fusion.ai/qos" in refused[1]
+    assert ("contradicts" in refused[2]) == (qos == "high") and ("may ask for qos medium" in refused[2]) == (
+        qos == "critical"
+    )
+    assert alive(core, fresh) == set(lows)
+    assert preemptions(cluster, "evicted") == evicted_before
+    assert core.list_namespaced_pod(own).items == []

@@ -28,6 +28,7 @@ from vgpu.names import (
     LABEL_ENABLED,
     PLURAL_GPU_POOL,
     PLURAL_WORKLOAD,
+    QOS_PRIORITY_VALUE,
     EnforcementBackend,
     Qos,
     SystemAnnotation,
@@ -467,8 +468,12 @@ def make_pod(
     namespace: str = "default",
     uid: str | None = None,
     annotations: Mapping[str, str] | None = None,
-    priority: int = 0,
+    priority: int | None = None,
 ) -> RawObject:
+    """A pod as the API server holds it after admission: ``priority`` defaults to its QoS's class value (what
+    the webhook's class and the Priority admission plugin give it), else 0."""
+    if priority is None:
+        priority = QOS_PRIORITY_VALUE[request.qos] if request is not None else 0
     ann = dict(annotations or {})
     labels = {}
     if request is not None:

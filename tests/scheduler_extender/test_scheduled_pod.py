@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_extender.objects import scheduled_pod
+from tests.scheduler_extender.fakes import gpu_request, make_pod
 from vgpu.contract import resolved as resolved_contract
-from vgpu.names import Qos, SystemAnnotation
+from vgpu.names import QOS_PRIORITY_VALUE, Qos, SystemAnnotation, qos_of_priority
 from vgpu.request import GpuRequest
 
 REQUEST = GpuRequest(
@@ -37,3 +40,21 @@ def test_a_corrupt_request_is_an_error_every_time() -> None:
         scheduled = scheduled_pod(pod(name, "{not json"))
         assert scheduled.request is None
         assert scheduled.request_error is not None and scheduled.request_error.startswith("invalid ")
+
+
+@pytest.mark.parametrize(
+    ("asked", "priority", "ranked"),
+    [
+        (Qos.CRITICAL, 0, Qos.MEDIUM),  # asked for critical, got the medium class's priority: ranked medium
+        (Qos.LOW, 100_000, Qos.CRITICAL),
+        (Qos.MEDIUM, 10_000, Qos.HIGH),
+        (Qos.MEDIUM, 9_999, Qos.MEDIUM),
+        (Qos.HIGH, -1_000_000, Qos.LOW),
+    ],
+)
+def test_preemption_ranks_a_pod_by_its_kubernetes_priority_not_its_annotation(
+    asked: Qos, priority: int, ranked: Qos
+) -> None:
+    scheduled = scheduled_pod(make_pod("p", gpu_request(qos=asked), priority=priority))
+    assert scheduled.request is not None and scheduled.request.qos is ranked
+    assert qos_of_priority(QOS_PRIORITY_VALUE[asked]) is asked  # each class's own value is its QoS

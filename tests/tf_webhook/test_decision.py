@@ -227,6 +227,27 @@ def test_forged_annotation_does_not_hide_a_denial() -> None:
 def test_a_chosen_priority_class_is_kept() -> None:
     pod = patched_pod(review_of(BASIC, spec={"priorityClassName": "batch", "priority": 5}))
     assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == ("batch", 5)
+    ours = patched_pod(review_of({**BASIC, A.QOS.value: "high"}, spec={"priorityClassName": "tensor-fusion-high"}))
+    assert ours["spec"]["priorityClassName"] == "tensor-fusion-high"
+
+
+@pytest.mark.parametrize(
+    ("qos", "chosen"),
+    [
+        ("critical", "tensor-fusion-medium"),  # a lower class beside a higher qos: what quota would have let through
+        ("low", "tensor-fusion-critical"),
+        (None, "tensor-fusion-high"),  # no qos named: medium, whose class this is not
+        ("high", "batch"),  # a class of the cluster's own beside a named qos
+    ],
+)
+def test_a_priority_class_contradicting_the_qos_is_refused(qos: str | None, chosen: str) -> None:
+    annotations = BASIC if qos is None else {**BASIC, A.QOS.value: qos}
+    wanted = qos or "medium"
+    assert denial(review_of(annotations, spec={"priorityClassName": chosen})) == (
+        f"spec.priorityClassName '{chosen}': contradicts tensor-fusion.ai/qos {wanted}, whose class is "
+        f"tensor-fusion-{wanted}: a tensor-fusion pod's priority is its QoS's (preemption and quota read the "
+        "class); remove spec.priorityClassName (the webhook sets it) or make the two agree"
+    )
 
 
 def test_only_inject_containers_get_the_vgpu_resource() -> None:
