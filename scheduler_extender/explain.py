@@ -35,7 +35,13 @@ def explain_pod(verbs: Verbs, gate: HandoffGate, pod: RawObject) -> dict[str, An
     record = pod_record(pod)
     if record.allocation is not None:
         answer["allocation"] = json.loads(allocation_contract.encode(record.allocation))
-        answer["handoff"] = "received" if record.receipt else "waiting for the device plugin's receipt"
+        answer["handoff"] = (
+            "received"
+            if record.receipt
+            else "admitted by the kubelet"
+            if record.admitted
+            else "waiting for the device plugin's receipt or the kubelet's admission"
+        )
         answer["gate"] = [
             {"pod": h.pod_key, "since": h.since, "inFlight": h.in_flight} for h in gate.holders(record.allocation.node)
         ]

@@ -122,9 +122,9 @@ class HandoffGate:
         current = self._current(uid)
         if current is None:
             return
-        if record.deleting and not record.receipt and not record.terminal:
+        if record.deleting and not record.handed_over and not record.terminal:
             self._retire(uid)
-        elif record.receipt or record.terminal or not current.in_flight:
+        elif record.handed_over or record.terminal or not current.in_flight:
             self._drop(uid)
 
     # --- used by bind ---------------------------------------------------------------------------

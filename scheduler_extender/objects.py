@@ -75,6 +75,9 @@ class PodRecord:
     allocation: PodAllocation | None
     allocation_error: str | None
     receipt: bool  # the device plugin's hand-off receipt for this very pod is present
+    # The kubelet has written the pod's status (status.startTime): it admitted the pod, so every Allocate of the
+    # pod is over (tests/e2e/test_protocol_facts.py pins that order on the real kubelet).
+    admitted: bool = False
     workload: str | None = None  # from the resolved request: for local-GPU affinity
     slots: int = 1  # vGPU device IDs it holds on each GPU of its allocation
     allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
@@ -90,9 +93,14 @@ class PodRecord:
         return self.allocation is not None and not self.terminal
 
     @property
+    def handed_over(self) -> bool:
+        """Its Allocates are over: the device plugin's receipt is on it, or the kubelet has admitted it."""
+        return self.receipt or self.admitted
+
+    @property
     def in_handoff(self) -> bool:
-        """Allocation written, no receipt yet, pod alive: it holds its node's hand-off gate (HANDOFF.md)."""
-        return self.allocation is not None and not self.receipt and not self.terminal and not self.deleting
+        """Allocation written, not handed over yet, pod alive: it holds its node's hand-off gate (HANDOFF.md)."""
+        return self.allocation is not None and not self.handed_over and not self.terminal and not self.deleting
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,7 +176,7 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
             request = _decode_request(raw)
         except DomainError as exc:
             error = f"invalid {SystemAnnotation.RESOLVED_REQUEST} annotation: {exc}"
-    priority = (pod.get("spec") or {}).get("priority")
+    priority = _section(pod, "spec").get("priority")
     if request is not None and isinstance(priority, int) and not isinstance(priority, bool):
         # Preemption ranks by the priority Kubernetes gave the pod (what quota and kube-scheduler see), not by
         # the qos it asked for; the allocation records it so, and the pod's later victims are ranked by it.
@@ -223,6 +231,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         allocation=alloc,
         allocation_error=alloc_error,
         receipt=receipt,
+        admitted=bool(status.get("startTime")),
         workload=_workload_of(ann),
         slots=slots,
         allocate_sizes=allocate_sizes(pod) if alloc is not None else frozenset(),

@@ -116,6 +116,13 @@ class FakeGateway:
             )
             self._patch(pod, {SystemAnnotation.HANDOFF: allocation_contract.encode_handoff(receipt)})
 
+    def write_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """What the kubelet does once it admitted the pod."""
+        with self._cond:
+            pod = copy.deepcopy(self.objects[Kind.POD][f"{namespace}/{name}"])
+            pod["status"] = {**(pod.get("status") or {}), **status}
+            self._store(Kind.POD, pod, "MODIFIED")
+
     # --- KubeGateway ------------------------------------------------------------------------------
     def list(self, kind: Kind) -> Listing:
         self._maybe_fail(f"list-{kind}")

@@ -31,6 +31,7 @@ def record(
     bound_at: float | None = None,
     allocated: bool = True,
     sizes: frozenset[int] = frozenset(),
+    admitted: bool = False,
 ) -> PodRecord:
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bound_at if bound_at is not None else time.time()))
     alloc = PodAllocation(
@@ -44,6 +45,7 @@ def record(
         allocation=alloc if allocated else None,
         allocation_error=None,
         receipt=receipt,
+        admitted=admitted,
         allocate_sizes=sizes,
     )
 
@@ -68,6 +70,7 @@ def acquire_in_thread(
     "release",
     [
         pytest.param(lambda g: g.observe(record("a", receipt=True)), id="receipt"),
+        pytest.param(lambda g: g.observe(record("a", admitted=True)), id="admitted-by-the-kubelet"),
         pytest.param(lambda g: g.forget("a"), id="deleted"),
         pytest.param(lambda g: g.observe(record("a", deleting=True)), id="terminating"),
         pytest.param(lambda g: g.observe(record("a", phase="Failed")), id="failed"),
@@ -282,6 +285,33 @@ def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(
     text = app.client.get("/metrics").text
     assert "tf_extender_bind_gate_wait_seconds_count 2.0" in text
     assert 'tf_extender_bind_gate_wait_seconds_bucket{le="0.1"} 1.0' in text  # b waited ≥ 0.3 s
+
+
+def test_the_kubelets_first_status_write_releases_the_gate_before_any_receipt(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """status.startTime is the kubelet's: it admitted the pod, so its Allocates are over and the next pod of the
+    node may hand over, whatever the device plugin's receipt is doing."""
+    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
+    for name in ("a", "b"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(vram=GI)))
+    app = run(handoff_wait=4.0)
+    assert app.post("/bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-default-a", "Node": "n1"}) == {
+        "Error": ""
+    }
+    replies: list[dict[str, str]] = []
+    thread = threading.Thread(
+        target=lambda: replies.append(
+            app.post("/bind", {"PodName": "b", "PodNamespace": "default", "PodUID": "uid-default-b", "Node": "n1"})
+        )
+    )
+    thread.start()
+    time.sleep(0.3)
+    assert not replies
+    fake.write_status("default", "a", {"phase": "Pending", "startTime": "2026-01-01T00:00:00Z"})
+    thread.join(3)
+    assert replies == [{"Error": ""}]
+    assert "handoff" not in str(fake.objects[Kind.POD]["default/a"]["metadata"]["annotations"])
 
 
 def test_bind_gives_up_with_a_clear_error_after_handoff_wait(run: Callable[..., Running], fake: FakeGateway) -> None:
