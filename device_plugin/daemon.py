@@ -103,7 +103,9 @@ class Daemon:
         self.cdi = None if cdi_dir is None else CdiSpecs(cdi_dir, self.metrics, grace_s=cdi_grace_s)
         self.toolkit = ToolkitCheck(
             Path(settings.nvidia_toolkit_config),
-            settings.nvidia_cdi_paths,
+            # Automatic CDI delivery only where the plugin's own CDI device is on: --cdi-dir= says the runtime
+            # reads no CDI, and NVIDIA's devices named there would be ignored (containers without GPUs).
+            settings.nvidia_cdi_paths if settings.cdi_path is not None else (),
             settings.wanted_delivery,
             lambda: [g.uuid for g in self.board.gpus()],
             self.node_events,

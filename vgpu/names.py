@@ -62,6 +62,8 @@ class Annotation(StrEnum):
     PLACEMENT_POLICY = f"{DOMAIN}/placement-policy"
     # TensorFusion v2: how the pod's share is enforced on the GPU (IsolationMode; docs/isolation.md).
     ISOLATION = f"{DOMAIN}/isolation"
+    # TensorFusion v2: the GPU vendor; this project serves NVIDIA GPUs only (VENDOR_NVIDIA).
+    VENDOR = f"{DOMAIN}/vendor"
 
 
 class SystemAnnotation(StrEnum):
@@ -218,6 +220,9 @@ class EnforcementBackend(StrEnum):
     HAMI_CORE = "hami-core"
     MPS = "mps"
     NONE = "none"
+
+
+VENDOR_NVIDIA: Final = "nvidia"
 
 
 class IsolationMode(StrEnum):

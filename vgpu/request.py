@@ -22,6 +22,7 @@ from vgpu.names import (
     DEFAULT_POOL,
     LABEL_ENABLED,
     PREFIX,
+    VENDOR_NVIDIA,
     Annotation,
     IsolationMode,
     PlacementPolicy,
@@ -266,6 +267,13 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         )
         model = None
     _name(ann, A.WORKLOAD_PROFILE, errors)
+    vendor = get(A.VENDOR)
+    if vendor is not None and vendor.strip().casefold() != VENDOR_NVIDIA:
+        errors.append(
+            FieldError(
+                A.VENDOR, vendor, f"only {VENDOR_NVIDIA} GPUs are served by tensor-fusion here (accepted: nvidia)"
+            )
+        )
     return ProfileSpec(
         resources=resources,
         replicas=_opt(get(A.REPLICAS), lambda v: fields.integer(A.REPLICAS, v, 0, fields.MAX_REPLICAS, errors)),

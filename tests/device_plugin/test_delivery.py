@@ -220,3 +220,29 @@ def test_allocate_answers_with_the_checked_delivery_and_nvidia_cdi_before_ours(t
             assert kube.node_patches and kube.node_patches[-1][0]["tensor-fusion.ai/device-delivery"] == "cdi"
 
     run(scenario())
+
+
+def test_automatic_delivery_picks_nvidia_cdi_only_where_the_plugins_own_cdi_device_is_on(tmp_path: Path) -> None:
+    """--cdi-dir= says the runtime reads no CDI: NVIDIA's devices would be ignored there, so auto does not pick
+    them (and says the node cannot deliver under its guard)."""
+    toolkit = tmp_path / "no-mounts.toml"
+    toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n")
+    nvidia_dir = tmp_path / "nvidia-cdi"
+    nvidia_dir.mkdir()
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": GPU0}, {"name": GPU1}]}
+    (nvidia_dir / "nvidia.yaml").write_text(yaml.safe_dump(spec))
+
+    async def scenario() -> None:
+        async with plugin(
+            tmp_path,
+            FakeKube(),
+            gpu_file(tmp_path / "gpus.yaml"),
+            cdi_dir="",
+            nvidia_cdi_dirs=str(nvidia_dir),
+            nvidia_toolkit_config=str(toolkit),
+        ) as (daemon, _):
+            setup = daemon.toolkit.current
+            assert setup.delivery is DeviceDelivery.ENVVAR
+            assert [p.reason for p in setup.problems] == [REASON_UNDELIVERABLE]
+
+    run(scenario())

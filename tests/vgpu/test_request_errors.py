@@ -69,8 +69,10 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
      "tensor-fusion.ai/placement-policy, "
      "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
-     "tensor-fusion.ai/vram-limit, tensor-fusion.ai/vram-request, tensor-fusion.ai/workload, "
+     "tensor-fusion.ai/vendor, tensor-fusion.ai/vram-limit, tensor-fusion.ai/vram-request, tensor-fusion.ai/workload, "
      "tensor-fusion.ai/workload-profile"),
+    ("another vendor", {**OK, f"{P}vendor": "amd"}, ("python",),
+     "tensor-fusion.ai/vendor 'amd': only nvidia GPUs are served by tensor-fusion here (accepted: nvidia)"),
     ("isolation not a mode", {**OK, f"{P}isolation": "strict"}, ("python",),
      "tensor-fusion.ai/isolation 'strict': must be one of shared, soft, hard, partitioned"),
     ("partitioned without a MIG profile", {**OK, f"{P}isolation": "partitioned"}, ("python",),

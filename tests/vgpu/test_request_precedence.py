@@ -174,3 +174,9 @@ def test_isolation_layers_like_every_field_and_survives_the_resolved_contract() 
     assert resolved.decode(resolved.encode(plain)).isolation is None
     assert parse_spec({"isolation": "partitioned"}, where="spec").isolation is IsolationMode.PARTITIONED
     assert to_crd(profile)["isolation"] == "hard"
+
+
+def test_the_nvidia_vendor_is_accepted_whatever_its_case() -> None:
+    assert (
+        resolve(pod({"tensor-fusion.ai/vram-request": "1Gi", "tensor-fusion.ai/vendor": "NVIDIA"})).vram_request == GI
+    )
