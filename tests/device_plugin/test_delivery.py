@@ -189,6 +189,18 @@ def test_check_reports_each_problem_once_and_follows_the_file(tmp_path: Path) ->
     assert 'tf_device_plugin_device_delivery{delivery="envvar"} 1.0' in text
 
 
+def guarded_without_mounts(tmp_path: Path) -> tuple[Path, Path]:
+    """A toolkit configuration refusing the variable and reading no mounts, and NVIDIA's CDI spec naming both
+    GPUs by UUID: (the configuration file, the spec's directory)."""
+    toolkit = tmp_path / "no-mounts.toml"
+    toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n")
+    nvidia_dir = tmp_path / "nvidia-cdi"
+    nvidia_dir.mkdir()
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": GPU0}, {"name": GPU1}]}
+    (nvidia_dir / "nvidia.yaml").write_text(yaml.safe_dump(spec))
+    return toolkit, nvidia_dir
+
+
 def test_allocate_answers_with_the_checked_delivery_and_nvidia_cdi_before_ours(tmp_path: Path) -> None:
     """Through the kubelet: NVIDIA's CDI devices for the granted GPU, then our own device, whose edits the
     runtime applies last."""
@@ -196,12 +208,7 @@ def test_allocate_answers_with_the_checked_delivery_and_nvidia_cdi_before_ours(t
     uid = uid_of(pod)
     pod["metadata"]["annotations"][SystemAnnotation.ALLOCATION.value] = allocation(uid, gpus=[grant(GPU1, index=1)])
     kube = FakeKube([pod])
-    toolkit = tmp_path / "no-mounts.toml"
-    toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n")
-    nvidia_dir = tmp_path / "nvidia-cdi"
-    nvidia_dir.mkdir()
-    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": GPU0}, {"name": GPU1}]}
-    (nvidia_dir / "nvidia.yaml").write_text(yaml.safe_dump(spec))
+    toolkit, nvidia_dir = guarded_without_mounts(tmp_path)
 
     async def scenario() -> None:
         async with plugin(
@@ -225,12 +232,7 @@ def test_allocate_answers_with_the_checked_delivery_and_nvidia_cdi_before_ours(t
 def test_automatic_delivery_picks_nvidia_cdi_only_where_the_plugins_own_cdi_device_is_on(tmp_path: Path) -> None:
     """--cdi-dir= says the runtime reads no CDI: NVIDIA's devices would be ignored there, so auto does not pick
     them (and says the node cannot deliver under its guard)."""
-    toolkit = tmp_path / "no-mounts.toml"
-    toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n")
-    nvidia_dir = tmp_path / "nvidia-cdi"
-    nvidia_dir.mkdir()
-    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": GPU0}, {"name": GPU1}]}
-    (nvidia_dir / "nvidia.yaml").write_text(yaml.safe_dump(spec))
+    toolkit, nvidia_dir = guarded_without_mounts(tmp_path)
 
     async def scenario() -> None:
         async with plugin(
