@@ -23,10 +23,19 @@ from vgpu.contract import resolved as resolved_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
-from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, LABEL_NODE_POOL, SystemAnnotation, qos_of_priority
+from vgpu.names import (
+    LABEL_ALLOCATED_NODE,
+    LABEL_DO_NOT_DISRUPT,
+    LABEL_ENABLED,
+    LABEL_NODE_POOL,
+    MAX_EVICTION_PROTECTION_S,
+    SystemAnnotation,
+    qos_of_priority,
+)
 from vgpu.request import GpuRequest
 from vgpu.scheduling.demand import gpu_slots
 from vgpu.scheduling.model import GpuState, NodeState
+from vgpu.timefmt import parse_rfc3339
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -82,6 +91,9 @@ class PodRecord:
     slots: int = 1  # vGPU device IDs it holds on each GPU of its allocation
     allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
     auto: AutoPod | None = None  # set when its resolved request turns an autoscaling layer on
+    # Wall-clock seconds until which no preemption takes it: its grant's boundAt plus its eviction-protection
+    # (or the longest protection, for a pod labelled do-not-disrupt); None: unprotected.
+    protected_until: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -91,6 +103,10 @@ class PodRecord:
     def holds_gpus(self) -> bool:
         """Its allocation counts against GPU capacity: until the pod is gone or has finished."""
         return self.allocation is not None and not self.terminal
+
+    def protected(self, now: float, node_labels: Mapping[str, str]) -> bool:
+        """No preemption may take it now: its protection runs, or its node is labelled do-not-disrupt."""
+        return do_not_disrupt(node_labels) or (self.protected_until is not None and self.protected_until > now)
 
     @property
     def handed_over(self) -> bool:
@@ -232,6 +248,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         allocation_error=alloc_error,
         receipt=receipt,
         admitted=bool(status.get("startTime")),
+        protected_until=_protected_until(alloc, ann, _strings(_meta(pod).get("labels"))),
         workload=_workload_of(ann),
         slots=slots,
         allocate_sizes=allocate_sizes(pod) if alloc is not None else frozenset(),
@@ -251,6 +268,30 @@ def _auto_of(pod: Mapping[str, Any], ann: Mapping[str, str]) -> AutoPod | None:
     if not any(isinstance(b, Mapping) and b.get("enable") is True for b in request.auto_scaling.values()):
         return None
     return AutoPod(request=request, created=str(_meta(pod).get("creationTimestamp") or ""), owner=controller_of(pod))
+
+
+def do_not_disrupt(labels: Mapping[str, str]) -> bool:
+    """Whether a pod's or node's labels say ``tensor-fusion.ai/do-not-disrupt: "true"``."""
+    return labels.get(LABEL_DO_NOT_DISRUPT, "").strip().casefold() == "true"
+
+
+def _protected_until(alloc: PodAllocation | None, ann: Mapping[str, str], labels: Mapping[str, str]) -> float | None:
+    """When the pod's eviction protection ends (wall seconds), counted from its grant; None: it has none."""
+    if alloc is None:
+        return None
+    seconds = MAX_EVICTION_PROTECTION_S if do_not_disrupt(labels) else None
+    raw = ann.get(SystemAnnotation.RESOLVED_REQUEST)
+    if seconds is None and raw is not None:
+        try:
+            seconds = _decode_request(raw).eviction_protection_s
+        except DomainError:
+            seconds = None
+    if seconds is None:
+        return None
+    try:
+        return parse_rfc3339(alloc.bound_at) + seconds
+    except ValueError:
+        return None
 
 
 def _workload_of(ann: Mapping[str, str]) -> str | None:

@@ -16,13 +16,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import REASON_PREEMPTED, REASON_PREEMPTING, REASON_PREEMPTION_BLOCKED, EventRecorder
 from scheduler_extender.gateway import KubeGateway
-from scheduler_extender.objects import PodRecord, PodRef, ScheduledPod
+from scheduler_extender.objects import PodRecord, PodRef, ScheduledPod, do_not_disrupt
 from tf_shell.kube.api import GatewayError, RawObject
 from tf_shell.periodic import Periodic
 from vgpu.catalog import Catalog
@@ -56,18 +56,35 @@ def awaiting(pod: RawObject | None, uid: str) -> bool:
     return meta.get("uid") == uid and not spec.get("nodeName") and meta.get("deletionTimestamp") is None
 
 
+def protection_ends(records: Sequence[PodRecord], now: float, node_labels: Mapping[str, str]) -> float | None:
+    """When the first eviction protection still running among ``records`` ends (None: none that will): a plan
+    that found no victim is tried again then, without waiting for the scheduler to ask."""
+    if do_not_disrupt(node_labels):
+        return None  # the node's: it does not end
+    ends = [
+        r.protected_until
+        for r in records
+        if r.allocation is not None and not r.deleting and r.protected_until is not None and r.protected_until > now
+    ]
+    return min(ends, default=None)
+
+
 def victims_and_leaving(
-    records: Sequence[PodRecord], refused: Mapping[str, float], now: float
+    records: Sequence[PodRecord], refused: Mapping[str, float], now: float, node_labels: Mapping[str, str]
 ) -> tuple[list[Victim], list[Victim]]:
-    """The possible victims and the pods already leaving among ``records`` (bound GPU pods on one node);
-    a pod whose eviction a PodDisruptionBudget refused until a time still ahead is neither."""
+    """The possible victims and the pods already leaving among ``records`` (bound GPU pods on one node, whose
+    labels are ``node_labels``); a pod whose eviction a PodDisruptionBudget refused until a time still ahead,
+    or one protected now (eviction-protection, do-not-disrupt), is no victim."""
     victims: list[Victim] = []
     leaving: list[Victim] = []
     for r in records:
         if r.allocation is None or r.node_name is None or refused.get(r.ref.key, 0.0) > now:
             continue
         victim = Victim(pod_key=r.ref.key, qos=r.allocation.qos, grants=r.allocation.gpus, slots=r.slots)
-        (leaving if r.deleting else victims).append(victim)
+        if r.deleting:
+            leaving.append(victim)
+        elif not r.protected(now, node_labels):
+            victims.append(victim)
     return victims, leaving
 
 
@@ -148,15 +165,20 @@ class Preemptor:
             return "error"
         if not awaiting(pod, ref.uid):
             return "skipped"
-        candidates, on_node = [], {}
+        candidates, on_node, ends = [], {}, []
         for name in pending.nodes:
             view = self.cache.node(name)
             if view is not None:
                 on_node[name] = self.cache.records_on(name)
-                victims, leaving = victims_and_leaving(on_node[name], refused, now)
+                victims, leaving = victims_and_leaving(on_node[name], refused, now, view.labels)
                 candidates.append(Candidate(node=view, victims=victims, leaving=leaving))
+                ends.append(protection_ends(on_node[name], now, view.labels))
         chosen = plan(demand, candidates, self.policies.for_demand(demand), self.catalog)
         if chosen is None:
+            first = min((end for end in ends if end is not None), default=None)
+            if first is not None:  # a protected pod may be the victim once its protection is over
+                with self._lock:
+                    self._pending.setdefault(ref.key, replace(pending, at=first - self.settle))
             return "none"
         records = {r.ref.key: r for r in on_node[chosen.node]}
         for key in chosen.victims:

@@ -10,6 +10,7 @@ gets that error as every node's reason, so the user sees it in the pod's FailedS
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -238,12 +239,12 @@ class Verbs:
         view = self.cache.node(node)
         if view is None:
             return ()
-        allowed = set(proposed)
+        allowed, now = set(proposed), time.time()
         records = {r.ref.key: r for r in self.cache.records_on(node) if r.ref.uid in allowed}
         candidates = [
             Victim(pod_key=key, qos=r.allocation.qos, grants=r.allocation.gpus, slots=r.slots)
             for key, r in records.items()
-            if r.allocation is not None
+            if r.allocation is not None and not r.protected(now, view.labels)
         ]
         selected = select_victims(demand, view, candidates, self.catalog)
         if selected is None:

@@ -64,6 +64,8 @@ class Annotation(StrEnum):
     ISOLATION = f"{DOMAIN}/isolation"
     # TensorFusion v2: the GPU vendor; this project serves NVIDIA GPUs only (VENDOR_NVIDIA).
     VENDOR = f"{DOMAIN}/vendor"
+    # TensorFusion v2: a duration (30m) from the pod's grant during which no preemption takes it.
+    EVICTION_PROTECTION = f"{DOMAIN}/eviction-protection"
 
 
 class SystemAnnotation(StrEnum):
@@ -223,6 +225,11 @@ class EnforcementBackend(StrEnum):
 
 
 VENDOR_NVIDIA: Final = "nvidia"
+# TensorFusion v2's label, on a pod (protected like eviction-protection at its longest) or a node (set by an
+# operator: no pod there is preempted). Both preemption paths honour it (docs/security.md, "QoS is a privilege").
+LABEL_DO_NOT_DISRUPT: Final = f"{DOMAIN}/do-not-disrupt"
+# The longest protection a pod may ask for: a tenant's protection delays a higher QoS by at most this long.
+MAX_EVICTION_PROTECTION_S: Final = 3600
 
 
 class IsolationMode(StrEnum):

@@ -12,6 +12,7 @@ and says what is accepted; the webhook shows them to the user verbatim.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from vgpu.errors import DomainError, FieldError
 from vgpu.names import (
     DEFAULT_POOL,
     LABEL_ENABLED,
+    MAX_EVICTION_PROTECTION_S,
     PREFIX,
     VENDOR_NVIDIA,
     Annotation,
@@ -98,6 +100,8 @@ class GpuRequest:
     auto_requests: str | None = None
     # How the share is held on the GPU (docs/isolation.md); None: whatever the granted GPU serves first.
     isolation: IsolationMode | None = None
+    # Seconds from its grant during which no preemption takes the pod (eviction-protection); None: none.
+    eviction_protection_s: int | None = None
 
     def describe(self) -> str:
         """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or
@@ -200,6 +204,7 @@ def resolve(
         chosen = fields.choice(A.PLACEMENT_POLICY, ann[A.PLACEMENT_POLICY], tuple(PlacementPolicy), errors)
         policy = PlacementPolicy(chosen) if chosen else None
     auto = _auto(ann, pick_auto(layers), errors)
+    protection = _protection(ann.get(A.EVICTION_PROTECTION), errors)
     isolation, isolation_from = pick_from("isolation")
     _isolation_fits_model(isolation, isolation_from, pick("gpu_model"), errors)
     if errors:
@@ -225,6 +230,7 @@ def resolve(
         node_affinity=pick("node_affinity"),
         auto_scaling=auto,
         isolation=isolation,
+        eviction_protection_s=protection,
     )
 
 
@@ -285,6 +291,16 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
         isolation=IsolationMode(isolation) if isolation else None,
     )
+
+
+def _protection(raw: str | None, errors: list[FieldError]) -> int | None:
+    """Whole seconds of eviction protection, 1 s to :data:`MAX_EVICTION_PROTECTION_S`."""
+    if raw is None:
+        return None
+    longest = MAX_EVICTION_PROTECTION_S
+    accepted = f"a duration from 1s to {longest // 60}m, such as 30m or 90s (longer would let a pod hold off every QoS)"
+    value = fields.duration(A.EVICTION_PROTECTION, raw, errors, accepted, lambda v: 1 <= v <= longest)
+    return None if value is None else math.ceil(value)
 
 
 def _isolation_fits_model(mode: IsolationMode | None, source: str, model: str | None, errors: list[FieldError]) -> None:

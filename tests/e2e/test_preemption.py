@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from collections import defaultdict
 from typing import Any
@@ -27,6 +28,7 @@ from kubernetes.client import ApiException, CoreV1Api
 
 from vgpu.contract import allocation
 from vgpu.names import Annotation, Qos
+from vgpu.timefmt import parse_rfc3339
 
 from .cluster import REAL_NODE, Cluster
 from .kube import api_client, events_for, eventually, wait_running
@@ -206,3 +208,31 @@ def test_a_tenant_cannot_preempt_by_asking_for_a_higher_qos(
     assert alive(core, fresh) == set(lows)
     assert preemptions(cluster, "evicted") == evicted_before
     assert core.list_namespaced_pod(own).items == []
+
+
+@pytest.mark.timeout(300)
+def test_a_protected_low_pod_is_not_preempted_until_its_protection_is_over(
+    cluster: Cluster, core: CoreV1Api, fresh: str
+) -> None:
+    """Case (b) again, with every low pod asking for 25 s of eviction-protection and a high pod (which may take
+    only low ones) wanting room: no low pod goes while they are protected, then exactly one does, without the
+    pod being created again, and the high pod runs on the GPU it freed."""
+    cluster.grant_qos(fresh, Qos.HIGH)
+    node_nearly_empty(core, OTHERS_MAX)
+    highs, lows = [f"high-{i}" for i in range(4)], [f"low-{i}" for i in range(4)]
+    start_all(core, fresh, [pod_of(n, "200", "high") for n in highs])
+    protected = [pod_of(n, "60", "low") for n in lows]
+    for pod in protected:
+        pod["metadata"]["annotations"][Annotation.EVICTION_PROTECTION] = "25s"
+    start_all(core, fresh, protected)
+    # The first protection to end is the earliest-granted low pod's (boundAt: whole seconds).
+    granted = min(parse_rfc3339(allocation_of(core.read_namespaced_pod(n, fresh)).bound_at) for n in lows)
+    core.create_namespaced_pod(fresh, pod_of("urgent", "100", "high"))
+    held_off = granted + 25 - 2
+    while time.time() < held_off:  # while every low pod is protected, nobody goes
+        assert alive(core, fresh) >= set(highs + lows)
+        time.sleep(1)
+    urgent = wait_running(core, fresh, "urgent", timeout=120)
+    assert len(set(lows) - alive(core, fresh)) == 1 and set(highs) <= alive(core, fresh)
+    assert time.time() >= granted + 25
+    assert allocation_of(urgent).gpus

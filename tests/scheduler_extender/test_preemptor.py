@@ -4,7 +4,9 @@ Eviction API, honours PodDisruptionBudgets, nominates the node and holds the fre
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,7 +16,10 @@ from scheduler_extender.gateway import Kind
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
-from vgpu.names import Qos, SystemAnnotation
+from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import resolved as resolved_contract
+from vgpu.names import LABEL_DO_NOT_DISRUPT, Qos, SystemAnnotation
+from vgpu.timefmt import rfc3339
 
 NODE = "frag"
 
@@ -171,3 +176,75 @@ def test_the_freed_gpu_is_held_from_the_moment_the_terminating_victim_is_gone(
     assert filtered(app, other) == []  # the room went to the critical pod's hold, not to whoever asks first
     assert filtered(app, critical) == [NODE]
     assert evictions(fragmented) == ["default/low-0"]
+
+
+def protect(pod: dict[str, Any], *, seconds: int | None = None, label: bool = False, ago: float = 0.0) -> None:
+    """Granted ``ago`` seconds before now, with ``seconds`` of eviction-protection or the do-not-disrupt label."""
+    ann = pod["metadata"]["annotations"]
+    alloc = allocation_contract.decode(ann[SystemAnnotation.ALLOCATION])
+    ann[SystemAnnotation.ALLOCATION] = allocation_contract.encode(replace(alloc, bound_at=rfc3339(time.time() - ago)))
+    request = resolved_contract.decode(ann[SystemAnnotation.RESOLVED_REQUEST])
+    ann[SystemAnnotation.RESOLVED_REQUEST] = resolved_contract.encode(replace(request, eviction_protection_s=seconds))
+    if label:
+        pod["metadata"]["labels"][LABEL_DO_NOT_DISRUPT] = "true"
+
+
+def test_a_protected_pod_is_no_victim_while_its_protection_runs(
+    run: Callable[..., Running], fragmented: FakeGateway
+) -> None:
+    """low-0 asked for 30 minutes of eviction-protection and got its GPU a minute ago: low-1 goes instead; low-1
+    labelled do-not-disrupt as well leaves nobody to take; an expired protection protects nothing."""
+    low0 = fragmented.pod("default", "low-0")
+    protect(low0, seconds=1800, ago=60)
+    fragmented.put(Kind.POD, low0)
+    app = run()
+    critical = waiting(fragmented, "critical", Qos.CRITICAL)
+    filtered(app, critical)
+    wait_for(lambda: outcomes(app).get("evicted"), what="a preemption")
+    assert evictions(fragmented) == ["default/low-1"]
+
+
+def test_nobody_is_taken_while_every_victim_is_protected_then_one_is_and_never_on_a_node_labelled_do_not_disrupt(
+    run: Callable[..., Running], fragmented: FakeGateway
+) -> None:
+    for name, how in (("low-0", {"seconds": 600}), ("low-1", {"label": True})):
+        pod = fragmented.pod("default", name)
+        protect(pod, **how)  # type: ignore[arg-type]
+        fragmented.put(Kind.POD, pod)
+    app = run()
+    filtered(app, waiting(fragmented, "wants-15", Qos.HIGH, 15))  # only a low pod may make room for it
+    wait_for(lambda: outcomes(app).get("none"), what="a pass that found no victim")
+    assert evictions(fragmented) == []
+    for name in ("low-0", "low-1"):
+        pod = fragmented.pod("default", name)
+        protect(pod, seconds=60, ago=120)  # granted two minutes ago, protected for one: over
+        pod["metadata"]["labels"].pop(LABEL_DO_NOT_DISRUPT, None)
+        fragmented.put(Kind.POD, pod)
+    app.settle()
+    filtered(app, waiting(fragmented, "wants-15-again", Qos.HIGH, 15))
+    wait_for(lambda: outcomes(app).get("evicted"), what="a preemption once the protection is over")
+    assert len(evictions(fragmented)) == 1
+    node = fragmented.objects[Kind.NODE][NODE]
+    node["metadata"]["labels"][LABEL_DO_NOT_DISRUPT] = "true"  # an operator's: no pod there is taken
+    fragmented.put(Kind.NODE, node)
+    app.settle()
+    assert filtered(app, waiting(fragmented, "wants-25", Qos.HIGH, 25)) == []  # only low-1's room would do
+    wait_for(lambda: outcomes(app).get("none", 0) >= 2, what="a pass that found the node's pods protected")
+    assert len(evictions(fragmented)) == 1
+
+
+def test_a_pod_held_off_by_protection_is_planned_for_again_when_it_ends_without_being_asked(
+    run: Callable[..., Running], fragmented: FakeGateway
+) -> None:
+    """The scheduler may not ask again for minutes (an unschedulable pod waits for a cluster event): the
+    preemptor tries once more itself when the first protection in its way is over."""
+    for name in ("low-0", "low-1"):
+        pod = fragmented.pod("default", name)
+        protect(pod, seconds=2, ago=0.5)  # over in 1.5 s
+        fragmented.put(Kind.POD, pod)
+    app = run()
+    filtered(app, waiting(fragmented, "wants-15", Qos.HIGH, 15))  # asked once, never again
+    wait_for(lambda: outcomes(app).get("none"), what="the pass held off by the protections")
+    assert evictions(fragmented) == []
+    wait_for(lambda: outcomes(app).get("evicted"), timeout=5.0, what="the pass once they are over")
+    assert len(evictions(fragmented)) == 1

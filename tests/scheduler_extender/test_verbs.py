@@ -17,6 +17,7 @@ from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
+from tests.scheduler_extender.test_preemptor import protect
 from tf_shell.catalog_file import CatalogFileError
 from tf_shell.kube.api import GatewayError, Listing
 from vgpu.contract import resolved as resolved_contract
@@ -272,6 +273,28 @@ def test_preempt_keeps_the_fewest_lower_qos_victims_and_vetoes_hopeless_nodes(
             "small": {"Pods": [{"UID": "uid-default-low2"}, {"UID": "uid-default-web"}], "NumPDBViolations": 0}
         }
     }
+
+
+def test_preempt_keeps_no_protected_victim_and_vetoes_a_node_left_without_one(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """As above, but low2 (the smaller victim) asked for eviction-protection: low1 goes instead; with low1
+    labelled do-not-disrupt too, the node is vetoed and kube-scheduler evicts nobody there."""
+    low1 = allocated_pod("low1", "small", grant("small", 0, 6 * GI))
+    low2 = allocated_pod("low2", "small", grant("small", 1, 3 * GI))
+    protect(low2, seconds=1800)
+    cluster.put(Kind.POD, low1)
+    cluster.put(Kind.POD, low2)
+    app = run()
+    pod = make_pod("hi", gpu_request(vram=7 * GI, qos=Qos.HIGH))
+    proposed = {"small": ["uid-default-low1", "uid-default-low2"]}
+    assert app.post("/preempt", preempt_args(pod, proposed)) == {
+        "NodeNameToMetaVictims": {"small": {"Pods": [{"UID": "uid-default-low1"}], "NumPDBViolations": 0}}
+    }
+    protect(low1, label=True)
+    cluster.put(Kind.POD, low1)
+    app.settle()
+    assert app.post("/preempt", preempt_args(pod, proposed)) == {"NodeNameToMetaVictims": {}}
 
 
 def test_preempt_echoes_the_plan_for_pods_without_gpu(run: Callable[..., Running], cluster: FakeGateway) -> None:

@@ -64,13 +64,18 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("unknown key, nothing close", {**OK, f"{P}colour": "blue"}, ("python",),
      "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
      "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/dedicated-gpu, "
-     "tensor-fusion.ai/generate-workload, "
+     "tensor-fusion.ai/eviction-protection, tensor-fusion.ai/generate-workload, "
      "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
      "tensor-fusion.ai/placement-policy, "
      "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
      "tensor-fusion.ai/vendor, tensor-fusion.ai/vram-limit, tensor-fusion.ai/vram-request, tensor-fusion.ai/workload, "
      "tensor-fusion.ai/workload-profile"),
+    ("protection too long", {**OK, f"{P}eviction-protection": "2h"}, ("python",),
+     "tensor-fusion.ai/eviction-protection '2h': must be a duration from 1s to 60m, such as 30m or 90s (longer would "
+     "let a pod hold off every QoS)"),
+    ("protection not a duration", {**OK, f"{P}eviction-protection": "forever"}, ("python",),
+     "tensor-fusion.ai/eviction-protection 'forever': must be a duration from 1s to 60m"),
     ("another vendor", {**OK, f"{P}vendor": "amd"}, ("python",),
      "tensor-fusion.ai/vendor 'amd': only nvidia GPUs are served by tensor-fusion here (accepted: nvidia)"),
     ("isolation not a mode", {**OK, f"{P}isolation": "strict"}, ("python",),

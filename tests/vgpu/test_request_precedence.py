@@ -180,3 +180,11 @@ def test_the_nvidia_vendor_is_accepted_whatever_its_case() -> None:
     assert (
         resolve(pod({"tensor-fusion.ai/vram-request": "1Gi", "tensor-fusion.ai/vendor": "NVIDIA"})).vram_request == GI
     )
+
+
+def test_eviction_protection_is_whole_seconds_and_survives_the_resolved_contract() -> None:
+    got = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi", "tensor-fusion.ai/eviction-protection": "1m30.5s"}))
+    assert got.eviction_protection_s == 91  # rounded up: never less than asked
+    assert resolved.decode(resolved.encode(got)).eviction_protection_s == 91
+    plain = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"}))
+    assert "evictionProtection" not in resolved.encode(plain) and plain.eviction_protection_s is None

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from vgpu.contract.strict import dump, load
 from vgpu.fields import MAX_GPU_COUNT, MAX_REPLICAS
-from vgpu.names import IsolationMode, PlacementPolicy, Qos, SystemAnnotation
+from vgpu.names import MAX_EVICTION_PROTECTION_S, IsolationMode, PlacementPolicy, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
 from vgpu.request import GpuRequest
 
@@ -43,6 +43,7 @@ def encode(req: GpuRequest) -> str:
         **({"dedicatedGpu": True} if req.dedicated_gpu else {}),
         **({"autoRequests": req.auto_requests} if req.auto_requests else {}),
         **({"isolation": req.isolation.value} if req.isolation else {}),
+        **({"evictionProtectionSeconds": req.eviction_protection_s} if req.eviction_protection_s else {}),
     }
     return dump(doc)
 
@@ -73,6 +74,7 @@ def decode(text: str) -> GpuRequest:
         auto_scaling=r.obj("autoScalingConfig") or {},
         auto_requests=r.added_text("autoRequests"),
         isolation=None if isolation is None else IsolationMode(isolation),
+        eviction_protection_s=r.added_integer("evictionProtectionSeconds", 1, MAX_EVICTION_PROTECTION_S),
     )
     r.done()
     return req

@@ -58,6 +58,13 @@ class Reader:
         value = self.added_text(key)
         return None if value is None else self._accepted(key, value, accepted)
 
+    def added_integer(self, key: str, low: int, high: int) -> int | None:
+        """A whole number added to a version after it shipped: absent in what older writers wrote (None)."""
+        if key not in self.raw:
+            self.seen.add(key)
+            return None
+        return self.integer(key, low, high)
+
     def added_flag(self, key: str) -> bool:
         """A flag added to a version after it shipped: absent in what older writers wrote (False)."""
         if key not in self.raw:
