@@ -64,6 +64,8 @@ class Annotation(StrEnum):
     ISOLATION = f"{DOMAIN}/isolation"
     # TensorFusion v2: the GPU vendor; this project serves NVIDIA GPUs only (VENDOR_NVIDIA).
     VENDOR = f"{DOMAIN}/vendor"
+    # TensorFusion v2: pin the pod to these GPU indices of its node (0,2), as the node's inventory numbers them.
+    GPU_INDICES = f"{DOMAIN}/gpu-indices"
     # TensorFusion v2: a duration (30m) from the pod's grant during which no preemption takes it.
     EVICTION_PROTECTION = f"{DOMAIN}/eviction-protection"
 

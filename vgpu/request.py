@@ -102,6 +102,8 @@ class GpuRequest:
     isolation: IsolationMode | None = None
     # Seconds from its grant during which no preemption takes the pod (eviction-protection); None: none.
     eviction_protection_s: int | None = None
+    # The node's GPUs, by index, the pod must be granted (gpu-indices; gpu_count of them); None: any.
+    gpu_indices: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or
@@ -205,6 +207,16 @@ def resolve(
         policy = PlacementPolicy(chosen) if chosen else None
     auto = _auto(ann, pick_auto(layers), errors)
     protection = _protection(ann.get(A.EVICTION_PROTECTION), errors)
+    indices = _indices(ann.get(A.GPU_INDICES), errors)
+    count = pick("gpu_count") or (len(indices) if indices else 1)
+    if indices and len(indices) != count:
+        errors.append(
+            FieldError(
+                A.GPU_INDICES,
+                ann[A.GPU_INDICES],
+                f"names {len(indices)} GPUs but the pod asks for {count} ({A.GPU_COUNT}); give as many indices as GPUs",
+            )
+        )
     isolation, isolation_from = pick_from("isolation")
     _isolation_fits_model(isolation, isolation_from, pick("gpu_model"), errors)
     if errors:
@@ -212,7 +224,7 @@ def resolve(
     return GpuRequest(
         pool=pool_name,
         containers=containers,
-        gpu_count=pick("gpu_count") or 1,
+        gpu_count=count,
         tflops_request=tflops[0],
         tflops_limit=tflops[1],
         vram_request=vram[0],
@@ -231,6 +243,7 @@ def resolve(
         auto_scaling=auto,
         isolation=isolation,
         eviction_protection_s=protection,
+        gpu_indices=indices,
     )
 
 
@@ -291,6 +304,24 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
         isolation=IsolationMode(isolation) if isolation else None,
     )
+
+
+def _indices(raw: str | None, errors: list[FieldError]) -> tuple[int, ...] | None:
+    """Distinct GPU indices, comma-separated, in the order given."""
+    if raw is None:
+        return None
+    parts = [p.strip() for p in raw.split(",")]
+    found = [fields.integer(A.GPU_INDICES, p, 0, fields.MAX_GPU_COUNT - 1, []) for p in parts]
+    if not parts or None in found or len(set(found)) != len(found):
+        errors.append(
+            FieldError(
+                A.GPU_INDICES,
+                raw,
+                f"must be distinct GPU indices from 0 to {fields.MAX_GPU_COUNT - 1}, separated by commas, such as 0,2",
+            )
+        )
+        return None
+    return tuple(i for i in found if i is not None)
 
 
 def _protection(raw: str | None, errors: list[FieldError]) -> int | None:

@@ -108,3 +108,18 @@ def test_exhausted_pool_leaves_the_pod_pending_with_our_reason(core: CoreV1Api, 
     assert any("e2e-small-0" in line or "GPU-l4" in line for line in lines), lines
     pod = core.read_namespaced_pod("too-big", ns)
     assert pod.status.phase == "Pending" and not pod.spec.node_name
+
+
+def test_gpu_indices_pin_the_pod_to_those_gpus_of_its_node(cluster: Cluster, core: CoreV1Api, ns: str) -> None:
+    """tensor-fusion.ai/gpu-indices 3: the pod runs on the kubelet node's GPU 3 (the one binpack would choose
+    last) and its container gets exactly that GPU."""
+    pod = gpu_pod(
+        "pinned", {Annotation.GPU_INDICES: "3", Annotation.TFLOPS_REQUEST: "5", Annotation.VRAM_REQUEST: "1Gi"}
+    )
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    core.create_namespaced_pod(ns, pod)
+    running = wait_running(core, ns, "pinned")
+    (grant,) = allocation_of(running).gpus
+    third = next(g for g in cluster.gpus if g.index == 3)
+    assert (grant.index, grant.uuid) == (3, third.uuid)
+    assert created(cluster.node, running, "main")["gpus"] == [third.uuid]

@@ -65,7 +65,7 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
      "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/dedicated-gpu, "
      "tensor-fusion.ai/eviction-protection, tensor-fusion.ai/generate-workload, "
-     "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
+     "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-indices, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
      "tensor-fusion.ai/placement-policy, "
      "tensor-fusion.ai/qos, tensor-fusion.ai/replicas, tensor-fusion.ai/tflops-limit, tensor-fusion.ai/tflops-request, "
@@ -76,6 +76,13 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "let a pod hold off every QoS)"),
     ("protection not a duration", {**OK, f"{P}eviction-protection": "forever"}, ("python",),
      "tensor-fusion.ai/eviction-protection 'forever': must be a duration from 1s to 60m"),
+    ("indices not numbers", {**OK, f"{P}gpu-indices": "0,x"}, ("python",),
+     "tensor-fusion.ai/gpu-indices '0,x': must be distinct GPU indices from 0 to 127, separated by commas, such as 0,2"),
+    ("indices repeated", {**OK, f"{P}gpu-indices": "1,1"}, ("python",),
+     "tensor-fusion.ai/gpu-indices '1,1': must be distinct GPU indices"),
+    ("indices against the count", {**OK, f"{P}gpu-indices": "0,1", f"{P}gpu-count": "3"}, ("python",),
+     "tensor-fusion.ai/gpu-indices '0,1': names 2 GPUs but the pod asks for 3 (tensor-fusion.ai/gpu-count); give as "
+     "many indices as GPUs"),
     ("another vendor", {**OK, f"{P}vendor": "amd"}, ("python",),
      "tensor-fusion.ai/vendor 'amd': only nvidia GPUs are served by tensor-fusion here (accepted: nvidia)"),
     ("isolation not a mode", {**OK, f"{P}isolation": "strict"}, ("python",),

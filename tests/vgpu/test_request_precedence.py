@@ -188,3 +188,10 @@ def test_eviction_protection_is_whole_seconds_and_survives_the_resolved_contract
     assert resolved.decode(resolved.encode(got)).eviction_protection_s == 91
     plain = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"}))
     assert "evictionProtection" not in resolved.encode(plain) and plain.eviction_protection_s is None
+
+
+def test_gpu_indices_set_the_count_and_survive_the_resolved_contract() -> None:
+    got = resolve(pod({"tensor-fusion.ai/vram-request": "1Gi", "tensor-fusion.ai/gpu-indices": "2, 0"}))
+    assert (got.gpu_indices, got.gpu_count) == ((2, 0), 2)
+    assert resolved.decode(resolved.encode(got)).gpu_indices == (2, 0)
+    assert "gpuIndices" not in resolved.encode(resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"})))

@@ -44,6 +44,7 @@ def encode(req: GpuRequest) -> str:
         **({"autoRequests": req.auto_requests} if req.auto_requests else {}),
         **({"isolation": req.isolation.value} if req.isolation else {}),
         **({"evictionProtectionSeconds": req.eviction_protection_s} if req.eviction_protection_s else {}),
+        **({"gpuIndices": list(req.gpu_indices)} if req.gpu_indices else {}),
     }
     return dump(doc)
 
@@ -75,6 +76,7 @@ def decode(text: str) -> GpuRequest:
         auto_requests=r.added_text("autoRequests"),
         isolation=None if isolation is None else IsolationMode(isolation),
         eviction_protection_s=r.added_integer("evictionProtectionSeconds", 1, MAX_EVICTION_PROTECTION_S),
+        gpu_indices=r.added_integers("gpuIndices", 0, MAX_GPU_COUNT - 1),
     )
     r.done()
     return req

@@ -65,6 +65,16 @@ class Reader:
             return None
         return self.integer(key, low, high)
 
+    def added_integers(self, key: str, low: int, high: int) -> tuple[int, ...] | None:
+        """A list of whole numbers added to a version after it shipped: absent in what older writers wrote."""
+        if key not in self.raw:
+            self.seen.add(key)
+            return None
+        values: list[Any] = self._get(key, list, "a list of whole numbers", False)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in values):
+            raise DomainError.one(f"{self.path}.{key}", shown(values), f"must be whole numbers from {low} to {high}")
+        return tuple(values)
+
     def added_flag(self, key: str) -> bool:
         """A flag added to a version after it shipped: absent in what older writers wrote (False)."""
         if key not in self.raw:

@@ -66,6 +66,7 @@ def demand_from_request(
         node_affinity=req.node_affinity,
         whole_gpu=req.dedicated_gpu,
         isolation=req.isolation,
+        gpu_indices=None if req.gpu_indices is None else frozenset(req.gpu_indices),
         slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
         cpu=cpu,
         memory=memory,
@@ -95,4 +96,5 @@ def decision_key(demand: Demand) -> tuple[Hashable, ...]:
         demand.policy,
         affinity,
         demand.isolation,
+        demand.gpu_indices,
     )

@@ -8,7 +8,7 @@ needs idle GPUs; a fractional demand never shares a GPU held whole; each GPU nee
 free vGPU slots, and the node's healthy GPUs ``slots × gpu_count`` in all (the kubelet's own check).
 This is the inner loop of every filter call, so the happy path is one flat pass over the GPUs and only
 a rejected node pays for the explanation; unresolvable reasons come before capacity ones. A demand naming an
-isolation mode sees only the GPUs that serve it (:func:`serving`).
+isolation mode, or pinning GPU indices, sees only the GPUs it may have (:func:`serving`).
 Why, and the budget: vgpu/scheduling/README.md, section "Filter".
 """
 
@@ -84,22 +84,32 @@ class ModelMatcher:
 
 
 def serving(demand: Demand, node: NodeState) -> NodeState:
-    """The node narrowed to the GPUs that serve the demand's isolation mode (the same object when every GPU
-    does, or the demand names none)."""
-    mode = demand.isolation
-    if mode is None or mode in node.totals().isolation:
+    """The node narrowed to the GPUs the demand may have: those serving its isolation mode and, where it pins
+    indices, those indices (the same object when every GPU qualifies)."""
+    mode, pinned = demand.isolation, demand.gpu_indices
+    if (mode is None or mode in node.totals().isolation) and pinned is None:
         return node
-    return replace(node, gpus=tuple(g for g in node.gpus if mode in g.isolation))
-
-
-def _isolation_reason(demand: Demand, node: NodeState) -> Reason:
-    """Why a node none of whose GPUs serves the demand's mode was rejected, naming the modes it serves."""
-    served = sorted({m.value for g in node.gpus for m in g.isolation})
-    return Reason(
-        code=R.ISOLATION,
-        message=f"no GPU on node serves isolation {demand.isolation} (its GPUs serve {', '.join(served) or 'none'})",
-        values=tuple(served),
+    return replace(
+        node,
+        gpus=tuple(
+            g for g in node.gpus if (mode is None or mode in g.isolation) and (pinned is None or g.index in pinned)
+        ),
     )
+
+
+def _unserved_reason(demand: Demand, node: NodeState) -> Reason:
+    """Why a node none of whose GPUs the demand may have was rejected: the mode, else the pinned indices."""
+    if demand.isolation is not None and not any(demand.isolation in g.isolation for g in node.gpus):
+        served = sorted({m.value for g in node.gpus for m in g.isolation})
+        listed = ", ".join(served) or "none"
+        return Reason(
+            code=R.ISOLATION,
+            message=f"no GPU on node serves isolation {demand.isolation} (its GPUs serve {listed})",
+            values=tuple(served),
+        )
+    wanted = ",".join(map(str, sorted(demand.gpu_indices or ())))
+    have = ",".join(str(g.index) for g in node.gpus)
+    return Reason(code=R.GPU_INDICES, message=f"node has no GPU {wanted} serving the pod (its GPUs: {have})")
 
 
 def eligible_node(demand: Demand, node: NodeState, catalog: Catalog | ModelMatcher) -> NodeState:
@@ -156,8 +166,9 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
         return Reason(code=R.NO_GPUS, message="node has no GPUs")
     whole_node, node = node, serving(demand, node)
     gpus = node.gpus
-    if not gpus:
-        return _isolation_reason(demand, whole_node)
+    pinned = demand.gpu_indices
+    if not gpus or (pinned is not None and len(gpus) < len(pinned)):
+        return _unserved_reason(demand, whole_node)
     need = demand.gpu_count
     t, v, s = demand.tflops, demand.vram_held, demand.slots
     whole = demand.whole_gpu

@@ -216,6 +216,7 @@ class Demand:
     node_affinity: Mapping[str, Any] | None = None
     whole_gpu: bool = False  # asks for entire GPUs (never shares with fractional pods)
     isolation: IsolationMode | None = None  # only GPUs serving this mode (None: any)
+    gpu_indices: frozenset[int] | None = None  # only the node's GPUs of these indices (None: any)
     slots: int = 1  # vGPU device IDs per granted GPU: one per GPU container (demand.gpu_slots)
     cpu: int = 0
     memory: int = 0

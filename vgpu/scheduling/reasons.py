@@ -24,6 +24,7 @@ class ReasonCode(StrEnum):
     NODE_AFFINITY = "node-affinity"
     GPU_MODEL = "gpu-model"
     ISOLATION = "isolation"  # no GPU of the node serves the pod's isolation mode
+    GPU_INDICES = "gpu-indices"  # the node lacks a GPU index the pod pins
     TOO_FEW_GPUS = "too-few-gpus"
     GPU_TOO_SMALL = "gpu-too-small"
     # Capacity: freeing room (preemption, pods finishing) could help (FailedNodes).
@@ -53,6 +54,7 @@ UNRESOLVABLE: frozenset[ReasonCode] = frozenset(
         ReasonCode.NODE_AFFINITY,
         ReasonCode.GPU_MODEL,
         ReasonCode.ISOLATION,
+        ReasonCode.GPU_INDICES,
         ReasonCode.TOO_FEW_GPUS,
         ReasonCode.GPU_TOO_SMALL,
     }

@@ -72,7 +72,12 @@ def score_nodes(
         else:
             totals = node.totals()
             mode = demand.isolation
-            every = totals.all_healthy and match.every(totals.models) and (mode is None or mode in totals.isolation)
+            every = (
+                totals.all_healthy
+                and match.every(totals.models)
+                and (mode is None or mode in totals.isolation)
+                and demand.gpu_indices is None
+            )
             view = node if every else eligible_node(demand, node, match)
             score = policy_score(demand, view)
             if by_state is not None:

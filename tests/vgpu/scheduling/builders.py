@@ -106,6 +106,7 @@ def make_demand(
     memory: str = "0",
     slots: int = 1,
     isolation: IsolationMode | None = None,
+    gpu_indices: Iterable[int] | None = None,
 ) -> Demand:
     t, v = parse_milli(tflops), parse_bytes(vram)
     return Demand(
@@ -127,6 +128,7 @@ def make_demand(
         memory=parse_bytes(memory),
         slots=slots,
         isolation=isolation,
+        gpu_indices=None if gpu_indices is None else frozenset(gpu_indices),
     )
 
 

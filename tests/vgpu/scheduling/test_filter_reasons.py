@@ -71,6 +71,13 @@ CASES = [
         "no GPU on node serves isolation hard (its GPUs serve shared, soft)",
     ),
     Case(
+        "pinned index absent",
+        make_node(n_gpus=2),
+        make_demand(gpu_indices=(3,)),
+        R.GPU_INDICES,
+        "node has no GPU 3 serving the pod (its GPUs: 0,1)",
+    ),
+    Case(
         "wrong model",
         make_node(model=T4, tflops="65", vram="16Gi"),
         make_demand(model="A100"),
@@ -200,6 +207,7 @@ def test_every_filter_code_is_covered_by_the_table() -> None:
     [
         (R.GPU_MODEL, True),
         (R.ISOLATION, True),
+        (R.GPU_INDICES, True),
         (R.POOL_MISMATCH, True),
         (R.NODE_AFFINITY, True),
         (R.TOO_FEW_GPUS, True),

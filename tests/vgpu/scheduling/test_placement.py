@@ -108,3 +108,15 @@ def test_place_offers_only_the_gpus_that_serve_the_pods_isolation_mode() -> None
     assert place(make_demand(isolation=IsolationMode.HARD, count=2), node, Binpack(), CATALOG) is None
     anything = place(make_demand(), node, Binpack(), CATALOG)
     assert anything is not None and [g.uuid for g in anything.gpus] == ["GPU-soft"]  # binpack: the fuller one
+
+
+def test_pinned_indices_are_the_gpus_granted_or_the_pod_does_not_fit() -> None:
+    """gpu-indices 1: binpack would take the fuller GPU 0; the pod gets GPU 1. Pinned to a full GPU it does not
+    fit, whatever room the others have; pinned to two, it gets those two."""
+    node = make_node(gpus=[make_gpu("GPU-0", vram_used="40Gi"), make_gpu("GPU-1", index=1), make_gpu("GPU-2", index=2)])
+    one = place(make_demand(gpu_indices=(1,)), node, Binpack(), CATALOG)
+    assert one is not None and [g.uuid for g in one.gpus] == ["GPU-1"]
+    full = replace(node, gpus=(node.gpus[0], replace(node.gpus[1], vram_used=parse_bytes("79Gi")), node.gpus[2]))
+    assert place(make_demand(gpu_indices=(1,)), full, Binpack(), CATALOG) is None
+    two = place(make_demand(gpu_indices=(2, 0), count=2), node, Binpack(), CATALOG)
+    assert two is not None and sorted(g.uuid for g in two.gpus) == ["GPU-0", "GPU-2"]
