@@ -36,6 +36,7 @@ from device_plugin.kubelet.proof import Answer, Outcome, holders, refusal, settl
 from device_plugin.metrics import PluginMetrics
 from vgpu import isolation
 from vgpu.contract.allocation import PodAllocation, decode
+from vgpu.contract.inventory import GpuInfo
 from vgpu.errors import DomainError
 from vgpu.names import DeviceDelivery, EnforcementBackend
 
@@ -123,7 +124,8 @@ class Allocator:
             found = choose(candidates(self._cache.pods() if final is None else final), node, ids, self.served())
         if isinstance(found, AllocateError):
             raise found
-        alloc = validate(found.pod, node, self._board.by_uuid(), self._config.backend)
+        on_board = self._board.by_uuid()
+        alloc = validate(found.pod, node, on_board, self._config.backend)
         if not found.again:
             pod = found.pod
             self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
@@ -140,7 +142,7 @@ class Allocator:
             extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
         )
         live = None if self._live is None else await self._live.mount(target, found.pod.uid, alloc)
-        grant = build(alloc, target, self._backend(alloc), self._config.paths, live, self._delivery())
+        grant = build(alloc, target, self._backend(alloc, on_board), self._config.paths, live, self._delivery())
         if self._cdi is None:
             return grant
         try:
@@ -159,8 +161,9 @@ class Allocator:
     def regrant(self, pod: PodRecord, container: str) -> ContainerGrant | None:
         """The answer ``container`` of ``pod`` would get now, without an Allocate's bookkeeping or files: what
         a missing CDI spec is written again from. None when the pod's allocation no longer validates."""
+        on_board = self._board.by_uuid()
         try:
-            alloc = validate(pod, self._config.node, self._board.by_uuid(), self._config.backend)
+            alloc = validate(pod, self._config.node, on_board, self._config.backend)
         except AllocateError as exc:
             log.warning("no CDI spec for pod %s container %s: %s", pod.key, container, exc)
             return None
@@ -169,12 +172,12 @@ class Allocator:
             directory = self._live.directory((pod.uid, container))
             live = LiveMount(str(directory)) if directory.is_dir() else None
         target = Target(namespace=pod.namespace, pod=pod.name, container=container)
-        return build(alloc, target, self._backend(alloc), self._config.paths, live, self._delivery())
+        return build(alloc, target, self._backend(alloc, on_board), self._config.paths, live, self._delivery())
 
-    def _backend(self, alloc: PodAllocation) -> EnforcementBackend:
-        """Whose limiter the grant's containers get (a MIG unit on an MPS node: none)."""
-        gpus = self._board.by_uuid()
-        unit = any(gpus[g.uuid].parent is not None for g in alloc.gpus if g.uuid in gpus)
+    def _backend(self, alloc: PodAllocation, on_board: Mapping[str, GpuInfo]) -> EnforcementBackend:
+        """Whose limiter the grant's containers get (a MIG unit on an MPS node: none); ``alloc`` is validated
+        against ``on_board``, so each of its GPUs is there."""
+        unit = any(on_board[g.uuid].parent is not None for g in alloc.gpus)
         return isolation.enforcing(self._config.backend, mig_unit=unit)
 
     async def verify_start(self, ids: tuple[str, ...]) -> None:

@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,6 +23,7 @@ from typing import Any
 
 from kubernetes.client import ApiregistrationV1Api, CoreV1Api, RbacAuthorizationV1Api
 
+from vgpu.contract import inventory
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
@@ -345,6 +346,22 @@ class Cluster(AbstractContextManager["Cluster"]):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.plugin_metrics_port}{path}", timeout=5) as answer:
             return str(answer.read().decode())
 
+    def restart_device_plugin(
+        self,
+        published: Callable[[inventory.NodeInventory], bool],
+        fake_gpus: str | None = None,
+        mps_control: Path | None = None,
+    ) -> None:
+        """Stop the kubelet node's device plugin, replace its fake GPU file with ``fake_gpus`` (when given), start
+        it again (on the MPS backend with ``mps_control``), and wait until its inventory is ``published`` and the
+        node is ready."""
+        self.ours["tf-device-plugin"].stop()
+        if fake_gpus is not None:
+            self.write_fake_nvml(fake_gpus)
+        self.start_device_plugin(mps_control)
+        eventually("the plugin's new inventory", lambda: published(inventory_of(self.core)) or None, timeout=90)
+        self.wait_node_ready(REAL_NODE)
+
     def wait_node_ready(self, name: str, timeout: float = 90) -> Any:
         """Ready, our devices advertised, and the kubelet's initial not-ready taint cleared."""
 
@@ -386,14 +403,16 @@ class Cluster(AbstractContextManager["Cluster"]):
         the shipped admission policy reads (docs/security.md, "QoS is a privilege")."""
         CoreV1Api(self.admin).patch_namespace(namespace, {"metadata": {"labels": {LABEL_NAMESPACE_MAX_QOS: qos.value}}})
 
-    def grant_tenant(self, namespace: str, role: str) -> None:
-        """The tenant user gets the ClusterRole ``role`` (edit, view…) in ``namespace``, as a team would."""
+    def grant_tenant(self, namespace: str, role: str) -> CoreV1Api:
+        """The tenant user gets the ClusterRole ``role`` (edit, view…) in ``namespace``, as a team would; the API
+        as that user sees it."""
         binding = {
             "metadata": {"name": f"tenant-{role}"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
         }
         RbacAuthorizationV1Api(self.admin).create_namespaced_role_binding(namespace, binding)
+        return CoreV1Api(api_client(self.tenant_kubeconfig))
 
     def stop(self) -> None:
         for proc in reversed(list(self.ours.values())):
@@ -421,3 +440,13 @@ class Cluster(AbstractContextManager["Cluster"]):
     def dump_logs(self, lines: int = 60) -> None:
         for proc in self.all_procs():
             print(f"\n----- {proc.name}: {proc.log} (last {lines} lines)\n{tail(proc.log, lines)}", file=sys.stderr)
+
+
+def inventory_of(core: CoreV1Api) -> inventory.NodeInventory:
+    """The kubelet node's GPU inventory, as its device plugin last published it."""
+    return inventory.decode(core.read_node(REAL_NODE).metadata.annotations[inventory.KEY])
+
+
+def vgpu_allocatable(core: CoreV1Api) -> int:
+    """The vGPU device IDs the kubelet node offers now (its healthy GPUs' slices)."""
+    return int((core.read_node(REAL_NODE).status.allocatable or {}).get(RESOURCE_VGPU, "0"))

@@ -19,7 +19,7 @@ from vgpu.contract import allocation
 from vgpu.names import RESOURCE_MILLI_TFLOPS, RESOURCE_VGPU, Annotation, Qos
 
 from .cluster import REAL_NODE, Cluster
-from .kube import api_client, emptied, wait_bound
+from .kube import emptied, wait_bound
 from .pods import IMAGE, allocation_of, gpu_pod
 
 NAMESPACE = "e2e-tenant"
@@ -28,8 +28,7 @@ SHARE = {Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}
 
 @pytest.fixture(scope="module")
 def tenant(cluster: Cluster) -> Iterator[CoreV1Api]:
-    cluster.grant_tenant(cluster.namespace(NAMESPACE), "edit")
-    yield CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    yield cluster.grant_tenant(cluster.namespace(NAMESPACE), "edit")
     emptied(cluster.core, NAMESPACE)
 
 

@@ -24,19 +24,17 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-from vgpu.contract import inventory
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
     PLURAL_GPU_POOL,
-    RESOURCE_VGPU,
     Annotation,
     EnforcementBackend,
     Env,
     IsolationMode,
 )
 
-from .cluster import REAL_NODE, Cluster
+from .cluster import REAL_NODE, Cluster, vgpu_allocatable
 from .fake_nodes import fake_nvml_yaml, gpus
 from .kube import events_for, eventually, wait_bound, wait_running
 from .pods import allocation_of, created, gpu_pod
@@ -100,30 +98,15 @@ def daemon_record(cluster: Cluster) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def vgpu_allocatable(core: CoreV1Api) -> int:
-    return int((core.read_node(REAL_NODE).status.allocatable or {}).get(RESOURCE_VGPU, "0"))
-
-
-def plugin_backend(core: CoreV1Api) -> str:
-    text = (core.read_node(REAL_NODE).metadata.annotations or {}).get(inventory.KEY, "")
-    return inventory.decode(text).backend.value if text else ""
-
-
 @pytest.fixture
-def mps_plugin(cluster: Cluster, core: CoreV1Api) -> Iterator[None]:
+def mps_plugin(cluster: Cluster) -> Iterator[None]:
     """The kubelet node's plugin on the MPS backend, with the stand-in daemon; back on HAMi-core afterwards."""
-    cluster.ours["tf-device-plugin"].stop()
-    cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}))
-    cluster.start_device_plugin(mps_control=STAND_IN)
+    mps, hami = EnforcementBackend.MPS, EnforcementBackend.HAMI_CORE
+    cluster.restart_device_plugin(lambda inv: inv.backend is mps, fake_nvml_yaml(cluster.gpus, {}), STAND_IN)
     try:
-        eventually("the MPS plugin's inventory", lambda: plugin_backend(core) == "mps" or None, timeout=90)
-        cluster.wait_node_ready(REAL_NODE)
         yield
     finally:
-        cluster.ours["tf-device-plugin"].stop()
-        cluster.start_device_plugin()
-        eventually("the HAMi-core plugin's inventory", lambda: plugin_backend(core) == "hami-core" or None, timeout=90)
-        cluster.wait_node_ready(REAL_NODE)
+        cluster.restart_device_plugin(lambda inv: inv.backend is hami)
 
 
 def test_hard_runs_the_mps_daemon_and_its_clients_get_its_pipe(

@@ -21,7 +21,7 @@ from kubernetes.client import CoreV1Api
 from vgpu.contract import allocation, inventory
 from vgpu.names import DEFAULT_POOL, LABEL_NODE_GPU_COUNT, LABEL_NODE_POOL, RESOURCE_VGPU, Annotation
 
-from .cluster import REAL_NODE, Cluster
+from .cluster import REAL_NODE, Cluster, vgpu_allocatable
 from .fake_nodes import SLICES_PER_GPU
 from .kube import emptied, eventually, wait_running
 from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
@@ -47,10 +47,6 @@ def test_node_advertises_vgpu_slices_and_publishes_its_gpu_inventory(cluster: Cl
     assert all(g.tflops == cluster.gpus[0].model.tflops_milli for g in inv.gpus)
     assert node.metadata.labels[LABEL_NODE_POOL] == DEFAULT_POOL
     assert node.metadata.labels[LABEL_NODE_GPU_COUNT] == str(len(cluster.gpus))
-
-
-def vgpu_allocatable(core: CoreV1Api) -> int:
-    return int((core.read_node(REAL_NODE).status.allocatable or {}).get(RESOURCE_VGPU, "0"))
 
 
 def test_plugin_reregisters_capacity_returns_and_running_pods_are_untouched(cluster: Cluster, core: CoreV1Api) -> None:

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from kubernetes.client import CoreV1Api
 
-from vgpu.contract import allocation, inventory
+from vgpu.contract import allocation
 from vgpu.names import Annotation
 
-from .cluster import REAL_NODE, Cluster
+from .cluster import REAL_NODE, Cluster, inventory_of
 from .fake_nodes import fake_nvml_yaml
 from .kube import events_for, eventually, wait_running
 from .pods import created_gpus, gpu_pod
@@ -30,10 +30,6 @@ def unit_uuid(i: int) -> str:
     return f"MIG-e2e{i}0000-0000-0000-0000-000000000000"
 
 
-def inventory_of(core: CoreV1Api) -> inventory.NodeInventory:
-    return inventory.decode(core.read_node(REAL_NODE).metadata.annotations[inventory.KEY])
-
-
 def held_gpus(core: CoreV1Api) -> set[str]:
     """GPU UUIDs the live pods of the node hold allocations on."""
     held = set()
@@ -42,15 +38,6 @@ def held_gpus(core: CoreV1Api) -> set[str]:
         if text and p.status.phase not in ("Succeeded", "Failed"):
             held |= {g.uuid for g in allocation.decode(text).gpus}
     return held
-
-
-def restart_plugin(cluster: Cluster, text: str, published: Any) -> None:
-    """Stop the device plugin, write the GPU file, start it again; wait for the inventory ``published``."""
-    cluster.ours["tf-device-plugin"].stop()
-    cluster.write_fake_nvml(text)
-    cluster.start_device_plugin()
-    eventually("the plugin's new inventory", lambda: published(inventory_of(cluster.core)) or None, timeout=90)
-    cluster.wait_node_ready(REAL_NODE)
 
 
 @pytest.fixture
@@ -63,14 +50,14 @@ def mig_gpu(cluster: Cluster, core: CoreV1Api) -> Iterator[str]:
     entry = next(e for e in doc["gpus"] if e["uuid"] == gpu.uuid)
     entry |= {"name": "NVIDIA A100-SXM4-40GB", "memoryMiB": 40960, "mig": True, "migSlices": 7}
     entry["migDevices"] = [{"uuid": unit_uuid(i), "slices": 1, "memoryMiB": UNIT_MIB} for i in range(UNITS)]
-    restart_plugin(cluster, yaml.safe_dump(doc), lambda inv: sum(g.parent == gpu.uuid for g in inv.gpus) == UNITS)
+    cluster.restart_device_plugin(lambda inv: sum(g.parent == gpu.uuid for g in inv.gpus) == UNITS, yaml.safe_dump(doc))
     try:
         yield gpu.uuid
     finally:
         for ns in [n.metadata.name for n in core.list_namespace().items if n.metadata.name.startswith("e2e-mig")]:
             core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
             eventually(f"pods of {ns} gone", lambda ns=ns: not core.list_namespaced_pod(ns).items, timeout=120)
-        restart_plugin(cluster, fake_nvml_yaml(cluster.gpus, {}), lambda inv: not any(g.mig for g in inv.gpus))
+        cluster.restart_device_plugin(lambda inv: not any(g.mig for g in inv.gpus), fake_nvml_yaml(cluster.gpus, {}))
 
 
 def pod(name: str, **share: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from vgpu.names import Annotation, Qos
 from vgpu.timefmt import parse_rfc3339
 
 from .cluster import REAL_NODE, Cluster
-from .kube import api_client, events_for, eventually, wait_running
+from .kube import events_for, eventually, wait_running
 from .pods import allocation_of, gpu_pod
 
 A100_MILLI = 312_000
@@ -180,8 +180,7 @@ def test_a_tenant_cannot_preempt_by_asking_for_a_higher_qos(
     critical, alone, with a lower PriorityClass and with a higher one, are all refused at admission with the
     reason, so none runs and no pod of another namespace (here: low pods filling the node) is evicted."""
     own = cluster.namespace(f"e2e-tenant-asks-{qos}")
-    cluster.grant_tenant(own, "edit")
-    tenant = CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    tenant = cluster.grant_tenant(own, "edit")
     node_nearly_empty(core, OTHERS_MAX)
     lows = [f"low-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "250", "low") for n in lows])  # one per GPU: no room for 100 anywhere

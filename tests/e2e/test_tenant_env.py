@@ -39,7 +39,7 @@ from device_plugin.enforcement.envs import EnforcementPaths, LiveMount, Target, 
 from vgpu.names import LABEL_NODE_ENVVAR_GUARD, Annotation, DeviceDelivery, EnforcementBackend, Env
 
 from .cluster import REAL_NODE, VENV_BIN, Cluster
-from .kube import api_client, eventually, wait_running
+from .kube import eventually, wait_running
 from .pods import IMAGE, allocation_of, assert_grant_matches_allocation, created, gpu_pod
 
 GRANT: dict[Annotation | str, str] = {
@@ -80,8 +80,7 @@ def config_map(name: str, data: dict[str, str]) -> dict[str, Any]:
 @pytest.fixture
 def tenant(cluster: Cluster, fresh: str) -> CoreV1Api:
     """A user with ``edit`` in the scenario's namespace (pods and ConfigMaps) and nothing else."""
-    cluster.grant_tenant(fresh, "edit")
-    return CoreV1Api(api_client(cluster.tenant_kubeconfig))
+    return cluster.grant_tenant(fresh, "edit")
 
 
 def test_a_tenant_setting_the_plugins_variables_gets_exactly_its_grant_however_it_sets_them(

@@ -260,8 +260,23 @@ def vgpu_pod(name: str, request: GpuRequest, devices: int) -> dict[str, object]:
     return pod
 
 
-def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(
-    run: Callable[..., Running], fake: FakeGateway
+@pytest.mark.parametrize(
+    "hand_over",
+    [
+        pytest.param(lambda fake: fake.write_receipt("default", "a"), id="the-device-plugins-receipt"),
+        # status.startTime is the kubelet's: it admitted the pod, so its Allocates are over, whatever the
+        # device plugin's receipt is doing.
+        pytest.param(
+            lambda fake: fake.write_status("default", "a", {"phase": "Pending", "startTime": "2026-01-01T00:00:00Z"}),
+            id="the-kubelets-first-status-write",
+        ),
+    ],
+)
+def test_second_bind_on_a_node_waits_until_the_first_pod_is_handed_over(
+    run: Callable[..., Running],
+    fake: FakeGateway,
+    hand_over: Callable[[FakeGateway], None],
+    request: pytest.FixtureRequest,
 ) -> None:
     fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
     for name in ("a", "b"):
@@ -279,39 +294,14 @@ def test_second_bind_on_a_node_waits_for_the_device_plugin_receipt(
     thread.start()
     time.sleep(0.3)
     assert not replies  # b waits while a is in hand-off
-    fake.write_receipt("default", "a")
+    hand_over(fake)
     thread.join(3)
     assert replies == [{"Error": ""}]
     text = app.client.get("/metrics").text
     assert "tf_extender_bind_gate_wait_seconds_count 2.0" in text
     assert 'tf_extender_bind_gate_wait_seconds_bucket{le="0.1"} 1.0' in text  # b waited ≥ 0.3 s
-
-
-def test_the_kubelets_first_status_write_releases_the_gate_before_any_receipt(
-    run: Callable[..., Running], fake: FakeGateway
-) -> None:
-    """status.startTime is the kubelet's: it admitted the pod, so its Allocates are over and the next pod of the
-    node may hand over, whatever the device plugin's receipt is doing."""
-    fake.put(Kind.NODE, make_node("n1", gpus=2, vram=16 * GI))
-    for name in ("a", "b"):
-        fake.put(Kind.POD, make_pod(name, gpu_request(vram=GI)))
-    app = run(handoff_wait=4.0)
-    assert app.post("/bind", {"PodName": "a", "PodNamespace": "default", "PodUID": "uid-default-a", "Node": "n1"}) == {
-        "Error": ""
-    }
-    replies: list[dict[str, str]] = []
-    thread = threading.Thread(
-        target=lambda: replies.append(
-            app.post("/bind", {"PodName": "b", "PodNamespace": "default", "PodUID": "uid-default-b", "Node": "n1"})
-        )
-    )
-    thread.start()
-    time.sleep(0.3)
-    assert not replies
-    fake.write_status("default", "a", {"phase": "Pending", "startTime": "2026-01-01T00:00:00Z"})
-    thread.join(3)
-    assert replies == [{"Error": ""}]
-    assert "handoff" not in str(fake.objects[Kind.POD]["default/a"]["metadata"]["annotations"])
+    receipt = "handoff" in str(fake.objects[Kind.POD]["default/a"]["metadata"]["annotations"])
+    assert receipt is (request.node.callspec.id == "the-device-plugins-receipt")  # the kubelet's write alone did
 
 
 def test_bind_gives_up_with_a_clear_error_after_handoff_wait(run: Callable[..., Running], fake: FakeGateway) -> None:
