@@ -1,8 +1,8 @@
 """Scheduling throughput: GPU pods against plain pods through the same kube-scheduler (issue 14).
 
 WHY: decision latency (extender_latency.py) says nothing about how many pods per second reach a node.
-The extender adds API writes to every GPU pod's bind (the allocation, the write-then-list check, the
-Binding) and a per-node hand-off gate, and kube-scheduler's own client limits can hide all of it. This
+The extender adds API calls to every GPU pod's bind (the claim on the node's claims Lease, the Binding
+carrying the allocation) and a per-node hand-off gate, and kube-scheduler's own client limits can hide all of it. This
 measures pods/s end to end, on the e2e tier's real kube-apiserver and kube-scheduler (v1.36.2) with the
 real tf-webhook and tf-extender, so the ratio GPU/plain is the figure the issue's "Done when" names.
 
@@ -16,11 +16,12 @@ Per node count, four cases in one namespace, emptied between them:
 - C: GPU pods of all-different shapes (the VRAM request differs by 1 MiB per pod: every decision cold);
 - W: the floor of a GPU pod's bind protocol. Plain pods that no scheduler serves, bound by this process
   with exactly the API calls the extender's bind makes for a GPU pod, through its own gateway and
-  identity (scheduler_extender/kube/gateway.py): the allocation patch (resourceVersion precondition,
-  ``allocated-node`` label), the consistent list of the node's allocations, the Binding, the GpuGranted
-  Event; with ``--receipts`` the receipt follows as for A and C. No webhook, no filter or prioritize, no
-  placement: what the API server, etcd and every watcher spend on those writes alone. W/B bounds what any
-  extender could reach with that protocol; the CPU column ``bench`` is this process (the hand binder).
+  identity (scheduler_extender/kube/gateway.py): the claim (a compare-and-swap of the node's claims
+  Lease), the Binding carrying the allocation and the ``allocated-node`` label (resourceVersion
+  precondition), the GpuGranted Event; with ``--receipts`` the receipt follows as for A and C. No webhook,
+  no filter or prioritize, no placement: what the API server, etcd and every watcher spend on those writes.
+  W/B bounds what any extender could reach with that protocol; the CPU column ``bench`` is this process
+  (the hand binder).
 Pods are created as fast as a pool of threads can; the figure is pods / (first create → last bound), the
 binding times taken from a watch. With ``--receipts`` a thread pool writes the device plugin's hand-off
 receipt (tests/e2e/pods.py receipt_patch, with the plugin's identity) on each GPU pod as soon as the watch
@@ -31,7 +32,7 @@ per pod and the extender's bind outcomes.
     .venv/bin/python -m benchmarks.throughput                              # 200 and 1,000 nodes, 1000/2000
     .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --runs 2
     .venv/bin/python -m benchmarks.throughput --shipped-qps
-    .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --cases BW --w-without list,event
+    .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --cases BW --w-without claim,event
 
 Needs what the e2e tier needs (root, the cached Kubernetes binaries); run it under the tier's lock.
 """
@@ -46,7 +47,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +55,19 @@ from kubernetes.client import CoreV1Api
 from kubernetes.watch.watch import iter_resp_lines
 
 from benchmarks.hardware import describe
+from scheduler_extender.claim_board import ClaimBoard
 from scheduler_extender.events import REASON_GRANTED
 from scheduler_extender.gateway import KubeGateway, PodEvent
 from scheduler_extender.kube.gateway import KubernetesGateway
-from scheduler_extender.objects import allocated_node_label, allocated_on_selector
+from scheduler_extender.objects import allocated_node_label
+from tests.e2e import deploy
 from tests.e2e.cluster import Cluster
 from tests.e2e.fake_nodes import add_fake_node, gpus
 from tests.e2e.kube import emptied
 from tests.e2e.pods import IMAGE, gpu_pod, receipt_patch
 from tf_shell.kube.client import api_client
 from vgpu.contract import allocation
+from vgpu.contract.claims import Claim
 from vgpu.names import DEFAULT_POOL, LABEL_ALLOCATED_NODE, SCHEDULER_NAME, Annotation, Qos
 from vgpu.timefmt import rfc3339
 
@@ -76,7 +80,9 @@ BOUND_TIMEOUT = 300.0  # seconds a case may take before it is reported unfinishe
 PROCESSES = ("kube-apiserver", "kube-scheduler", "tf-extender", "tf-webhook", "etcd")
 BY_HAND = "bench-bound-by-hand"  # case W's schedulerName: no scheduler serves it, this process binds its pods
 MILLI_TFLOPS, VRAM = 10_000, 2 << 30  # what case W grants each pod (A's shape) on one A100 (312 TFLOPS)
-LEAVABLE = ("patch", "list", "event")  # case W's calls that --w-without may leave out (the Binding stays)
+LEAVABLE = ("claim", "event")  # case W's calls that --w-without may leave out (the Binding stays)
+KEPT_CLAIMS = 3  # claims case W leaves on a node's Lease beside its own: the binds in flight there
+CALL_TIMEOUT = 10.0
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -111,15 +117,19 @@ def cases(policy: str) -> dict[str, Callable[[str, int], dict[str, Any]]]:
 
 class HandBinder:
     """Case W: binds each pod it is given with the API calls the extender's bind makes for a GPU pod
-    (binder.py: _write_allocation, _arbitrate, _post_binding; routes.py: the GpuGranted Event), in the
-    same order, through the extender's gateway with the extender's identity, and nothing else: nodes
-    round-robin, one GPU each in turn, A's share, no placement and no checks of its own. ``without``: calls
-    of :data:`LEAVABLE` left out, to price each one (without the patch no receipt follows either)."""
+    (arbiter.py: the claim on the node's claims Lease; binder.py: _post_binding, the Binding carrying the
+    allocation; routes.py: the GpuGranted Event), in the same order, through the extender's gateway with
+    the extender's identity, and nothing else: nodes round-robin, one GPU each in turn, A's share, no
+    placement and no checks of its own (a node's claims keep the last few, as pruning would). ``without``:
+    calls of :data:`LEAVABLE` left out, to price each one."""
 
-    def __init__(self, gateway: KubeGateway, nodes: int, without: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, gateway: KubeGateway, nodes: int, without: frozenset[str] = frozenset(), namespace: str = "default"
+    ) -> None:
         self.gateway = gateway
         self.nodes = nodes
         self.without = without
+        self.board = ClaimBoard(gateway, namespace, "bench-throughput", clock=time.time)
         self.hands = ThreadPoolExecutor(CREATORS, thread_name_prefix="bench-binds")
         self._lock = threading.Lock()
         self._given = 0
@@ -150,13 +160,16 @@ class HandBinder:
         granted = allocation.PodAllocation(pod_uid=uid, node=node, pool=DEFAULT_POOL, qos=Qos.MEDIUM,
                                            containers=tuple(c["name"] for c in pod["spec"]["containers"]),
                                            gpus=(grant,), bound_at=rfc3339(time.time()))  # fmt: skip
-        if "patch" not in self.without:
-            self.gateway.patch_pod_annotations(NAMESPACE, name, uid, {allocation.KEY: allocation.encode(granted)},
-                                               labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
-                                               resource_version=meta["resourceVersion"])  # fmt: skip
-        if "list" not in self.without:
-            self.gateway.list_pods(allocated_on_selector(node))
-        self.gateway.bind(NAMESPACE, name, uid, node)
+        if "claim" not in self.without:
+            with self.board.writing(node):
+                known = self.board.current(node, timeout=CALL_TIMEOUT)
+                mine = Claim(pod_uid=uid, pod=f"{NAMESPACE}/{name}", version=int(meta["resourceVersion"]),
+                             gpus=(grant,), slots=1, at=time.time())  # fmt: skip
+                claims = replace(known, claims=(*known.claims[-KEPT_CLAIMS:], mine))
+                self.board.write(claims, timeout=CALL_TIMEOUT)
+        self.gateway.bind(NAMESPACE, name, uid, node, annotations={allocation.KEY: allocation.encode(granted)},
+                          labels={LABEL_ALLOCATED_NODE: allocated_node_label(node)},
+                          resource_version=meta["resourceVersion"])  # fmt: skip
         if "event" in self.without:
             return
         event = PodEvent(
@@ -317,7 +330,7 @@ class Bench:
         binder = None
         if case == "W":
             extender = api_client(str(self.cluster.kubeconfigs["extender"]), pool_size=CREATORS + 2)
-            binder = HandBinder(KubernetesGateway(extender), self.nodes, self.w_without)
+            binder = HandBinder(KubernetesGateway(extender), self.nodes, self.w_without, deploy.system_namespace())
         recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since, binder)
         cpu, binds = self._cpu(), self._binds()
 

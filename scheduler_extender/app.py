@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vgpu.scheduling.fragmentation  # noqa: F401  (registers the fragmentation policy)
 from scheduler_extender import feeds, routes
+from scheduler_extender.arbiter import Arbiter
 from scheduler_extender.autoscaler.controller import (
     AutoscalerController,
     Report,
@@ -38,13 +39,15 @@ from scheduler_extender.autoscaler.controller import (
     dated,
     with_autoscaling,
 )
-from scheduler_extender.binder import Binder
+from scheduler_extender.binder import CLOCK_SLACK, Binder
 from scheduler_extender.cache import ClusterCache
+from scheduler_extender.claim_board import ClaimBoard
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind, KubeGateway
 from scheduler_extender.handoff import HandoffGate
 from scheduler_extender.leader import LeaseElector, default_identity
 from scheduler_extender.metrics import Metrics
+from scheduler_extender.objects import as_version
 from scheduler_extender.pool_status import pool_statuses
 from scheduler_extender.preemptor import Preemptor
 from scheduler_extender.refresh import Refresher
@@ -170,17 +173,6 @@ def build(
         on_stuck=preemptor.consider if settings.preemption_hold > 0 else lambda *_: None,
         on_preempting=preemptor.scheduler_preempts,
     )
-    binder = Binder(
-        gateway,
-        cache,
-        gate,
-        catalog,
-        policies,
-        shown,
-        handoff_wait=settings.handoff_wait,
-        bind_timeout=settings.bind_timeout,
-        clock=clock,
-    )
     stop = threading.Event()
 
     def on_error(kind: Kind, reason: str) -> None:
@@ -199,11 +191,32 @@ def build(
         for kind in (Kind.NODE, Kind.POD)
     )
     namespace = settings.lease_namespace or own_namespace()
+    identity = settings.identity or default_identity()
+    arbiter = Arbiter(
+        ClaimBoard(gateway, namespace, identity, clock=clock),
+        cache,
+        gateway,
+        lambda: max(as_version(informers[1].resource_version), cache.seen_version()),
+        stale_after=settings.bind_timeout + CLOCK_SLACK,
+        clock=clock,
+    )
+    binder = Binder(
+        gateway,
+        cache,
+        gate,
+        catalog,
+        policies,
+        shown,
+        arbiter,
+        handoff_wait=settings.handoff_wait,
+        bind_timeout=settings.bind_timeout,
+        clock=clock,
+    )
     elector = LeaseElector(
         gateway,
         namespace,
         settings.lease_name,
-        settings.identity or default_identity(),
+        identity,
         clock=clock,
         on_error=metrics.errors.labels("leader-election", "api").inc,
     )
@@ -221,6 +234,7 @@ def build(
         cache,
         events,
         feed,
+        arbiter,
         namespace=namespace,
         max_replicas=settings.autoscaler_max_replicas,
         checkpoint_interval=settings.autoscaler_checkpoint_interval,

@@ -28,6 +28,7 @@ from scheduler_extender.objects import (
     WorkloadPod,
     is_relevant,
     node_state,
+    object_version,
     pending_pool,
     pod_record,
     pod_ref,
@@ -35,6 +36,7 @@ from scheduler_extender.objects import (
 )
 from tf_shell.kube.api import RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant
+from vgpu.contract.claims import Claim
 from vgpu.names import Qos
 from vgpu.scheduling.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusal, held_vram
 from vgpu.scheduling.model import NodeState, Snapshot, workload_key
@@ -72,6 +74,7 @@ class ClusterCache:
         self._tentative: dict[str, float] = {}  # ledger key -> expiry, for filter/prioritize reservations
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
         self._accounting = False  # inside _account_conflicts (it must not re-enter itself)
+        self._pods_version = 0  # the highest pod resourceVersion delivered (seen_version)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
@@ -98,6 +101,7 @@ class ClusterCache:
                 self._replace_nodes(items)
             else:
                 self._replace_pods(items)
+                self._pods_version = max((object_version(i) for i in items), default=0)
             self.synced.add(kind)
 
     def apply(self, kind: Kind, event: WatchEvent) -> None:
@@ -110,13 +114,24 @@ class ClusterCache:
                 else:
                     self._set_node(node_state(event.object, self.default_pool))
             elif event.type == "DELETED":
+                self._saw_pod_version(event.object)
                 ref = pod_ref(event.object)
                 self._note_foreign(ref.uid, None)
                 self._members.pop(ref.uid, None)
                 self._pending.pop(ref.uid, None)
                 self._pod_gone(ref)
             else:
+                self._saw_pod_version(event.object)
                 self._pod_changed(event.object)
+
+    def seen_version(self) -> int:
+        """The highest pod resourceVersion the watch delivered: everything the cache shows of pods is at least
+        this recent (the informer's own resourceVersion, after a list or a bookmark, may be ahead of it)."""
+        with self.lock:
+            return self._pods_version
+
+    def _saw_pod_version(self, pod: RawObject) -> None:
+        self._pods_version = max(self._pods_version, object_version(pod))
 
     # --- reads ----------------------------------------------------------------------------------
     def snapshot(
@@ -157,6 +172,21 @@ class ClusterCache:
     def node(self, name: str) -> NodeState | None:
         with self.lock:
             return self._view.get(name)
+
+    def node_with(self, name: str, claims: Sequence[Claim]) -> NodeState | None:
+        """The node's view with ``claims`` held too (other replicas' writes in flight there: arbiter.py).
+        Raises LedgerRefusal when they do not fit beside what the ledger holds."""
+        with self.lock:
+            base = self._base.get(name)
+            if base is None or not claims:
+                return self._view.get(name)
+            ledger = self._ledger(name)
+            for i, claim in enumerate(claims):  # a key no pod has: "<namespace>/<name>" never holds a space
+                key = f"claim {i} {claim.pod}"
+                ledger = ledger.reserve(
+                    key, base, claim.gpus, None, slots=claim.slots, past_slices=True, past_limits=True
+                )
+            return self._view_of(base, ledger)
 
     def base_node(self, name: str) -> NodeState | None:
         with self.lock:
@@ -268,12 +298,11 @@ class ClusterCache:
             self._nominated[ref.key] = Nomination(ref.uid, node, tuple(grants), qos, slots, expires_at)
             self._claim_nominations(node)
 
-    def resize(self, ref: PodRef, grants: Sequence[GpuGrant]) -> dict[str, tuple[GpuGrant, ...]] | None:
+    def resize(self, ref: PodRef, grants: Sequence[GpuGrant]) -> int | None:
         """Hold ``grants`` in place of the pod's allocation on its node (the autoscaler changing a running
         pod's requests), when they fit beside everything else the node's ledger holds; the hold is a bind's
-        (no expiry) until :meth:`commit`, or until the watch delivers the allocation written for it. Also
-        how a resize is undone (the old grants, over the hold). Returns what the ledger then counts on the
-        node per pod UID (for the write-then-list check), or None, changing nothing, when it does not fit or
+        (no expiry) until :meth:`commit`, or until the watch delivers the allocation written for it. Returns
+        the device IDs it holds per GPU (its claim's), or None, changing nothing, when it does not fit or
         the pod holds no allocation (or only a filter's guess) here.
 
         A change that holds no more VRAM on any GPU than the entry did (a lowered limit, a TFLOPS change) is
@@ -311,7 +340,7 @@ class ClusterCache:
             self._put(node, ledger)
             self._note_since_listing(key)
             self._refresh((node,))
-            return self.counted_on(node)
+            return entry.slots
 
     def reaccount(self, uid: str) -> None:
         """Enter the pod's allocation as the watch last showed it again, over whatever this replica holds for

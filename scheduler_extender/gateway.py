@@ -72,33 +72,35 @@ class KubeGateway(Protocol):
         (409 if it differs) and, when given, the resourceVersion the pod was read at (409 if it changed since)."""
         ...
 
-    def list_pods(self, label_selector: str, *, timeout: float | None = None) -> Sequence[RawObject]:
-        """Every pod, in all namespaces, matching ``label_selector``, read consistently: the answer shows
-        every write the API server acknowledged before the call."""
-        ...
-
-    def remove_pod_annotation(
-        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
-    ) -> None:
-        """Remove annotation ``key`` only while it still reads exactly ``value`` and the UID is ``uid``
-        (a JSON patch: ``test`` ops, then ``remove``); otherwise nothing changes and the call fails
-        with a status for which :func:`precondition_failed` is true."""
-        ...
-
-    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+    def get_lease(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
         """A coordination.k8s.io/v1 Lease, or None when it does not exist."""
         ...
 
-    def create_lease(self, namespace: str, body: RawObject) -> None:
-        """Create a Lease (409 when one of that name exists)."""
+    def create_lease(self, namespace: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        """Create a Lease (409 when one of that name exists); returns it as stored."""
         ...
 
-    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
-        """Replace a Lease; ``body`` carries the resourceVersion it was read at (409 if it changed since)."""
+    def replace_lease(self, namespace: str, name: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        """Replace a Lease; ``body`` carries the resourceVersion it was read at (409 if it changed since).
+        Returns it as stored."""
         ...
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
-        """POST the Binding of the pod to the node (``pods/binding``)."""
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """POST the Binding of the pod to the node (``pods/binding``). The API server copies its
+        ``annotations`` (and, from Kubernetes 1.35, its ``labels``) onto the pod in the same write that sets
+        ``spec.nodeName``; the UID and, when given, the ``resource_version`` the pod was read at are
+        preconditions (409 when either differs)."""
         ...
 
     def record_event(self, event: PodEvent) -> None:
@@ -169,16 +171,6 @@ def annotation_patch(
     return {"metadata": meta}
 
 
-def annotation_removal(uid: str, key: str, value: str) -> list[RawObject]:
-    """The JSON patch (RFC 6902) removing annotation ``key`` only if it still reads ``value``."""
-    path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-    return [
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": path, "value": value},
-        {"op": "remove", "path": path},
-    ]
-
-
 def eviction_body(namespace: str, name: str, uid: str) -> RawObject:
     """A policy/v1 Eviction of exactly this pod (a UID precondition: never a successor of the same name)."""
     return {
@@ -194,12 +186,29 @@ def nomination_patch(uid: str, node: str) -> RawObject:
     return {"metadata": {"uid": uid}, "status": {"nominatedNodeName": node}}
 
 
-def binding_body(namespace: str, name: str, uid: str, node: str) -> RawObject:
-    """The v1 Binding the extender must create when it implements bind (protocol §8)."""
+def binding_body(
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    *,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    resource_version: str | None = None,
+) -> RawObject:
+    """The v1 Binding the extender must create when it implements bind (protocol §8), carrying what the
+    API server writes on the pod with it and the preconditions it checks (``KubeGateway.bind``)."""
+    meta: dict[str, object] = {"name": name, "namespace": namespace, "uid": uid}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if labels:
+        meta["labels"] = dict(labels)
+    if resource_version:
+        meta["resourceVersion"] = resource_version
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "metadata": meta,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
 

@@ -10,7 +10,7 @@ a corrupt annotation becomes an error message on the value (a node's ``inventory
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -20,7 +20,7 @@ from vgpu import isolation
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
-from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.contract.allocation import PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
 from vgpu.names import (
@@ -94,6 +94,7 @@ class PodRecord:
     # Wall-clock seconds until which no preemption takes it: its grant's boundAt plus its eviction-protection
     # (or the longest protection, for a pod labelled do-not-disrupt); None: unprotected.
     protected_until: float | None = None
+    version: int = 0  # its metadata.resourceVersion (as_version): what a node's claims are judged against
 
     @property
     def terminal(self) -> bool:
@@ -253,7 +254,20 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         slots=slots,
         allocate_sizes=allocate_sizes(pod) if alloc is not None else frozenset(),
         auto=_auto_of(pod, ann),
+        version=object_version(pod),
     )
+
+
+def object_version(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as a number (:func:`as_version`)."""
+    return as_version(_meta(obj).get("resourceVersion"))
+
+
+def as_version(raw: object) -> int:
+    """A resourceVersion as a number. The API server's are etcd revisions, one sequence for all objects of a
+    resource (comparable as numbers since Kubernetes 1.35, KEP-5504); anything else reads as 0, before all."""
+    text = raw if isinstance(raw, str) else ""
+    return int(text) if text.isdigit() else 0
 
 
 def _auto_of(pod: Mapping[str, Any], ann: Mapping[str, str]) -> AutoPod | None:
@@ -354,23 +368,6 @@ def allocated_node_label(node: str) -> str:
 def allocated_on_selector(node: str) -> str:
     """The label selector of every pod allocated GPUs on ``node`` (by this version of the extender)."""
     return f"{LABEL_ALLOCATED_NODE}={allocated_node_label(node)}"
-
-
-def uncounted(
-    listed: Iterable[Mapping[str, Any]], counted: Mapping[str, tuple[GpuGrant, ...]], node: str, own: str
-) -> list[str]:
-    """The pods (keys) of ``listed`` — a consistent list of ``node``'s allocations, made after a write — whose
-    live allocation there differs from what ``counted`` (per UID) held when the write was decided: another
-    extender replica wrote them meanwhile. ``own`` (a UID) is the writer's own pod."""
-    unseen = []
-    for pod in listed:
-        record = pod_record(pod)
-        alloc = record.allocation
-        if record.ref.uid == own or not record.holds_gpus or alloc is None or alloc.node != node:
-            continue
-        if counted.get(record.ref.uid) != alloc.gpus:
-            unseen.append(record.ref.key)
-    return unseen
 
 
 def is_relevant(pod: Mapping[str, Any]) -> bool:

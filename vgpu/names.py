@@ -117,6 +117,10 @@ EXTENDER_PUBLIC_PORT: Final = 8081  # read-only: explain, healthz, readyz, metri
 DEFAULT_POOL: Final = "default-pool"
 # The coordination.k8s.io Lease whose holder, among the extender replicas, writes workload status.
 EXTENDER_LEASE_NAME: Final = "tensor-fusion-extender"
+# Each GPU node's claims Lease, in the same namespace: the prefix of its name (scheduler_extender/claim_board.py).
+CLAIMS_LEASE_PREFIX: Final = "tf-gpu-claims."
+# Its annotation, written by the extender only: the binds and resizes in flight on the node (contract/claims.py).
+CLAIMS_ANNOTATION: Final = f"{DOMAIN}/gpu-claims"
 
 # --- the custom metrics API tf-metrics serves through the API server's aggregation layer -----------
 # (tf_metrics/; the chart's APIServices; tfctl top). v1beta2 is preferred, v1beta1

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from scheduler_extender.arbiter import Arbiter
 from scheduler_extender.autoscaler import checkpoints, hpa
 from scheduler_extender.autoscaler.members import Autoscaled, autoscaled
 from scheduler_extender.autoscaler.report import autoscaling_status
@@ -63,6 +64,7 @@ class AutoscalerController:
         cache: ClusterCache,
         events: EventRecorder,
         feed: UsageFeed[Dated],
+        arbiter: Arbiter,
         *,
         namespace: str,
         max_replicas: int,
@@ -96,10 +98,10 @@ class AutoscalerController:
         )  # fmt: skip
         self.workloads = Gauge(f"{prefix}_workloads", "Workloads with a layer enabled.", registry=registry)
         self.pass_seconds = Histogram(f"{prefix}_pass_seconds", "Time one pass took.", registry=registry)
+        self._in_place = InPlace(gateway, cache, arbiter)
         self._resizer = RequestResizer(
-            gateway, cache, events, lambda result: self.writes.labels("requests", result).inc()
+            self._in_place, cache, events, lambda result: self.writes.labels("requests", result).inc()
         )
-        self._in_place = InPlace(gateway, cache)
 
     # --- the pass ----------------------------------------------------------------------------------
     def tick(self) -> None:

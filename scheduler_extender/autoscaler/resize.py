@@ -4,11 +4,11 @@ where its GPU has room.
 New pods get the recommended requests at admission (the webhook). A running pod's grants change only
 where its GPU can hold the new ones (:class:`InPlace`): its ledger entry (``cache.resize``, judged under
 the cache's lock against everything the ledger holds, VRAM limits included) and its allocation on the
-pod change together, checked like a bind (a patch conditional on the pod's resourceVersion, then a
-consistent list of the node's allocations), so no placement ever sees one without the other, and a
-raised VRAM limit and a bind that counted the old one never both stand. A failure at any step undoes
-what was done. The steps and why: docs/autoscaling.md, section "How it is applied", "Changing a running
-pod's grants", and "A VRAM request is guaranteed".
+pod change together, claimed like a bind (on the node's claims Lease, then a patch conditional on the
+pod's resourceVersion), so no placement ever sees one without the other, and a raised VRAM limit and a
+bind that counted the old one never both stand. A failure at any step undoes what was done. The steps
+and why: docs/autoscaling.md, section "How it is applied", "Changing a running pod's grants", and "A VRAM
+request is guaranteed".
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
 
+from scheduler_extender.arbiter import Arbiter, ClaimFailed
 from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import KubeGateway
-from scheduler_extender.objects import PodRef, allocated_on_selector, uncounted
+from scheduler_extender.objects import PodRef, as_version
 from tf_shell.kube.api import GatewayError
 from vgpu.autoscale.config import Resource
 from vgpu.autoscale.evaluate import Workload
 from vgpu.autoscale.recommend import Decision, Reason
 from vgpu.contract import allocation as allocation_contract
-from vgpu.contract.allocation import PodAllocation
+from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.contract.claims import Claim
 from vgpu.errors import DomainError
 from vgpu.names import SystemAnnotation
 from vgpu.quantity import humanize_bytes, humanize_tflops
@@ -35,6 +37,7 @@ from vgpu.quantity import humanize_bytes, humanize_tflops
 log = logging.getLogger(__name__)
 
 RESIZED: Final = "RequestsResized"  # the pod's Event
+CLAIM_TIMEOUT: Final = 5.0  # seconds for each call of a resize's claim
 # A request decision with one of these has no recommendation to give: nothing is stamped or resized.
 NO_RECOMMENDATION: Final = frozenset({Reason.WAITING_FOR_HISTORY, Reason.NO_SAMPLES, Reason.DISABLED})
 
@@ -78,79 +81,94 @@ def resized(alloc: PodAllocation, tflops: int | None, vram: int | None) -> PodAl
 class InPlace:
     """Changes one running pod's grants on its GPUs, in the ledger and on the pod together (see the module)."""
 
-    def __init__(self, gateway: KubeGateway, cache: ClusterCache) -> None:
-        self._gateway, self._cache = gateway, cache
+    def __init__(self, gateway: KubeGateway, cache: ClusterCache, arbiter: Arbiter) -> None:
+        self._gateway, self._cache, self._arbiter = gateway, cache, arbiter
 
     def change(self, ref: PodRef, old: PodAllocation, new: PodAllocation, what: str) -> str:
         """Replace the pod's allocation ``old`` (as the decision read it) by ``new``; returns the outcome:
         ok, no-room (the GPU cannot hold ``new`` beside what the ledger holds now), stale (the pod or its
         allocation changed since), conflict (the write met another writer: a 409, or another extender's
-        placement on the node) or api-error. ``what`` names the change in the log (requests, limits).
+        write in flight on the node) or api-error. ``what`` names the change in the log (requests, limits).
 
-        1. the ledger swaps the pod's entry for ``new``'s grants under the cache's lock, only if they fit
-           (VRAM held: each pod's larger of request and limit); from then on every filter and bind of this
-           replica counts them;
-        2. the pod is read, and written only if it still carries ``old``, conditional on the
-           resourceVersion read;
-        3. the node's allocations are listed consistently and compared with what the ledger counted at 1
-           (the binder's write-then-list check, which counts limits too: any allocation that differs from
-           what was counted, a neighbour placed or a limit raised by another replica): of two writers that
-           missed each other the later lister sees the earlier one's write, and backs off;
+        1. the pod is read, and changed only if it still carries ``old``;
+        2. with no other replica's write in flight on the node, the ledger swaps the pod's entry for
+           ``new``'s grants under the cache's lock, only if they fit (VRAM held: each pod's larger of request
+           and limit), and the change is claimed on the node's claims Lease (arbiter.py), as a bind's is;
+        3. the allocation is written, conditional on the resourceVersion read at 1;
         4. the hold is committed."""
-        counted = self._cache.resize(ref, new.gpus)
-        if counted is None:
-            return "no-room"
         try:
             read = read_allocation(self._gateway, ref)
         except GatewayError as exc:
-            return self._undo(ref, old, None, what, "api-error", f"cannot read the pod: {exc}")
+            return self._undo(ref, what, "api-error", f"cannot read the pod: {exc}", held=False)
         if read is None:
-            return self._undo(ref, old, None, what, "stale", "the pod is gone, or carries no readable allocation")
+            return self._undo(ref, what, "stale", "the pod is gone, or carries no readable allocation", held=False)
         current, version = read
-        if current != old:
-            return self._undo(ref, old, None, what, "stale", "its allocation changed since the decision")
-        text = allocation_contract.encode(new)
+        if current != old or version is None:
+            return self._undo(ref, what, "stale", "its allocation changed since the decision", held=False)
+        try:
+            self._arbiter.claim(
+                old.node,
+                ref,
+                as_version(version),
+                lambda claims: self._hold(ref, new, claims),
+                undo=lambda: self._cache.reaccount(ref.uid),
+                timeout=lambda _step: CLAIM_TIMEOUT,
+            )
+        except _NoRoom as no_room:
+            return self._undo(ref, what, no_room.outcome, str(no_room), held=False)
+        except ClaimFailed as failed:
+            outcome = "conflict" if failed.stage == "conflict" else "api-error"
+            return self._undo(ref, what, outcome, str(failed), held=False)
         try:
             self._gateway.patch_pod_annotations(
-                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: text}, resource_version=version,
+                ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: allocation_contract.encode(new)},
+                resource_version=version,
             )  # fmt: skip
         except GatewayError as exc:
-            return self._undo(ref, old, None, what, "conflict" if exc.status == 409 else "api-error", str(exc))
-        try:
-            others = uncounted(self._gateway.list_pods(allocated_on_selector(old.node)), counted, old.node, ref.uid)
-        except GatewayError as exc:
-            return self._undo(ref, old, text, what, "api-error", f"cannot list the node's allocations: {exc}")
-        if others:
-            why = f"another extender placed {', '.join(sorted(others))} on {old.node} meanwhile"
-            return self._undo(ref, old, text, what, "conflict", why)
+            if exc.status is None:  # no answer: it may have landed; the ledger keeps counting the new grants
+                log.warning("autoscaler: %s of pod %s: the write got no answer (%s)", what, ref.key, exc)
+                self._cache.commit(ref.key)
+                return "api-error"
+            return self._undo(ref, what, "conflict" if exc.status == 409 else "api-error", str(exc), held=True)
         self._cache.commit(ref.key)
         return "ok"
 
-    def _undo(self, ref: PodRef, old: PodAllocation, written: str | None, what: str, outcome: str, why: str) -> str:
-        """Put the old allocation back on the pod (when the new one was written) and in the ledger."""
+    def _hold(
+        self, ref: PodRef, new: PodAllocation, claims: tuple[Claim, ...]
+    ) -> tuple[None, tuple[GpuGrant, ...], int]:
+        """Under the cache lock, beside the node's claims: hold ``new``'s grants in the ledger (see change, 2)."""
+        if claims:
+            raise _NoRoom("conflict", f"another extender is writing on {new.node} ({len(claims)} grants in flight)")
+        slots = self._cache.resize(ref, new.gpus)
+        if slots is None:
+            raise _NoRoom("no-room", "the GPU cannot hold the new grants beside what it holds now")
+        return None, new.gpus, slots
+
+    def _undo(self, ref: PodRef, what: str, outcome: str, why: str, *, held: bool) -> str:
+        """Count the pod's allocation as the watch shows it again (when the new grants were ``held``)."""
         log.info("autoscaler: %s of pod %s not changed this pass: %s", what, ref.key, why)
-        if written is not None:
-            try:
-                self._gateway.patch_pod_annotations(
-                    ref.namespace, ref.name, ref.uid, {SystemAnnotation.ALLOCATION: allocation_contract.encode(old)}
-                )
-            except GatewayError as exc:  # the new one stays on the pod, and the ledger keeps counting it
-                log.error("autoscaler: could not put pod %s's allocation back: %s", ref.key, exc)
-                self._cache.commit(ref.key)
-                return outcome
-        self._cache.reaccount(ref.uid)
+        if held:
+            self._cache.reaccount(ref.uid)
         return outcome
+
+
+class _NoRoom(Exception):
+    """The new grants were not held (``outcome``: no-room or conflict); nothing was written."""
+
+    def __init__(self, outcome: str, why: str) -> None:
+        super().__init__(why)
+        self.outcome = outcome
 
 
 class RequestResizer:
     """Applies a workload's request recommendation to its running pods, one pod at a time (see the module)."""
 
     def __init__(
-        self, gateway: KubeGateway, cache: ClusterCache, events: EventRecorder, count: Callable[[str], None]
+        self, in_place: InPlace, cache: ClusterCache, events: EventRecorder, count: Callable[[str], None]
     ) -> None:
         """``count(result)``: one of ok, no-room, conflict, stale, api-error."""
         self._cache, self._events, self._count = cache, events, count
-        self._in_place = InPlace(gateway, cache)
+        self._in_place = in_place
 
     def apply(self, workload: Workload, tflops: Decision | None, vram: Decision | None) -> tuple[int, int]:
         """Resize what can be; returns (pods resized now, pods whose GPU has no room for the recommendation)."""

@@ -18,7 +18,6 @@ from scheduler_extender.gateway import (
     Kind,
     PodEvent,
     annotation_patch,
-    annotation_removal,
     binding_body,
     event_body,
     eviction_body,
@@ -27,7 +26,6 @@ from scheduler_extender.gateway import (
 from tf_shell.kube.api import GatewayError, Listing, RawObject, WatchEvent
 from tf_shell.kube.client import (
     CALL_TIMEOUT,
-    JSON_PATCH,
     LIST_TIMEOUT,
     MERGE_PATCH,
     RAW,
@@ -122,24 +120,6 @@ class KubernetesGateway:
         body = annotation_patch(uid, changes, resource_version, labels)
         self._patch_pod(namespace, name, body, MERGE_PATCH, timeout)
 
-    def list_pods(self, label_selector: str, *, timeout: float | None = None) -> Sequence[RawObject]:
-        limit = CALL_TIMEOUT if timeout is None else timeout
-        listed = call(
-            f"list pods {label_selector}",
-            lambda: json_body(  # no resourceVersion: a consistent read, never a stale cache
-                self.core.list_pod_for_all_namespaces(
-                    label_selector=label_selector, _preload_content=False, _request_timeout=limit
-                )
-            ),
-            limit,
-        )
-        return list(listed.get("items") or [])
-
-    def remove_pod_annotation(
-        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
-    ) -> None:
-        self._patch_pod(namespace, name, annotation_removal(uid, key, value), JSON_PATCH, timeout)
-
     def _patch_pod(self, namespace: str, name: str, body: PatchBody, content_type: str, timeout: float | None) -> None:
         limit = CALL_TIMEOUT if timeout is None else timeout
         call(
@@ -152,50 +132,67 @@ class KubernetesGateway:
             limit,
         )
 
-    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+    def get_lease(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
+        limit = CALL_TIMEOUT if timeout is None else timeout
         try:
             return call(
                 f"get lease {namespace}/{name}",
                 lambda: json_body(
-                    self.leases.read_namespaced_lease(
-                        name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
-                    )
+                    self.leases.read_namespaced_lease(name, namespace, _preload_content=False, _request_timeout=limit)
                 ),
+                limit,
             )
         except GatewayError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def create_lease(self, namespace: str, body: RawObject) -> None:
-        call(
+    def create_lease(self, namespace: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        limit = CALL_TIMEOUT if timeout is None else timeout
+        return call(
             f"create lease in {namespace}",
-            lambda: drained(
+            lambda: json_body(
                 self.leases.create_namespaced_lease(
                     namespace,
                     body,  # type: ignore[arg-type]  # a plain dict is sent as is
                     _preload_content=False,
-                    _request_timeout=CALL_TIMEOUT,
+                    _request_timeout=limit,
                 )
             ),
+            limit,
         )
 
-    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
-        call(
+    def replace_lease(self, namespace: str, name: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        limit = CALL_TIMEOUT if timeout is None else timeout
+        return call(
             f"update lease {namespace}/{name}",
-            lambda: drained(
+            lambda: json_body(
                 self.leases.replace_namespaced_lease(
                     name,
                     namespace,
                     body,  # type: ignore[arg-type]  # a plain dict is sent as is
                     _preload_content=False,
-                    _request_timeout=CALL_TIMEOUT,
+                    _request_timeout=limit,
                 )
             ),
+            limit,
         )
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
-        body = binding_body(namespace, name, uid, node)
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        body = binding_body(
+            namespace, name, uid, node, annotations=annotations, labels=labels, resource_version=resource_version
+        )
         limit = CALL_TIMEOUT if timeout is None else timeout
         call(
             f"bind pod {namespace}/{name} to {node}",

@@ -178,7 +178,7 @@ def test_admission_policy_protects_every_system_annotation() -> None:
     assert f"'{RESOURCE_VGPU}'" in text and f"'{LABEL_ENABLED}'" in text
     bindings = [o for o in objects() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     policies = {o["metadata"]["name"] for o in objects() if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert {b["spec"]["policyName"] for b in bindings} == policies and len(policies) == 3
+    assert {b["spec"]["policyName"] for b in bindings} == policies and len(policies) == 4
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
 
 

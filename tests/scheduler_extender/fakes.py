@@ -17,14 +17,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from scheduler_extender.claim_board import lease_name
 from scheduler_extender.gateway import Kind, PodEvent
 from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, Listing, RawObject, WatchEvent
 from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import claims as claims_contract
 from vgpu.contract import inventory as inventory_contract
 from vgpu.contract import resolved as resolved_contract
 from vgpu.contract.allocation import Handoff
+from vgpu.contract.claims import Claim, NodeClaims
 from vgpu.contract.inventory import GpuInfo, Health, NodeInventory
 from vgpu.names import (
+    CLAIMS_ANNOTATION,
     LABEL_ENABLED,
     PLURAL_GPU_POOL,
     PLURAL_WORKLOAD,
@@ -52,9 +56,10 @@ class FakeGateway:
         self.bindings: list[tuple[str, str, str]] = []
         self.fail: dict[str, GatewayError] = {}  # operation name -> error to raise (once per entry)
         self.lost_bind_answer: GatewayError | None = None  # raised once by a bind after it took effect
-        self.calls: list[str] = []
+        self.calls: list[str] = []  # pod writes, reads and lists
+        self.lease_calls: list[str] = []  # "get|create|update <lease>"
         self.timeouts: list[tuple[str, float | None]] = []  # (call, timeout it was given) for get/patch/bind
-        self.stall_at: str | None = None  # "get", "patch", "unpatch" or "bind": the API server stalls from it on
+        self.stall_at: str | None = None  # "get", "patch", "lease" or "bind": the API server stalls from it on
         self.stalled = False
         self.auto_receipt = auto_receipt
         self.closed = False
@@ -62,9 +67,8 @@ class FakeGateway:
         self.pools: dict[str, RawObject] = {}  # GPUPools by name
         self.status_patches: list[tuple[str, str, RawObject]] = []  # (plural, name, merge patch)
         self.leases: dict[tuple[str, str], RawObject] = {}  # coordination.k8s.io Leases by (namespace, name)
-        self.refused_removals = 0  # conditional annotation removals whose test failed
         self.after_get: Callable[[], None] | None = None  # runs once after the next pod read (interleaving)
-        self.before_list: Callable[[], None] | None = None  # runs once before the next pod list (interleaving)
+        self.before_claim: Callable[[], None] | None = None  # runs once before the next claims Lease write
         self.protected: set[str] = set()  # "namespace/name" of pods a PodDisruptionBudget keeps (eviction: 429)
         self.controllers: dict[tuple[str, str, str], RawObject] = {}  # (kind, namespace, name)
         self.endpoint_slices: list[RawObject] = []
@@ -184,49 +188,29 @@ class FakeGateway:
                 raise GatewayError("Operation cannot be fulfilled on pods: the object has been modified", 409)
             self._patch(pod, changes, labels)
 
-    def list_pods(self, label_selector: str, *, timeout: float | None = None) -> list[RawObject]:
-        """Only ``key=value`` selectors (what the binder asks); ``before_list`` runs first, once."""
-        self.calls.append(f"list pods {label_selector}")
-        self._maybe_stall("list", timeout)
-        self._maybe_fail("list-pods")
-        hook, self.before_list = self.before_list, None
-        if hook is not None:
-            hook()
-        key, _, value = label_selector.partition("=")
-        with self._cond:
-            pods = self.objects[Kind.POD].values()
-            return [copy.deepcopy(p) for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
-
-    def remove_pod_annotation(
-        self, namespace: str, name: str, uid: str, key: str, value: str, *, timeout: float | None = None
-    ) -> None:
-        self.calls.append(f"patch {namespace}/{name} {[key]}")
-        self._maybe_stall("unpatch", timeout)
-        self._maybe_fail("unpatch")
-        with self._cond:
-            pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
-            if pod is None:
-                raise GatewayError("pods not found", 404)
-            if pod["metadata"]["uid"] != uid or pod["metadata"].get("annotations", {}).get(key) != value:
-                self.refused_removals += 1
-                raise GatewayError("the server rejected our request: testing value failed", 422)
-            self._patch(pod, {key: None})
-
-    def get_lease(self, namespace: str, name: str) -> RawObject | None:
+    def get_lease(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
+        self.lease_calls.append(f"get {name}")
+        self._maybe_stall_lease(timeout)
         self._maybe_fail("lease")
         with self._cond:
             lease = self.leases.get((namespace, name))
             return copy.deepcopy(lease) if lease is not None else None
 
-    def create_lease(self, namespace: str, body: RawObject) -> None:
+    def create_lease(self, namespace: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        self.lease_calls.append(f"create {body['metadata']['name']}")
+        self._claiming(body["metadata"]["name"])
+        self._maybe_stall_lease(timeout)
         self._maybe_fail("lease")
         with self._cond:
             key = (namespace, body["metadata"]["name"])
             if key in self.leases:
                 raise GatewayError("leases already exists", 409)
-            self._store_lease(key, body)
+            return self._store_lease(key, body)
 
-    def replace_lease(self, namespace: str, name: str, body: RawObject) -> None:
+    def replace_lease(self, namespace: str, name: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        self.lease_calls.append(f"update {name}")
+        self._claiming(name)
+        self._maybe_stall_lease(timeout)
         self._maybe_fail("lease")
         with self._cond:
             lease = self.leases.get((namespace, name))
@@ -234,9 +218,22 @@ class FakeGateway:
                 raise GatewayError("leases not found", 404)
             if body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
                 raise GatewayError("Operation cannot be fulfilled on leases: the object has been modified", 409)
-            self._store_lease((namespace, name), body)
+            return self._store_lease((namespace, name), body)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """As the API server: UID and resourceVersion preconditions, then ``spec.nodeName``, the annotations and
+        the labels in one write."""
         self.calls.append(f"bind {namespace}/{name} {node}")
         self._maybe_stall("bind", timeout)
         self._maybe_fail("bind")
@@ -246,8 +243,13 @@ class FakeGateway:
                 raise GatewayError("pods not found", 404)
             if pod["metadata"]["uid"] != uid or pod["spec"].get("nodeName"):
                 raise GatewayError("pod is already assigned / UID mismatch", 409)
+            if resource_version is not None and pod["metadata"]["resourceVersion"] != resource_version:
+                raise GatewayError("Operation cannot be fulfilled on pods: the object has been modified", 409)
             pod = copy.deepcopy(pod)
             pod["spec"]["nodeName"] = node
+            pod["metadata"].setdefault("annotations", {}).update(annotations or {})
+            if labels:
+                pod["metadata"].setdefault("labels", {}).update(labels)
             self._store(Kind.POD, pod, "MODIFIED")
             self.bindings.append((namespace, name, node))
         lost, self.lost_bind_answer = self.lost_bind_answer, None
@@ -381,11 +383,35 @@ class FakeGateway:
                 annotations[k] = v
         self._store(Kind.POD, pod, "MODIFIED")
 
-    def _store_lease(self, key: tuple[str, str], body: RawObject) -> None:
+    def _store_lease(self, key: tuple[str, str], body: RawObject) -> RawObject:
         lease = copy.deepcopy(body)
         self.rv += 1
         lease["metadata"]["resourceVersion"] = str(self.rv)
         self.leases[key] = lease
+        return copy.deepcopy(lease)
+
+    def add_claim(self, namespace: str, claim: Claim, node: str) -> None:
+        """Another extender replica's claim on ``node``, added to its claims Lease (created if missing)."""
+        name = lease_name(node)
+        with self._cond:
+            lease = self.leases.get((namespace, name))
+            text = ((lease or {}).get("metadata", {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
+            board = claims_contract.decode(text) if text else NodeClaims(node=node)
+            board = NodeClaims(node=node, horizon=board.horizon, claims=(*board.claims, claim))
+            annotations = {CLAIMS_ANNOTATION: claims_contract.encode(board)}
+            meta = {"name": name, "namespace": namespace, "annotations": annotations}
+            self._store_lease((namespace, name), {"metadata": meta, "spec": {}})
+
+    def _claiming(self, name: str) -> None:
+        if "gpu-claims" in name:
+            hook, self.before_claim = self.before_claim, None
+            if hook is not None:
+                hook()
+
+    def _maybe_stall_lease(self, timeout: float | None) -> None:
+        """A lease call with a timeout (the binder's claims) stalls with the API server; the leader's have none."""
+        if timeout is not None:
+            self._maybe_stall("lease", timeout)
 
     def _store(self, kind: Kind, obj: RawObject, event_type: str) -> RawObject:
         obj = copy.deepcopy(obj)

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from scheduler_extender.arbiter import Arbiter
 from scheduler_extender.autoscaler.controller import KEEP, AutoscalerController, autoscaler_off, dated, with_autoscaling
 from scheduler_extender.cache import ClusterCache
+from scheduler_extender.claim_board import ClaimBoard, lease_name
 from scheduler_extender.events import EventRecorder
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
@@ -20,8 +22,10 @@ from scheduler_extender.status import Condition, Status
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tf_shell.usage_feed import Target, UsageFeed
 from vgpu.contract import allocation as allocation_contract
+from vgpu.contract import claims as claims_contract
 from vgpu.contract import usage
 from vgpu.contract.allocation import GpuGrant, PodAllocation
+from vgpu.contract.claims import Claim
 from vgpu.names import LABEL_ALLOCATED_NODE, LABEL_ENABLED, Annotation, Qos, SystemAnnotation
 from vgpu.quantity import parse_milli
 
@@ -121,8 +125,12 @@ class World:
             self.registry,
             dated, prefix="tf_autoscaler",
         )  # fmt: skip
+        arbiter = Arbiter(
+            ClaimBoard(fake, "tf-system", "test", clock=time.time), self.cache, fake, self.cache.seen_version,
+            stale_after=11.0, clock=time.time,
+        )  # fmt: skip
         self.controller = AutoscalerController(
-            fake, self.cache, self.events, feed, namespace="tf-system", max_replicas=4, checkpoint_interval=0.01,
+            fake, self.cache, self.events, feed, arbiter, namespace="tf-system", max_replicas=4, checkpoint_interval=0.01,
             clock=time.time, leading=lambda: self.leading, ready=lambda: True, registry=self.registry,
         )  # fmt: skip
 
@@ -335,31 +343,38 @@ def test_a_raise_the_gpu_cannot_hold_leaves_the_running_pod_as_it_is_and_says_so
 
 
 class RacingGateway(FakeGateway):
-    """Another extender replica places a pod on the node right after the autoscaler's allocation write."""
+    """Another extender replica claims room on the node (and binds a pod there) just before the autoscaler
+    claims its resize: the autoscaler's compare-and-swap of the node's claims meets that write."""
 
     def __init__(self, intruder: dict[str, Any]) -> None:
         super().__init__()
-        self.intruder: dict[str, Any] | None = intruder
+        self.before_claim = lambda: self._race(intruder)
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, changes: Any, **kw: Any) -> None:
-        super().patch_pod_annotations(namespace, name, uid, changes, **kw)
-        if self.intruder is not None:
-            intruder, self.intruder = self.intruder, None
-            self.put(Kind.POD, intruder)
+    def _race(self, intruder: dict[str, Any]) -> None:
+        alloc = allocation_contract.decode(intruder["metadata"]["annotations"][SystemAnnotation.ALLOCATION])
+        claim = Claim(
+            pod_uid=alloc.pod_uid, pod="default/intruder", version=1, gpus=alloc.gpus, slots=1, at=time.time()
+        )
+        self.add_claim("tf-system", claim, alloc.node)
+        self.put(Kind.POD, intruder)
 
 
-def test_a_resize_that_meets_another_replicas_placement_is_undone(fake: FakeGateway) -> None:
+def test_a_resize_that_meets_another_replicas_claim_backs_off_without_writing(fake: FakeGateway) -> None:
     intruder = auto_pod("intruder", auto={}, owner=None)
     racing = RacingGateway(intruder)
     world = World(racing, [auto_pod("a", auto=REQUESTS_ONLY)], tflops=5_000)
     world.pods = [world.pods[0]]
     recommend(world)
     assert world.writes("requests", "conflict") == 1
-    # The first attempt was undone (the old allocation back on the pod); a later pass, counting the
-    # intruder now, resized it.
+    # The first attempt wrote nothing on the pod (its claim met the other's, so it decided again and found
+    # another extender's write in flight); a later pass, its cache counting the intruder now, resized it.
     patches = [c for c in racing.calls if c.startswith("patch default/a")]
-    assert len(patches) >= 3, racing.calls
+    assert len(patches) == 1, racing.calls
     assert world.writes("requests", "ok") == 1
+    claims = claims_contract.decode(
+        racing.leases[("tf-system", lease_name(NODE))]["metadata"]["annotations"][claims_contract.KEY]
+    )
+    assert [c.pod for c in claims.claims] == ["default/a"]  # the intruder's, landed and seen, dropped
 
 
 # --- a VRAM request is guaranteed: a limit is never raised past what the GPU's other pods hold ---------------
@@ -447,22 +462,18 @@ def test_a_raise_that_a_pod_placed_since_the_decision_leaves_no_room_for_is_not_
     assert vram_limit(world, "hog") == 20 * GI and world.writes("limits", "ok") == 1
 
 
-def test_a_raise_that_meets_another_replicas_placement_on_the_gpu_is_undone(fake: FakeGateway) -> None:
-    """Another extender replica places a 10Gi pod on the GPU from its own cache right after the raise is written.
-    The raise's consistent list of the node's allocations sees it (write-then-list, as a bind checks), and the
-    raise is undone; the next pass decides counting it."""
+def test_a_raise_that_meets_another_replicas_placement_on_the_gpu_is_not_made(fake: FakeGateway) -> None:
+    """Another extender replica claims a 10Gi pod's room on the GPU from its own cache just before the raise is
+    claimed. The raise's compare-and-swap of the node's claims fails, it decides again beside that claim, and
+    backs off without writing the pod; the next pass decides counting the intruder."""
     intruder = auto_pod("intruder", auto={}, owner=None, vram=(10 * GI, 10 * GI))
     racing = RacingGateway(intruder)
     world = hog_and_neighbour(racing)
     world.tick(sync=False)
     assert world.writes("limits", "conflict") == 1 and world.writes("limits", "ok") == 0
-    assert vram_limit(world, "hog") == GI  # the old allocation back on the pod
-    # Written, listed (the intruder seen), written back.
-    assert [c.split(" [")[0] for c in racing.calls if c.startswith(("patch default/hog", "list pods"))] == [
-        "patch default/hog",
-        f"list pods {LABEL_ALLOCATED_NODE}={NODE}",
-        "patch default/hog",
-    ]
+    assert vram_limit(world, "hog") == GI  # the old allocation, never replaced
+    assert not [c for c in racing.calls if c.startswith("patch default/hog")]
+    assert [c.split()[0] for c in racing.lease_calls] == ["get", "create", "get"]  # read, CAS lost, read
     assert not [e for e in racing.events if e.pod_name == "hog"]
     time.sleep(1.05)
     world.tick()

@@ -1,5 +1,6 @@
-"""bind through the HTTP API: the allocation and the Binding, rollback on every failing step, no over-commit
-under concurrent binds, and a restarted extender rebuilding the same ledger from pods alone."""
+"""bind through the HTTP API: the claim and the Binding carrying the allocation, nothing left behind by a
+failing step, no over-commit under concurrent binds, and a restarted extender rebuilding the same ledger
+from pods alone."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 import pytest
 
+from scheduler_extender.claim_board import lease_name
 from scheduler_extender.gateway import Kind
 from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tf_shell.kube.api import GatewayError
 from vgpu.contract import allocation as allocation_contract
-from vgpu.names import SystemAnnotation
+from vgpu.contract import claims as claims_contract
+from vgpu.names import LABEL_ALLOCATED_NODE, SystemAnnotation
 
 
 def bind_body(name: str, node: str, namespace: str = "default") -> dict[str, str]:
@@ -34,38 +37,81 @@ def cluster(fake: FakeGateway) -> FakeGateway:
     return fake
 
 
-def test_a_bind_that_cannot_list_its_nodes_allocations_undoes_itself(
-    run: Callable[..., Running], cluster: FakeGateway
-) -> None:
-    """Without the consistent list the placement is unconfirmed (another replica may have written beside it)."""
+def test_a_bind_that_cannot_claim_its_gpus_undoes_itself(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    """Without its claim on the node the placement is unconfirmed (another replica may be writing beside it)."""
     app = run()
-    cluster.fail["list-pods"] = GatewayError("etcdserver: request timed out", 504)
+    cluster.fail["lease"] = GatewayError("etcdserver: request timed out", 504)
     error = app.post("/bind", bind_body("p1", "n1"))["Error"]
-    assert "could not list the allocations on n1 to confirm the placement of pod default/p1" in error
-    assert allocation(cluster, "p1") is None and cluster.bindings == []
+    assert "pod default/p1 was not placed on n1: could not claim the GPUs on node n1" in error
+    assert allocation(cluster, "p1") is None and cluster.bindings == [] and cluster.calls == []
     app.settle()
     assert app.ext.cache.entry("default/p1") is None and app.ext.gate.holders("n1") == ()
-    assert cluster.pod("default", "p1")["metadata"]["labels"]["tensor-fusion.ai/allocated-node"] == "n1"
 
 
-def test_bind_records_allocation_then_binds_and_commits(run: Callable[..., Running], cluster: FakeGateway) -> None:
+def claims_on(fake: FakeGateway, node: str) -> claims_contract.NodeClaims:
+    lease = fake.leases[("default", lease_name(node))]  # the extender's namespace outside a pod
+    return claims_contract.decode(lease["metadata"]["annotations"][claims_contract.KEY])
+
+
+def claim_calls(fake: FakeGateway) -> list[str]:
+    """The calls on claims Leases (not the leader election's)."""
+    return [c for c in fake.lease_calls if "gpu-claims" in c]
+
+
+def test_one_write_binds_and_grants_after_the_claim(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    """The claim on the node's Lease, then one pod write: the Binding, carrying the allocation and the node label,
+    conditional on the resourceVersion the pod was placed at."""
+    version = cluster.pod("default", "p1")["metadata"]["resourceVersion"]
     app = run()
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
     alloc = allocation(cluster, "p1")
     assert alloc is not None and alloc.node == "n1" and alloc.pod_uid == "uid-default-p1"
     assert [(g.tflops_request, g.vram_request) for g in alloc.gpus] == [(30_000, 6 * GI)]
-    assert cluster.calls == [
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "list pods tensor-fusion.ai/allocated-node=n1",
-        "bind default/p1 n1",
-    ]
+    assert cluster.calls == ["bind default/p1 n1"]
+    assert claim_calls(cluster) == ["get tf-gpu-claims.n1", "create tf-gpu-claims.n1"]
+    bound = cluster.pod("default", "p1")
+    assert bound["spec"]["nodeName"] == "n1" and bound["metadata"]["labels"][LABEL_ALLOCATED_NODE] == "n1"
+    [claim] = claims_on(cluster, "n1").claims
+    assert (claim.pod, claim.version, claim.gpus) == ("default/p1", int(version), alloc.gpus)
     entry = app.ext.cache.entry("default/p1")
     assert entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
+    # The next bind there needs no read of the Lease, and drops the claim its cache has seen land.
+    cluster.put(Kind.POD, make_pod("p2", gpu_request(tflops=30_000, vram=6 * GI)))
+    cluster.write_receipt("default", "p1")  # the node's gate opens
+    bound = cluster.pod("default", "p1")
+    app.settle()
+    assert app.post("/bind", bind_body("p2", "n1")) == {"Error": ""}
+    assert claim_calls(cluster)[2:] == ["update tf-gpu-claims.n1"]
+    board = claims_on(cluster, "n1")
+    assert [c.pod for c in board.claims] == ["default/p2"] and board.horizon == int(
+        bound["metadata"]["resourceVersion"]
+    )
 
 
-@pytest.mark.parametrize(
-    ("failing", "stage"), [("patch", "could not record the GPU allocation"), ("bind", "could not bind pod")]
-)
+def test_a_binding_refused_for_a_stale_resource_version_binds_from_a_fresh_read(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """A status write moved the pod on between the read and the Binding: the 409 leaves the pod unbound and
+    unallocated, so the bind places and claims again for the pod as it is now."""
+    app = run()
+    real_bind = cluster.bind
+
+    def bind(*args: Any, **kw: Any) -> None:
+        if len(cluster.calls) == 0:
+            cluster.write_status("default", "p1", {"conditions": [{"type": "PodScheduled", "status": "False"}]})
+        real_bind(*args, **kw)
+
+    cluster.bind = bind  # type: ignore[method-assign]
+    assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
+    assert cluster.calls == ["bind default/p1 n1", "bind default/p1 n1"]
+    versions = [c.version for c in claims_on(cluster, "n1").claims]
+    assert len(versions) == 1  # the first claim, for a version the pod has left, dropped by the second
+    assert versions[0] < int(cluster.pod("default", "p1")["metadata"]["resourceVersion"])
+    app.settle()
+    assert len(app.ext.cache.entries()) == 1
+
+
+@pytest.mark.parametrize(("failing", "stage"), [("lease", "could not claim the GPUs"), ("bind", "could not bind pod")])
 def test_failed_step_leaves_no_reservation_no_annotation_no_gate(
     run: Callable[..., Running], cluster: FakeGateway, failing: str, stage: str
 ) -> None:
@@ -98,11 +144,7 @@ def test_binding_committed_despite_a_failed_answer_keeps_the_allocation(
     cluster.lost_bind_answer = error
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
     assert cluster.bindings == [("default", "p1", "n1")]
-    assert cluster.calls == [
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "list pods tensor-fusion.ai/allocated-node=n1",
-        "bind default/p1 n1",
-    ]  # no undo
+    assert cluster.calls == ["bind default/p1 n1"]  # and nothing else
     alloc = allocation(cluster, "p1")
     entry = app.ext.cache.entry("default/p1")
     assert alloc is not None and entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
@@ -110,15 +152,15 @@ def test_binding_committed_despite_a_failed_answer_keeps_the_allocation(
     assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]  # in hand-off until its receipt
 
 
-@pytest.mark.parametrize("error", AMBIGUOUS)
-def test_binding_that_failed_ambiguously_and_did_not_happen_is_rolled_back(
-    run: Callable[..., Running], cluster: FakeGateway, error: GatewayError
+def test_binding_that_timed_out_and_did_not_happen_leaves_nothing(
+    run: Callable[..., Running], cluster: FakeGateway
 ) -> None:
     app = run()
+    error = GatewayError("bind pod default/p1 to n1: ReadTimeoutError: read timed out")
     cluster.fail["bind"] = error
     reply = app.post("/bind", bind_body("p1", "n1"))
     assert reply["Error"] == f"could not bind pod default/p1 to n1: {error}"
-    assert cluster.calls[-1] == "patch default/p1 ['tensor-fusion.ai/allocation']"  # the undo
+    assert cluster.calls == ["bind default/p1 n1"]  # nothing to undo on the pod
     app.settle()
     assert allocation(cluster, "p1") is None and cluster.bindings == []
     assert app.ext.cache.entries() == {} and app.ext.gate.holders("n1") == ()
@@ -143,38 +185,18 @@ def test_binding_whose_outcome_cannot_be_read_back_keeps_the_allocation_for_the_
     cluster.fail["bind"] = GatewayError("read timed out")
     error = app.post("/bind", bind_body("p1", "n1"))["Error"]
     assert "read timed out" in error and "could not be read back, so nothing is undone" in error
-    assert reads == ["p1", "p1"] and cluster.calls[-1] == "bind default/p1 n1"  # no undo
+    assert reads == ["p1", "p1"] and cluster.calls == ["bind default/p1 n1"]
     app.settle()
-    assert allocation(cluster, "p1") is not None and cluster.bindings == []
-    assert app.ext.cache.entry("default/p1") is not None  # counted while the allocation is on the pod
+    assert allocation(cluster, "p1") is None and cluster.bindings == []
+    assert app.ext.cache.entry("default/p1") is not None  # held: the Binding may still land
     assert [h.pod_key for h in app.ext.gate.holders("n1")] == ["default/p1"]  # it may still get bound there
-    # The Binding did not land: the scheduler's next bind removes the allocation, then binds afresh.
+    # The Binding did not land: the scheduler's next bind gives the hold back and binds afresh.
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
-    assert cluster.calls[-4:] == [
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "list pods tensor-fusion.ai/allocated-node=n1",
-        "bind default/p1 n1",
-    ]
+    assert cluster.calls == ["bind default/p1 n1", "bind default/p1 n1"]
     app.settle()
     entry, alloc = app.ext.cache.entry("default/p1"), allocation(cluster, "p1")
     assert alloc is not None and entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
     assert len(app.ext.cache.entries()) == 1 and cluster.bindings == [("default", "p1", "n1")]
-
-
-def test_rollback_reports_when_removing_the_annotation_fails_too(
-    run: Callable[..., Running], cluster: FakeGateway
-) -> None:
-    app = run()
-    cluster.fail["bind"] = GatewayError("refused", 409)
-    cluster.fail["unpatch"] = GatewayError("api down", 503)
-    reply = app.post("/bind", bind_body("p1", "n1"))
-    assert "refused" in reply["Error"] and "removing its allocation annotation failed" in reply["Error"]
-    # The allocation is still written on the pod, so it still counts, from the pod (never forgotten).
-    app.settle()
-    assert allocation(cluster, "p1") is not None
-    assert app.ext.cache.entry("default/p1") is not None
-    assert app.ext.gate.holders("n1") == ()  # the pod is not bound, so it holds no hand-off gate
 
 
 def test_pod_that_no_longer_fits_gets_the_reason(run: Callable[..., Running], cluster: FakeGateway) -> None:
@@ -284,11 +306,11 @@ def test_restart_rebuilds_the_ledger_from_pods_alone(run: Callable[..., Running]
 
 def test_bind_metrics_count_outcomes_and_gate_waits(run: Callable[..., Running], cluster: FakeGateway) -> None:
     app = run()
-    cluster.fail["patch"] = GatewayError("x", 500)
+    cluster.fail["lease"] = GatewayError("x", 500)
     app.post("/bind", bind_body("p1", "n1"))
     app.post("/bind", bind_body("p1", "n1"))
     text = app.client.get("/metrics").text
-    assert 'tf_extender_binds_total{result="annotate"} 1.0' in text
+    assert 'tf_extender_binds_total{result="claim"} 1.0' in text
     assert 'tf_extender_binds_total{result="bound"} 1.0' in text
     assert "tf_extender_bind_gate_wait_seconds_count 1.0" in text
 
@@ -323,7 +345,8 @@ def test_fragmentation_policy_scores_binds_and_learns_from_commits(
 def test_a_pod_left_allocated_but_unbound_by_a_dead_extender_binds_on_retry(
     run: Callable[..., Running], fake: FakeGateway
 ) -> None:
-    """The extender died between writing the allocation and posting the Binding; the retry must not stick."""
+    """An extender of the earlier protocol died between writing the allocation and posting the Binding; the
+    retry must not stick: its Binding replaces the allocation."""
     from tests.scheduler_extender.test_cache import allocated_pod, grant
 
     fake.put(Kind.NODE, make_node("n1", gpus=1, vram=16 * GI, tflops=100_000))
@@ -337,8 +360,4 @@ def test_a_pod_left_allocated_but_unbound_by_a_dead_extender_binds_on_retry(
     assert alloc is not None and alloc.node == "n1" and alloc.bound_at != "2026-01-01T00:00:00Z"  # written afresh
     entry = app.ext.cache.entry("default/p1")
     assert entry is not None and entry.state == "committed" and entry.grants == alloc.gpus
-    assert fake.calls[-3:] == [
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "list pods tensor-fusion.ai/allocated-node=n1",
-        "bind default/p1 n1",
-    ]
+    assert fake.calls == ["bind default/p1 n1"]

@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -87,39 +86,48 @@ def test_answers_the_bind_path_does_not_read_give_their_connection_back(tmp_path
     assert len(_Pods.connections) == 1  # one pooled connection for all ten calls, none left checked out
 
 
-class _PodList(BaseHTTPRequestHandler):
-    """Answers GET with one pod list, remembering each request's path."""
+class _Bindings(BaseHTTPRequestHandler):
+    """Answers POST with 201, remembering each request's path and body."""
 
-    paths: ClassVar[list[str]] = []
+    posted: ClassVar[list[tuple[str, dict[str, object]]]] = []
 
-    def do_GET(self) -> None:
-        type(self).paths.append(self.path)
-        body = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": [{"kind": "Pod"}]})
-        self.send_response(200)
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        type(self).posted.append((self.path, body))
+        answer = b'{"kind": "Status", "status": "Success"}'
+        self.send_response(201)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
-        self.wfile.write(body.encode())
+        self.wfile.write(answer)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
         pass
 
 
-def test_the_node_allocations_list_is_a_consistent_read_across_namespaces(tmp_path: Path) -> None:
-    """No resourceVersion in the query: the API server answers from etcd's latest, never a stale cache."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PodList)
+def test_the_binding_carries_the_grant_and_its_preconditions(tmp_path: Path) -> None:
+    """What the API server copies onto the pod with spec.nodeName, and the UID and resourceVersion it checks."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bindings)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        pods = gateway_to(server.server_address[1], tmp_path).list_pods("tensor-fusion.ai/allocated-node=n1")
+        gateway_to(server.server_address[1], tmp_path).bind(
+            "team-a", "p", "u-1", "n1", annotations={"tensor-fusion.ai/allocation": "{}"},
+            labels={"tensor-fusion.ai/allocated-node": "n1"}, resource_version="42", timeout=2,
+        )  # fmt: skip
     finally:
         server.shutdown()
         server.server_close()
-    assert pods == [{"kind": "Pod"}]
-    [path] = _PodList.paths
-    assert path.startswith("/api/v1/pods?") and urllib.parse.unquote(path).endswith(
-        "labelSelector=tensor-fusion.ai/allocated-node=n1"
-    )
-    assert "resourceVersion" not in path
+    [(path, body)] = _Bindings.posted
+    assert path == "/api/v1/namespaces/team-a/pods/p/binding"
+    assert body["metadata"] == {
+        "name": "p",
+        "namespace": "team-a",
+        "uid": "u-1",
+        "resourceVersion": "42",
+        "annotations": {"tensor-fusion.ai/allocation": "{}"},
+        "labels": {"tensor-fusion.ai/allocated-node": "n1"},
+    }
+    assert body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "n1"}
 
 
 def test_a_refused_connection_is_an_error_not_a_stall(tmp_path: Path) -> None:

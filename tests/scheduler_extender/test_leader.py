@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from scheduler_extender.gateway import annotation_removal
 from scheduler_extender.leader import LeaseElector, LeaseTerms
 from tests.scheduler_extender.fakes import FakeGateway
 from tests.scheduler_extender.test_workload_status import record, writer
@@ -83,11 +82,3 @@ def test_the_status_writer_writes_nothing_while_not_leader() -> None:
     assert status_writer.sync() == 0 and fake.status_patches == []
     leading = True
     assert status_writer.sync() == 1 and fake.workloads[("team-a", "train")]["status"]["replicas"] == 1
-
-
-def test_the_rollback_patch_tests_the_uid_and_the_exact_value_before_removing() -> None:
-    assert annotation_removal("u1", "tensor-fusion.ai/allocation", "v") == [
-        {"op": "test", "path": "/metadata/uid", "value": "u1"},
-        {"op": "test", "path": "/metadata/annotations/tensor-fusion.ai~1allocation", "value": "v"},
-        {"op": "remove", "path": "/metadata/annotations/tensor-fusion.ai~1allocation"},
-    ]

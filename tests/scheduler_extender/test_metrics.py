@@ -129,9 +129,9 @@ def test_errors_total_counts_each_kind_of_failure(run: Callable[..., Running], c
     assert errors("prioritize", "invalid-body") == 1
 
     assert "does not exist" in app.post("/bind", bind_body("ghost", "n1"))["Error"]
-    cluster.fail["patch"] = GatewayError("boom", 500)
+    cluster.fail["bind"] = GatewayError("boom", 403)
     assert "boom" in app.post("/bind", bind_body("p1", "n1"))["Error"]
-    assert (errors("bind", "request"), errors("bind", "annotate")) == (1, 1)
+    assert (errors("bind", "request"), errors("bind", "binding")) == (1, 1)
 
     cluster.fail["event"] = GatewayError("events forbidden", 403)
     assert app.post("/filter", args(make_pod("huge", gpu_request(vram=100 * GI)), "n1"))["NodeNames"] == []

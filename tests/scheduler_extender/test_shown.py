@@ -1,7 +1,7 @@
 """A bind takes its pod from what kube-scheduler sent prioritize, never trusting it beyond the conditional write.
 
-The copy saves the bind's read of the pod; the allocation patch's resourceVersion precondition is what makes
-it safe, so a pod that changed since the copy is read and bound exactly as a bind without a copy binds it.
+The copy saves the bind's read of the pod; the Binding's resourceVersion precondition is what makes it safe,
+so a pod that changed since the copy is read and bound exactly as a bind without a copy binds it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,7 @@ from tests.scheduler_extender.test_bind import allocation, bind_body
 from tests.scheduler_extender.test_two_replicas import assert_one_allocation_never_removed
 from tf_shell.kube.api import GatewayError
 
-PATCH, LIST, BIND = (
-    "patch default/p1 ['tensor-fusion.ai/allocation']",
-    "list pods tensor-fusion.ai/allocated-node=n1",
-    "bind default/p1 n1",
-)
+BIND = "bind default/p1 n1"
 
 
 def shown_to_prioritize(app: Running, fake: FakeGateway) -> None:
@@ -48,7 +44,7 @@ def test_a_bind_after_prioritize_writes_on_the_pod_as_sent_without_reading_it(ap
     fake.fail["get"] = GatewayError("the bind read the pod", 500)
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
     assert "get" in fake.fail, "the pod was read"
-    assert fake.calls == [PATCH, LIST, BIND]
+    assert fake.calls == [BIND]
     alloc = allocation(fake, "p1")
     assert alloc is not None and alloc.node == "n1"
 
@@ -56,9 +52,9 @@ def test_a_bind_after_prioritize_writes_on_the_pod_as_sent_without_reading_it(ap
 def test_a_pod_changed_since_it_was_sent_is_read_and_bound_as_it_is_now(app: Running, fake: FakeGateway) -> None:
     pod = fake.pod("default", "p1")
     pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
-    fake.put(Kind.POD, pod)  # a new resourceVersion: the copy's patch is refused
+    fake.put(Kind.POD, pod)  # a new resourceVersion: the copy's Binding is refused
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
-    assert fake.calls == [PATCH, PATCH, LIST, BIND]
+    assert fake.calls == [BIND, BIND]
     assert fake.bindings == [("default", "p1", "n1")]
     app.settle()
     entry = app.ext.cache.entry("default/p1")

@@ -1,9 +1,10 @@
-"""Two extender replicas (two apps, two caches) binding over one fake API server: the issue-12 mechanism.
+"""Two extender replicas (two apps, two caches) binding over one fake API server.
 
 A rolling restart or a leader change leaves the old kube-scheduler's binds running beside the new
-one's, so both replicas may bind the same pod. The loser must back off without undoing the winner:
-every pod bound once, with exactly one allocation ever written on it, never removed by the loser,
-and both ledgers counting that allocation.
+one's, so both replicas may bind the same pod, or different pods onto one node. The loser must back
+off without undoing the winner: every pod bound once, with exactly one allocation ever written on it
+(by its Binding), and both ledgers counting that allocation; and the node's claims Lease orders two
+placements on one node, so no GPU is promised twice.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -23,7 +25,8 @@ from tests.scheduler_extender.test_bind import allocation, bind_body
 from tf_shell.kube.api import RawObject
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
-from vgpu.names import LABEL_ALLOCATED_NODE, Qos, SystemAnnotation
+from vgpu.contract.claims import Claim
+from vgpu.names import Qos, SystemAnnotation
 from vgpu.timefmt import rfc3339
 
 ALLOCATION = SystemAnnotation.ALLOCATION.value
@@ -132,7 +135,7 @@ def test_both_replicas_binding_every_pod_at_once_bind_each_once_with_one_allocat
             assert_one_allocation_never_removed(fake, name)
         else:
             assert_kept_once_bound(fake, name)
-    allowed = ("another extender is binding", "is already bound", "another extender placed")
+    allowed = ("another extender is binding", "is already bound", "other extenders", "pod watch", "kept changing")
     assert all(any(a in e for a in allowed) for e in errors if e), [e for e in errors if e]
     assert_ledgers_agree(fake, apps, names)
 
@@ -202,15 +205,15 @@ def test_the_loser_of_the_binding_leaves_the_winners_allocation_and_gate(
 
     real_bind = fake.bind
 
-    def bind_after_the_winner(namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None) -> None:
+    def bind_after_the_winner(namespace: str, name: str, uid: str, node: str, **kw: Any) -> None:
         winner_binds()
-        real_bind(namespace, name, uid, node, timeout=timeout)  # 409: already assigned
+        real_bind(namespace, name, uid, node, **kw)  # 409: already assigned
 
     fake.bind = bind_after_the_winner  # type: ignore[method-assign]
     reply = loser.post("/bind", bind_body("p1", "n1"))
     assert "could not bind pod default/p1" in reply["Error"]
     assert fake.pod("default", "p1")["metadata"]["annotations"][ALLOCATION] == theirs
-    assert fake.refused_removals == 1  # the loser's rollback was refused by its test, not applied
+    assert fake.calls == ["bind default/p1 n1"]  # the loser wrote nothing on the pod
     loser.settle()
     assert [h.pod_key for h in loser.ext.gate.holders("n1")] == ["default/p1"]
     entry = loser.ext.cache.entry("default/p1")
@@ -231,12 +234,7 @@ def test_a_write_refused_only_for_a_status_update_is_written_again(
 
     fake.after_get = status_update
     assert app.post("/bind", bind_body("p1", "n1")) == {"Error": ""}
-    assert fake.calls == [
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "patch default/p1 ['tensor-fusion.ai/allocation']",
-        "list pods tensor-fusion.ai/allocated-node=n1",
-        "bind default/p1 n1",
-    ]
+    assert fake.calls == ["bind default/p1 n1", "bind default/p1 n1"]  # 409 on the version read, then bound
     assert_one_allocation_never_removed(fake, "p1")
 
 
@@ -269,44 +267,42 @@ def test_two_replicas_placing_different_pods_on_one_full_gpu_never_overcommit_it
         assert sorted(held) == sorted(bound)
 
 
-def test_an_allocation_written_on_the_node_while_placing_makes_the_bind_back_off_and_undo_itself(
+def test_a_placement_that_meets_another_replicas_claim_decides_again_beside_it(
     run: Callable[..., Running], fake: FakeGateway
 ) -> None:
-    """The other replica's write lands between this bind's placement and its list: this bind backs off."""
+    """The other replica binds a 200-TFLOPS pod on the node between this bind's placement and its claim (its
+    watch has not shown it yet): this bind's compare-and-swap fails, it reads the node's claims, places again
+    beside the other's claim, and binds on the other GPU."""
     fake.put(Kind.NODE, make_node("n1", gpus=2))
     for name in ("mine", "theirs"):
         fake.put(Kind.POD, make_pod(name, gpu_request(tflops=200_000, vram=4 * GI)))
-    app = run()
-
-    def other_replica_writes() -> None:
-        pod = fake.pod("default", "theirs")
-        pod["metadata"]["annotations"][ALLOCATION] = other_replicas_allocation("theirs", "n1", time.time())
-        pod["metadata"]["labels"][LABEL_ALLOCATED_NODE] = "n1"
-        fake.put(Kind.POD, pod)
-
-    fake.before_list = other_replica_writes
-    reply = app.post("/bind", bind_body("mine", "n1"))
-    assert "another extender placed default/theirs on n1" in reply["Error"]
-    assert allocation(fake, "mine") is None and fake.bindings == []
+    app, other = run(), run()
     app.settle()
-    assert app.ext.cache.entry("default/mine") is None
-    theirs = app.ext.cache.entry("default/theirs")
-    assert theirs is not None and theirs.state == "committed"
-    # Retried, it counts the other allocation (10 TFLOPS on GPU 1) and packs beside it: 210 of 312.
+    fake.before_claim = lambda: other.post("/bind", bind_body("theirs", "n1"))
     assert app.post("/bind", bind_body("mine", "n1")) == {"Error": ""}
-    mine = allocation(fake, "mine")
-    assert mine is not None and [g.uuid for g in mine.gpus] == ["GPU-n1-1"]
-    view = app.ext.cache.node("n1")
-    assert view is not None and view.gpus[1].tflops_used == 210_000
+    mine, theirs = allocation(fake, "mine"), allocation(fake, "theirs")
+    assert mine is not None and theirs is not None
+    assert {mine.gpus[0].uuid, theirs.gpus[0].uuid} == {"GPU-n1-0", "GPU-n1-1"}
+    claims = [c for c in fake.lease_calls if "gpu-claims" in c]
+    # mine read (none) and about to create; theirs read (none) and created; mine's create refused, read, updated
+    assert claims == [
+        "get tf-gpu-claims.n1",
+        "create tf-gpu-claims.n1",
+        "get tf-gpu-claims.n1",
+        "create tf-gpu-claims.n1",
+        "get tf-gpu-claims.n1",
+        "update tf-gpu-claims.n1",
+    ]
+    assert_ledgers_agree(fake, (app, other), ["mine", "theirs"])
 
 
-def test_a_bind_backs_off_when_its_list_shows_a_limit_raised_that_its_placement_did_not_count(
+def test_a_bind_backs_off_when_a_limit_raise_claimed_meanwhile_leaves_no_room(
     run: Callable[..., Running], fake: FakeGateway
 ) -> None:
-    """A VRAM limit is held on the GPU, so a raise is room taken: the other replica's autoscaler raises the hog's
-    VRAM limit on the API server while this replica binds a neighbour counting the old one. The bind's consistent
-    list (after its write) shows the hog's allocation differing from what its placement counted — limits
-    included — and the bind backs off; kube-scheduler retries it against the raised limit."""
+    """A VRAM limit is held on the GPU, so a raise is room taken: the other replica's autoscaler claims a raise of
+    the hog's VRAM limit while this replica places a neighbour counting the old one. This bind's claim fails its
+    compare-and-swap, and placed again beside the raise's claim (limits included) the neighbour no longer fits;
+    nothing is written on it."""
     fake.put(Kind.NODE, make_node("n1", gpus=1))  # one 80Gi GPU
     hog_grant = GpuGrant(uuid="GPU-n1-0", index=0, tflops_request=10_000, tflops_limit=10_000, vram_request=GI,
                          vram_limit=GI, gpu_tflops=312_000)  # fmt: skip
@@ -314,24 +310,16 @@ def test_a_bind_backs_off_when_its_list_shows_a_limit_raised_that_its_placement_
     alloc = PodAllocation(pod_uid="uid-default-hog", node="n1", pool="default-pool", qos=Qos.MEDIUM,
                           containers=("main",), gpus=(hog_grant,), bound_at=rfc3339(0))  # fmt: skip
     hog["metadata"]["annotations"][ALLOCATION] = allocation_contract.encode(alloc)
-    hog["metadata"]["labels"][LABEL_ALLOCATED_NODE] = "n1"
     hog["spec"]["nodeName"] = "n1"
-    fake.put(Kind.POD, hog)
+    version = int(fake.put(Kind.POD, hog)["metadata"]["resourceVersion"])
     fake.put(Kind.POD, make_pod("neighbour", gpu_request(vram=40 * GI)))
     app = run()
     app.settle()
-
-    def raise_the_hogs_limit() -> None:  # the leader's autoscaler, in the other replica
-        pod = fake.pod("default", "hog")
-        raised = replace(alloc, gpus=(replace(hog_grant, vram_limit=70 * GI),))
-        pod["metadata"]["annotations"][ALLOCATION] = allocation_contract.encode(raised)
-        fake.put(Kind.POD, pod)
-
-    fake.before_list = raise_the_hogs_limit
+    raised = (replace(hog_grant, vram_limit=70 * GI),)
+    claim = Claim(pod_uid="uid-default-hog", pod="default/hog", version=version, gpus=raised, slots=1, at=time.time())
+    fake.before_claim = lambda: fake.add_claim("default", claim, "n1")  # the other replica's autoscaler
     error = app.post("/bind", bind_body("neighbour", "n1"))["Error"]
-    assert "another extender placed default/hog on n1 while pod default/neighbour was being placed there" in error
-    assert allocation(fake, "neighbour") is None and fake.bindings == []
+    assert "no longer fits on n1" in error
+    assert allocation(fake, "neighbour") is None and fake.bindings == [] and fake.calls == []
     app.settle()
-    view = app.ext.cache.node("n1")  # now counting the raised limit: 10Gi left, the neighbour does not fit
-    assert view is not None and view.gpus[0].vram_free == 10 * GI
-    assert "no longer fits on n1" in app.post("/bind", bind_body("neighbour", "n1"))["Error"]
+    assert app.ext.cache.entry("default/neighbour") is None and app.ext.gate.holders("n1") == ()

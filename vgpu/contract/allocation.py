@@ -1,7 +1,8 @@
 """Pod allocation and its hand-off: which GPUs the extender granted a pod, and the node's receipt.
 
-The extender writes :class:`PodAllocation` on the pod at bind (annotation ``allocation``), before it
-posts the Binding. The device plugin reads it at Allocate, checks it belongs to this pod and node,
+The extender grants :class:`PodAllocation` at bind (annotation ``allocation``), carried by the Binding
+itself, so that it lands in the same write as ``spec.nodeName`` (pods bound before that got it by a patch
+first; both read the same). The device plugin reads it at Allocate, checks it belongs to this pod and node,
 and, once every container got its devices, writes :class:`Handoff` (annotation ``handoff``) with
 the device IDs the kubelet chose, which releases the extender's per-node hand-off gate.
 Only the extender may write the allocation; only the device plugin the hand-off (deploy/ policy).
@@ -80,20 +81,22 @@ def encode(alloc: PodAllocation) -> str:
             "containers": list(alloc.containers),
             "boundAt": alloc.bound_at,
             **({"isolation": alloc.isolation.value} if alloc.isolation else {}),
-            "gpus": [
-                {
-                    "uuid": g.uuid,
-                    "index": g.index,
-                    "tflopsRequest": format_milli(g.tflops_request),
-                    "tflopsLimit": format_milli(g.tflops_limit),
-                    "vramRequest": format_bytes(g.vram_request),
-                    "vramLimit": format_bytes(g.vram_limit),
-                    "gpuTflops": format_milli(g.gpu_tflops),
-                }
-                for g in alloc.gpus
-            ],
+            "gpus": [grant_fields(g) for g in alloc.gpus],
         }
     )
+
+
+def grant_fields(g: GpuGrant) -> dict[str, object]:
+    """One grant as the contracts write it (the allocation, the node claims)."""
+    return {
+        "uuid": g.uuid,
+        "index": g.index,
+        "tflopsRequest": format_milli(g.tflops_request),
+        "tflopsLimit": format_milli(g.tflops_limit),
+        "vramRequest": format_bytes(g.vram_request),
+        "vramLimit": format_bytes(g.vram_limit),
+        "gpuTflops": format_milli(g.gpu_tflops),
+    }
 
 
 def decode(text: str) -> PodAllocation:
@@ -105,7 +108,7 @@ def decode(text: str) -> PodAllocation:
         pool=r.text("pool"),
         qos=Qos(r.choice("qos", tuple(Qos))),
         containers=r.strings("containers"),
-        gpus=r.items("gpus", _grant),
+        gpus=r.items("gpus", read_grant),
         bound_at=r.text("boundAt"),
         isolation=None if mode is None else IsolationMode(mode),
     )
@@ -113,7 +116,7 @@ def decode(text: str) -> PodAllocation:
     return alloc
 
 
-def _grant(r: Reader) -> GpuGrant:
+def read_grant(r: Reader) -> GpuGrant:
     grant = GpuGrant(
         uuid=r.text("uuid"),
         index=r.integer("index"),

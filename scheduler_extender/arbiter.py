@@ -1,0 +1,148 @@
+"""The one way a write adds grants on a node: decide it beside the node's claims, then claim it by CAS.
+
+A bind (binder.py) and an in-place resize (autoscaler/resize.py) both place from this replica's cache,
+which may not yet show what another replica wrote on the node. Each decides beside the node's claims
+(claims.py: what others are writing there), adds its own claim to the node's claims Lease on the
+condition that nobody wrote it since it was read (claim_board.py), and only then makes its write, itself
+conditional on the pod's resourceVersion the claim names. The API server orders the Lease writes, so of
+two writes that missed each other the later one fails its CAS and decides again. Why this is airtight,
+also for a replica that stalls and resumes: scheduler_extender/HANDOFF.md, "Arbitration".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.claim_board import ClaimBoard, ClaimsContended, ClaimsUnreadable
+from scheduler_extender.claims import after_reading, counted_beside, settle
+from scheduler_extender.gateway import KubeGateway
+from scheduler_extender.objects import PodRecord, PodRef
+from tf_shell.kube.api import GatewayError
+from vgpu.contract.allocation import GpuGrant
+from vgpu.contract.claims import Claim, NodeClaims
+
+T = TypeVar("T")
+
+ATTEMPTS: Final = 3  # decisions per write when other replicas keep writing the node's claims meanwhile
+CATCH_UP_WAIT: Final = 1.0  # seconds the pod watch may take to reach a node's horizon before the write backs off
+CATCH_UP_POLL: Final = 0.01
+
+
+class ClaimFailed(Exception):
+    """No claim was made (whatever ``decide`` reserved was undone); ``stage`` labels the metric:
+    ``conflict`` (other replicas' writes) or ``claim`` (the API server)."""
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+# decide(claims to hold beside the ledger) -> (what the caller keeps, the grants written, device IDs per GPU)
+Decide = Callable[[tuple[Claim, ...]], tuple[T, tuple[GpuGrant, ...], int]]
+
+
+class Arbiter:
+    """Claims grants on a node before they are written. Thread-safe."""
+
+    def __init__(
+        self,
+        board: ClaimBoard,
+        cache: ClusterCache,
+        gateway: KubeGateway,
+        pods_seen: Callable[[], int],
+        *,
+        stale_after: float,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.board = board
+        self.cache = cache
+        self.gateway = gateway
+        self.pods_seen = pods_seen
+        self.stale_after = stale_after
+        self.clock = clock
+        self.monotonic = monotonic
+
+    def claim(
+        self,
+        node: str,
+        ref: PodRef,
+        version: int,
+        decide: Decide[T],
+        undo: Callable[[], None],
+        timeout: Callable[[str], float],
+    ) -> T:
+        """Decide (under the cache lock) beside ``node``'s claims and claim the grants for pod ``ref`` at
+        resourceVersion ``version``; returns what ``decide`` gave. ``undo`` gives back what ``decide``
+        reserved, when the claim is contended or fails. ``timeout(step)`` is each call's timeout (it may
+        raise GatewayError when no time is left). Errors ``decide`` raises pass through, after nothing was
+        written; ClaimFailed otherwise."""
+        with self.board.writing(node):
+            try:
+                board = self.board.current(node, timeout=timeout("read the node's GPU claims"))
+                for _ in range(ATTEMPTS):
+                    self._catch_up(node, board.horizon, timeout)
+                    with self.cache.lock:
+                        seen = self._records(board)
+                        counted = self.cache.counted_on(node)
+                        kept, grants, slots = decide(counted_beside(board, ref.uid, counted, seen))
+                    now = self.clock()
+                    mine = Claim(pod_uid=ref.uid, pod=ref.key, version=version, gpus=grants, slots=slots, at=now)
+                    try:
+                        self.board.write(self._settled(board, mine, seen, timeout), timeout=timeout("claim the GPUs"))
+                        return kept
+                    except ClaimsContended:
+                        undo()
+                        board = self.board.read(node, timeout=timeout("read the node's GPU claims"))
+                    except BaseException:
+                        undo()
+                        raise
+            except ClaimsUnreadable as exc:
+                raise ClaimFailed(str(exc), "claim") from None
+            except GatewayError as exc:
+                raise ClaimFailed(f"could not claim the GPUs on node {node}: {exc}", "claim") from None
+        raise ClaimFailed(
+            f"other extenders kept claiming GPUs on node {node} while pod {ref.key} was placed there ({ATTEMPTS} "
+            "times); this write backed off so that no GPU is promised twice",
+            "conflict",
+        )
+
+    def _records(self, board: NodeClaims) -> dict[str, PodRecord]:
+        """What the cache shows of the claims' pods (those holding GPUs): a few lookups, not every pod."""
+        found = {}
+        for claim in board.claims:
+            record = self.cache.record(claim.pod_uid)
+            if record is not None:
+                found[claim.pod_uid] = record
+        return found
+
+    def _settled(
+        self, board: NodeClaims, mine: Claim, seen: dict[str, PodRecord], timeout: Callable[[str], float]
+    ) -> NodeClaims:
+        """The claims to write: ``mine`` added, what the cache settled dropped, and each claim older than a
+        write can last that the cache cannot settle read from its pod (rare: a write that failed or stalled)."""
+        settled = settle(board, mine, seen, now=self.clock(), stale_after=self.stale_after)
+        claims = settled.board
+        for stale in settled.check:
+            namespace, _, name = stale.pod.partition("/")
+            pod = self.gateway.get_pod(namespace, name, timeout=timeout("read a stale claim's pod"))
+            claims = after_reading(claims, stale, pod)
+        return claims
+
+    def _catch_up(self, node: str, horizon: int, timeout: Callable[[str], float]) -> None:
+        """Wait (briefly) until this replica's pod watch has reached ``horizon``: a claim dropped from the node
+        was counted by its dropper's cache, and must be by this one's before it places there."""
+        if self.pods_seen() >= horizon:
+            return
+        end = self.monotonic() + min(CATCH_UP_WAIT, timeout("catch up with the node's claims"))
+        while self.pods_seen() < horizon:
+            if self.monotonic() >= end:
+                raise ClaimFailed(
+                    f"this extender's pod watch (resourceVersion {self.pods_seen()}) is behind what another "
+                    f"extender counted on node {node} ({horizon}); it places there once it has caught up",
+                    "conflict",
+                )
+            time.sleep(CATCH_UP_POLL)

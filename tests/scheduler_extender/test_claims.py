@@ -1,0 +1,165 @@
+"""A node's claims: what a replica counts beside its ledger, what it drops and when, the contract on the Lease,
+and two replicas over one fake API server where one stalls between its claim and its Binding."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from scheduler_extender.arbiter import Arbiter, ClaimFailed
+from scheduler_extender.cache import ClusterCache
+from scheduler_extender.claim_board import ClaimBoard, ClaimsUnreadable, lease_name
+from scheduler_extender.claims import after_reading, counted_beside, settle
+from scheduler_extender.gateway import Kind
+from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.objects import PodRef, pod_record
+from tests.scheduler_extender.conftest import Running, wait_for
+from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_bind import allocation, bind_body
+from tests.scheduler_extender.test_cache import allocated_pod, grant
+from vgpu.contract import claims as claims_contract
+from vgpu.contract.claims import Claim, NodeClaims
+from vgpu.names import CLAIMS_ANNOTATION
+
+NODE = "n1"
+
+
+def claim(name: str, version: int, index: int = 0, *, at: float = 100.0) -> Claim:
+    return Claim(pod_uid=f"uid-default-{name}", pod=f"default/{name}", version=version, gpus=(grant(NODE, index),),
+                 slots=1, at=at)  # fmt: skip
+
+
+def record(name: str, version: int, index: int = 0, *, node: str | None = NODE) -> Any:
+    pod = allocated_pod(name, NODE, grant(NODE, index))
+    pod["metadata"]["resourceVersion"] = str(version)
+    if node is None:
+        del pod["spec"]["nodeName"]
+    return pod_record(pod)
+
+
+def test_the_contract_reads_back_what_it_wrote() -> None:
+    board = NodeClaims(node=NODE, horizon=41, claims=(claim("a", 7), claim("b", 9, 1, at=1.5)))
+    assert claims_contract.decode(claims_contract.encode(board)) == board
+
+
+def test_counted_beside_the_ledger_only_what_it_does_not_show() -> None:
+    board = NodeClaims(node=NODE, claims=(claim("own", 5), claim("seen", 6), claim("past", 7), claim("new", 8)))
+    counted = {"uid-default-seen": (grant(NODE, 0),)}  # the ledger holds it with its very grants
+    records = {"uid-default-past": record("past", 9, index=1)}  # the pod moved past the claim without its grants
+    kept = counted_beside(board, "uid-default-own", counted, records)
+    assert [c.pod for c in kept] == ["default/new"]
+    # a pod the cache shows at the claim's own version with other grants: the claim may still land
+    records = {"uid-default-past": record("past", 7, index=1)}
+    assert [c.pod for c in counted_beside(board, "uid-default-own", counted, records)] == [
+        "default/past",
+        "default/new",
+    ]
+
+
+def test_settle_drops_what_the_cache_has_settled_and_raises_the_horizon() -> None:
+    board = NodeClaims(node=NODE, horizon=3, claims=(
+        claim("landed", 5), claim("past", 6), claim("mine", 4), claim("fresh", 8), claim("stale", 9, at=10.0),
+    ))  # fmt: skip
+    records = {"uid-default-landed": record("landed", 12), "uid-default-past": record("past", 11, index=1)}
+    mine = claim("mine", 10, index=1, at=100.0)
+    settled = settle(board, mine, records, now=100.0, stale_after=11.0)
+    assert [(c.pod, c.version) for c in settled.board.claims] == [
+        ("default/fresh", 8), ("default/stale", 9), ("default/mine", 10),
+    ]  # fmt: skip
+    assert settled.board.horizon == 12  # the landed claim's pod as this replica's cache shows it
+    assert [c.pod for c in settled.check] == ["default/stale"]
+
+
+def test_a_stale_claim_is_settled_by_reading_its_pod() -> None:
+    stale = claim("x", 9)
+    board = NodeClaims(node=NODE, horizon=3, claims=(stale,))
+    pending = make_pod("x", gpu_request())
+    pending["metadata"]["resourceVersion"] = "9"
+    assert after_reading(board, stale, pending) == board  # still at its version: its Binding may land
+    pending["metadata"]["resourceVersion"] = "10"
+    assert after_reading(board, stale, pending).claims == ()  # moved on: its Binding can never land
+    assert after_reading(board, stale, None).claims == ()  # gone
+    bound = allocated_pod("x", NODE, grant(NODE, 0))
+    bound["metadata"]["resourceVersion"] = "15"
+    landed = after_reading(board, stale, bound)
+    assert landed.claims == () and landed.horizon == 15
+
+
+def test_a_claims_lease_that_cannot_be_read_places_nothing(fake: FakeGateway) -> None:
+    fake.leases[("ns", lease_name(NODE))] = {
+        "metadata": {"name": lease_name(NODE), "resourceVersion": "3",
+                     "annotations": {CLAIMS_ANNOTATION: '{"version": "v9"}'}},
+    }  # fmt: skip
+    with pytest.raises(ClaimsUnreadable, match=f"Lease ns/{lease_name(NODE)} is unreadable"):
+        ClaimBoard(fake, "ns", "me", clock=time.time).read(NODE, timeout=1.0)
+    assert lease_name("n" * 250).startswith("tf-gpu-claims.") and len(lease_name("n" * 250)) <= 253
+
+
+def test_a_replica_whose_pod_watch_is_behind_the_horizon_waits_then_backs_off(fake: FakeGateway) -> None:
+    cache = ClusterCache(default_pool="default-pool", gate=HandoffGate(ttl=60))
+    cache.replace(Kind.NODE, [make_node(NODE, gpus=1)])
+    fake.add_claim("ns", claim("x", 5), NODE)
+    board = ClaimBoard(fake, "ns", "me", clock=time.time)
+    ticks = iter(range(100))
+    arbiter = Arbiter(board, cache, fake, lambda: 20, stale_after=11.0, clock=time.time, monotonic=lambda: next(ticks))
+    lease = fake.leases[("ns", lease_name(NODE))]
+    text = claims_contract.encode(NodeClaims(node=NODE, horizon=30, claims=()))
+    lease["metadata"]["annotations"][CLAIMS_ANNOTATION] = text
+    decided: list[tuple[Claim, ...]] = []
+
+    def decide(claims: tuple[Claim, ...]) -> tuple[None, tuple[Any, ...], int]:
+        decided.append(claims)
+        return None, (grant(NODE, 0),), 1
+
+    with pytest.raises(ClaimFailed, match=r"pod watch \(resourceVersion 20\) is behind .* \(30\)") as failed:
+        arbiter.claim(NODE, PodRef(namespace="default", name="p", uid="uid-p"), 7, decide, lambda: None, lambda _: 5.0)
+    assert failed.value.stage == "conflict" and decided == []  # nothing placed from a cache that is behind
+
+
+@pytest.fixture
+def one_gpu(fake: FakeGateway) -> FakeGateway:
+    """One GPU with room for three 100-TFLOPS pods."""
+    fake.auto_receipt = True
+    fake.put(Kind.NODE, make_node(NODE, gpus=1))
+    for name in ("a1", "b1", "b2", "b3"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=100_000, vram=4 * GI)))
+    return fake
+
+
+def test_a_replica_stalled_between_its_claim_and_its_binding_is_counted_by_the_other(
+    run: Callable[..., Running], one_gpu: FakeGateway
+) -> None:
+    """Replica A claims a1's room and stalls before its Binding (its watch and its API calls frozen, as a
+    SIGSTOPped process); replica B then binds b1..b3 onto the same GPU. B counts A's claim, so only two of
+    them fit; A resumes, and a1's Binding lands. Never more than the GPU holds."""
+    stalled, resume = threading.Event(), threading.Event()
+    real_bind = one_gpu.bind
+
+    def bind(namespace: str, name: str, uid: str, node: str, **kw: Any) -> None:
+        if name == "a1":
+            stalled.set()
+            resume.wait(10)
+        real_bind(namespace, name, uid, node, **kw)
+
+    one_gpu.bind = bind  # type: ignore[method-assign]
+    a, b = run(bind_timeout=30.0, handoff_wait=5.0), run()
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(a.post, "/bind", bind_body("a1", NODE))
+        assert stalled.wait(5)
+        errors = [b.post("/bind", bind_body(name, NODE))["Error"] for name in ("b1", "b2", "b3")]
+        resume.set()
+        assert first.result(10) == {"Error": ""}
+    assert errors[:2] == ["", ""] and "no longer fits on n1" in errors[2], errors
+    bound = [n for n in ("a1", "b1", "b2", "b3") if one_gpu.pod("default", n)["spec"].get("nodeName")]
+    assert bound == ["a1", "b1", "b2"]
+    promised = sum(g.tflops_request for n in bound if (alloc := allocation(one_gpu, n)) for g in alloc.gpus)
+    assert promised == 300_000
+    for app in (a, b):
+        app.settle()
+        wait_for(lambda app=app: len(app.ext.cache.entries()) == 3, what="both ledgers counting the three")  # type: ignore[misc]
+        assert app.ext.cache.conflicts() == {}
