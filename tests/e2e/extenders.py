@@ -8,6 +8,8 @@ the outcome the same way: every allocation change the API server recorded, repla
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from kubernetes.client import CoreV1Api
 from vgpu.contract import allocation
 
 from .cluster import Cluster
+from .kube import eventually
 from .procs import Proc, free_port, http_ok, wait_until
 
 
@@ -74,6 +77,25 @@ def allocations_seen(core: CoreV1Api, namespace: str, since: str, bound: bool = 
             text = (pod.metadata.annotations or {}).get(allocation.KEY, "")
             seen.setdefault(pod.metadata.name, []).append(text)
     return seen
+
+
+def call(port: int, path: str, body: dict[str, Any] | None = None) -> Any:
+    """POST ``body`` (GET without one) to an extender's port; its JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read().decode())
+
+
+def knowing(ports: tuple[int, ...], namespace: str, pod: str, nodes: list[str], pool: str) -> None:
+    """Wait until every extender on ``ports`` knows every one of ``nodes`` (its explain of ``pod`` names them)."""
+    for port in ports:
+        eventually(
+            f"extender :{port} knowing the {pool} nodes",
+            lambda p=port: all(n in json.dumps(call(p, f"/explain/{namespace}/{pod}")) for n in nodes),
+            timeout=30,
+        )
 
 
 def allocated_there(pod: Any, uid: str) -> bool:
