@@ -25,12 +25,14 @@ Per node count, four cases in one namespace, emptied between them:
 Pods are created as fast as a pool of threads can; the figure is pods / (first create → last bound), the
 binding times taken from a watch. With ``--receipts`` a thread pool writes the device plugin's hand-off
 receipt (tests/e2e/pods.py receipt_patch, with the plugin's identity) on each GPU pod as soon as the watch
-shows it bound with its allocation, as the plugin does once the kubelet admitted the pod; without it, a
-node's gate frees only at the extender's ``handoff_ttl``. Also printed per case: the CPU each process spent
-per pod and the extender's bind outcomes.
+shows it bound with its allocation, as the plugin did before it kept receipts on the node. With ``--admit``
+it writes every bound pod's first status (``startTime``), plain or GPU, as a kubelet does once it admitted
+the pod, which opens the node's gate (the shipped plugin writes no receipt on the pod: this is the model of
+today's protocol). With neither, a node's gate frees only at the extender's ``handoff_ttl``. Also printed
+per case: the CPU each process spent per pod and the extender's bind outcomes.
 
     .venv/bin/python -m benchmarks.throughput                              # 200 and 1,000 nodes, 1000/2000
-    .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --runs 2
+    .venv/bin/python -m benchmarks.throughput --nodes 200 --admit --runs 2
     .venv/bin/python -m benchmarks.throughput --shipped-qps
     .venv/bin/python -m benchmarks.throughput --nodes 200 --receipts --cases BW --w-without claim,event
 
@@ -194,11 +196,13 @@ def drained(response: Any) -> None:
 class Recorder:
     """Watches the namespace from ``since``: when each pod was first seen bound (monotonic clock); with a
     ``plugin`` client, hands each GPU pod over (the device plugin's receipt) once it is bound; with a
-    ``binder``, gives it each pod of case W the first time the pod is seen unbound."""
+    ``kubelet`` client, writes every bound pod's first status as the kubelet does once it admitted it (which
+    opens a node's gate); with a ``binder``, gives it each pod of case W the first time it is seen unbound."""
 
     core: CoreV1Api
     plugin: CoreV1Api | None
     since: str
+    kubelet: CoreV1Api | None = None
     binder: HandBinder | None = None
     given: set[str] = field(default_factory=set)
     bound: dict[str, float] = field(default_factory=dict)
@@ -247,9 +251,19 @@ class Recorder:
         if not node or meta["name"] in self.bound:
             return
         self.bound[meta["name"]] = now
+        if self.kubelet is not None:
+            self.hands.submit(self._admit, meta["name"])
         if self.plugin is not None and allocation.KEY in (meta.get("annotations") or {}):
             containers = [c["name"] for c in spec["containers"]]
             self.hands.submit(self._hand_over, meta["name"], receipt_patch(meta["uid"], node, containers))
+
+    def _admit(self, name: str) -> None:
+        assert self.kubelet is not None
+        status = {"status": {"startTime": rfc3339(time.time()), "phase": "Pending"}}
+        try:
+            drained(self.kubelet.patch_namespaced_pod_status(name, NAMESPACE, status, _preload_content=False))
+        except Exception as exc:
+            self.failures.append(exc)
 
     def _hand_over(self, name: str, body: dict[str, Any]) -> None:
         assert self.plugin is not None
@@ -274,13 +288,16 @@ class Result:
 
 
 class Bench:
-    def __init__(self, cluster: Cluster, receipts: bool, w_without: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, cluster: Cluster, receipts: bool, w_without: frozenset[str] = frozenset(), admit: bool = False
+    ) -> None:
         assert cluster.cp is not None
         self.cluster = cluster
         self.admin = api_client(str(cluster.cp.kubeconfig("admin")), pool_size=CREATORS + 2)
         self.plugin = api_client(str(cluster.kubeconfigs["device-plugin"]), pool_size=HANDS + 2)
         self.core = CoreV1Api(self.admin)
         self.receipts = receipts
+        self.admit = admit
         self.w_without = w_without
         self.nodes = 0
         cluster.namespace(NAMESPACE)
@@ -331,7 +348,8 @@ class Bench:
         if case == "W":
             extender = api_client(str(self.cluster.kubeconfigs["extender"]), pool_size=CREATORS + 2)
             binder = HandBinder(KubernetesGateway(extender), self.nodes, self.w_without, deploy.system_namespace())
-        recorder = Recorder(self.core, CoreV1Api(self.plugin) if self.receipts else None, since, binder)
+        plugin = CoreV1Api(self.plugin) if self.receipts else None
+        recorder = Recorder(self.core, plugin, since, binder, CoreV1Api(self.admin) if self.admit else None)
         cpu, binds = self._cpu(), self._binds()
 
         def create(i: int) -> None:
@@ -369,6 +387,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=2000, help="kube-scheduler's client burst (default 2000)")
     parser.add_argument("--shipped-qps", action="store_true", help="kube-scheduler's client QPS/burst as shipped")
     parser.add_argument("--receipts", action="store_true", help="write the device plugin's receipt on bound pods")
+    parser.add_argument("--admit", action="store_true", help="write every bound pod's first status, as its kubelet")
     parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
     parser.add_argument("--cases", default="BWAC", help="which cases, in order (default BWAC)")
@@ -382,11 +401,12 @@ def main() -> None:
     qps = "shipped" if client is None else f"{args.qps:g}/{args.burst}"
     print(f"hardware: {describe()}")
     print(f"kube-scheduler client QPS/burst {qps}; {args.pods} pods per case; receipts {args.receipts}; "
-          f"policy {args.policy}; W without {', '.join(sorted(w_without)) or 'nothing'}")  # fmt: skip
+          f"kubelet status {args.admit}; policy {args.policy}; "
+          f"W without {', '.join(sorted(w_without)) or 'nothing'}")  # fmt: skip
     builders = cases(args.policy)
     rows = []
     with Cluster(gpus=(), kubelet=False, scheduler_client=client) as cluster:
-        bench = Bench(cluster, args.receipts, w_without)
+        bench = Bench(cluster, args.receipts, w_without, args.admit)
         for nodes in counts:
             bench.grow(nodes)
             for case in args.cases:  # warm-up, not reported: first calls, connections, the memo's first keys

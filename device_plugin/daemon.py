@@ -22,6 +22,7 @@ from device_plugin.cluster.handoff import HandoffKeeper
 from device_plugin.cluster.node_events import NodeEvents
 from device_plugin.cluster.pod_cache import PodCache, PodFeed
 from device_plugin.cluster.publisher import InventoryPublisher
+from device_plugin.cluster.receipts import ReceiptFile
 from device_plugin.enforcement.cdi import CdiSpecs
 from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.enforcement.live_limits import Tamper
@@ -112,7 +113,15 @@ class Daemon:
             self.metrics,
             on_change=lambda: self.publisher.nudge(),
         )
-        self.keeper = HandoffKeeper(gateway, self.cache, node, self.metrics, pod_devices=pod_devices)
+        receipts = settings.receipts_path
+        self.keeper = HandoffKeeper(
+            gateway,
+            self.cache,
+            node,
+            self.metrics,
+            pod_devices=pod_devices,
+            local=None if receipts is None else ReceiptFile(receipts),
+        )
         allocator_config = AllocatorConfig(
             node=node, backend=settings.backend, paths=settings.enforcement_paths, lookup_wait_s=settings.lookup_wait
         )

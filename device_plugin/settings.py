@@ -83,6 +83,12 @@ class PluginSettings(BaseSettings):
         "pod's limits change in place (docs/live-limits.md). The same path inside the plugin's container. Empty: "
         "off, limits are fixed at container start.",
     )
+    receipts_file: str = Field(
+        "/var/lib/tensor-fusion/handoff/receipts.json",
+        description="Host file of the node's hand-off receipts (which device IDs each pod got; the same path in "
+        "the plugin's container, in a directory that survives reboots). Empty: each receipt is written on its "
+        "pod instead (annotation tensor-fusion.ai/handoff), one more pod write per GPU pod.",
+    )
     live_limits_interval: float = Field(
         5.0,
         gt=0,
@@ -249,6 +255,11 @@ class PluginSettings(BaseSettings):
     def health(self) -> HealthPolicy:
         xids = frozenset(int(x) for x in self.ignored_xids.split(",") if x.strip())
         return HealthPolicy(ignored_xids=xids, recovery_s=self.health_recovery)
+
+    @property
+    def receipts_path(self) -> Path | None:
+        """Where the node's hand-off receipts are kept; None: on the pods."""
+        return Path(self.receipts_file) if self.receipts_file else None
 
     @property
     def cdi_path(self) -> Path | None:

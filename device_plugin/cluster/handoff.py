@@ -1,8 +1,11 @@
 """The hand-off receipt: written when a pod's last container got its devices, then kept true.
 
-The receipt (:class:`~vgpu.contract.allocation.Handoff`, annotation ``handoff``) releases the
-extender's per-node gate and records which device IDs each container got. Writing it never delays
-Allocate: it is patched in the background and retried by the reconcile loop on failure. The loop
+The receipt (:class:`~vgpu.contract.allocation.Handoff`) records which device IDs each container got:
+the lookup serves no pod twice by it, and finds a pod the kubelet allocates again (a node reboot) by it.
+It is kept on the node (``--receipts-file``, receipts.py: no API write) or, without one, on the pod
+(annotation ``handoff``, which also releases the extender's per-node gate; the kubelet's status write
+releases it anyway). Writing it never delays Allocate: it is written in the background and retried by
+the reconcile loop on failure. The loop
 also compares receipts with the kubelet's PodResources ``List`` — the kubelet's own record of who
 got which IDs — and rewrites a receipt that disagrees; it writes a missing receipt for a pod whose
 containers PodResources shows fully allocated (the plugin restarted before writing it), and hands
@@ -21,6 +24,7 @@ from device_plugin.background import Background
 from device_plugin.cluster.gateway import KubeGateway
 from device_plugin.cluster.pod_cache import PodCache
 from device_plugin.cluster.pods import PodRecord
+from device_plugin.cluster.receipts import ReceiptFile
 from device_plugin.kubelet.kubelet_api import PodDevices
 from device_plugin.metrics import PluginMetrics
 from vgpu.contract.allocation import Handoff, decode_handoff, encode_handoff
@@ -52,9 +56,13 @@ class HandoffKeeper:
         *,
         pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
         now: Callable[[], str] = rfc3339_now,
+        local: ReceiptFile | None = None,
     ) -> None:
         self._gateway, self._cache, self._node, self._metrics = gateway, cache, node, metrics
-        self._pod_devices, self._now = pod_devices, now
+        self._pod_devices, self._now, self._local = pod_devices, now, local
+        self._saving = asyncio.Lock()
+        if local is not None:
+            cache.hold_receipts(local.load())
         self._pending: dict[str, tuple[PodRecord, Handoff]] = {}
         self._background = Background()
 
@@ -72,6 +80,9 @@ class HandoffKeeper:
         if entry is None:
             return
         pod, receipt = entry
+        if self._local is not None:
+            await self._keep_locally(uid, entry)
+            return
         try:
             patched = await asyncio.to_thread(
                 self._gateway.patch_pod_annotations,
@@ -89,7 +100,34 @@ class HandoffKeeper:
             del self._pending[uid]
         self._cache.apply("MODIFIED", patched)
 
+    async def _keep_locally(self, uid: str, entry: tuple[PodRecord, Handoff]) -> None:
+        self._cache.hold_receipts({**self._cache.receipts(), uid: encode_handoff(entry[1])})
+        if self._pending.get(uid) == entry:
+            del self._pending[uid]
+        await self._save()
+
+    async def _save(self) -> None:
+        """Write the cache's receipts to the node's file; one save at a time, each of everything held then."""
+        assert self._local is not None
+        async with self._saving:
+            try:
+                await asyncio.to_thread(self._local.save, self._cache.receipts())
+            except OSError as exc:  # held in memory; the next change or reconcile writes the file again
+                self._metrics.errors.labels("handoff_file").inc()
+                log.warning("cannot write the hand-off receipts to %s: %s", self._local.path, exc)
+
+    async def _forget_gone(self) -> None:
+        """Drop the node-local receipts of pods no longer on the node (once the pod list is known)."""
+        if self._local is None or not self._cache.synced.is_set():
+            return
+        held = self._cache.receipts()
+        kept = {uid: text for uid, text in held.items() if self._cache.get(uid) is not None}
+        if kept != held:
+            self._cache.hold_receipts(kept)
+            await self._save()
+
     async def reconcile_once(self, book: ServedBook) -> None:
+        await self._forget_gone()
         for uid in list(self._pending):
             await self._write(uid)
         if self._pod_devices is None:

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Final, TypeVar
 
 from device_plugin.cluster.gateway import Json, KubeGateway, WatchKind
@@ -43,6 +43,7 @@ class PodCache:
         self._pods: dict[str, PodRecord] = {}
         self._versions: dict[str, int] = {}  # live pods' resourceVersions
         self._gone: dict[str, int] = {}  # deleted pods' last resourceVersions, oldest first
+        self._receipts: dict[str, str] = {}  # pod UID -> its node-local hand-off receipt (receipts.py)
         self._changed = asyncio.Event()
         self.synced = asyncio.Event()
 
@@ -58,7 +59,7 @@ class PodCache:
         fresh: dict[str, PodRecord] = {}
         versions: dict[str, int] = {}
         for pod in pods:
-            record, version = from_json(pod), _version(pod)
+            record, version = self._read(pod), _version(pod)
             if self._stale(record.uid, version):
                 kept = self._pods.get(record.uid)
                 if kept is None:  # deleted after this list was taken
@@ -78,15 +79,33 @@ class PodCache:
         the LIST itself, the cache only must not fall behind it."""
         records = []
         for pod in pods:
-            record = from_json(pod)
+            record = self._read(pod)
             records.append(record)
             self._put("MODIFIED", record, _version(pod))
         self._wake()
         return records
 
     def apply(self, kind: WatchKind, pod: Json) -> None:
-        if self._put(kind, from_json(pod), _version(pod)):
+        if self._put(kind, self._read(pod), _version(pod)):
             self._wake()
+
+    def hold_receipts(self, receipts: Mapping[str, str]) -> None:
+        """Node-local receipts (pod UID -> encoded receipt): each pod's record shows its own as its hand-off
+        receipt, unless the pod carries one (written by an earlier version of the plugin)."""
+        self._receipts = dict(receipts)
+        for uid, record in list(self._pods.items()):
+            text = self._receipts.get(uid)
+            if text is not None and record.handoff is None:
+                self._pods[uid] = replace(record, handoff=text)
+        self._wake()
+
+    def receipts(self) -> dict[str, str]:
+        return dict(self._receipts)
+
+    def _read(self, pod: Json) -> PodRecord:
+        record = from_json(pod)
+        text = self._receipts.get(record.uid)
+        return record if text is None or record.handoff is not None else replace(record, handoff=text)
 
     def _put(self, kind: WatchKind, record: PodRecord, version: int | None) -> bool:
         if self._stale(record.uid, version):

@@ -211,12 +211,13 @@ def test_vgpu_bypass_check_covers_init_containers() -> None:
     assert len(users) == 2  # the webhook-bypass check, and the preset-node check (tests/e2e/test_tenant_isolation.py)
 
 
-def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_the_cdi_dirs_and_the_toolkit() -> None:
+def test_device_plugin_mounts_only_the_kubelet_dirs_its_own_state_dirs_the_cdi_dirs_and_the_toolkit() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     assert {v["hostPath"]["path"] for v in spec["volumes"]} == {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
         "/var/lib/tensor-fusion/limits",
+        "/var/lib/tensor-fusion/handoff",  # the node's hand-off receipts, kept across reboots
         "/var/run/cdi",
         "/etc/cdi",  # NVIDIA's CDI specs
         "/etc/nvidia-container-runtime",  # the toolkit's configuration
@@ -230,6 +231,9 @@ def test_device_plugin_mounts_only_the_kubelet_dirs_its_live_limits_dir_the_cdi_
     (live,) = [v for v in spec["volumes"] if v["name"] == "live-limits"]
     assert f"--live-limits-dir={live['hostPath']['path']}" in container["args"]
     assert mounts["live-limits"] == live["hostPath"]["path"]
+    (receipts,) = [v for v in spec["volumes"] if v["name"] == "receipts"]
+    assert f"--receipts-file={receipts['hostPath']['path']}/receipts.json" in container["args"]
+    assert mounts["receipts"] == receipts["hostPath"]["path"]
     # The CDI specs the plugin writes are read by the container runtime from the same host directory.
     (cdi,) = [v for v in spec["volumes"] if v["hostPath"]["path"] == "/var/run/cdi"]
     assert f"--cdi-dir={cdi['hostPath']['path']}" in container["args"]

@@ -35,7 +35,7 @@ async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
 
 def settings(tmp: Path, **overrides: Any) -> PluginSettings:
     """The plugin's settings for a test: its sockets in ``tmp``, fast health checks, no /metrics server, no
-    live-limits directories and no CDI spec files unless ``overrides`` (settings fields) ask for them, on a
+    live-limits directories, no node-local receipts (on the pods instead) and no CDI spec files unless ``overrides`` (settings fields) ask for them, on a
     node whose NVIDIA toolkit is set as docs/security.md asks (GPUs by volume mounts, none by environment)."""
     toolkit = tmp / "toolkit.toml"
     toolkit.write_text(f"{TOOLKIT_ACCEPT_ENVVAR} = false\n{TOOLKIT_ACCEPT_MOUNTS} = true\n")
@@ -48,6 +48,7 @@ def settings(tmp: Path, **overrides: Any) -> PluginSettings:
         "heartbeat": 60,
         "metrics_port": 0,
         "live_limits_dir": "",
+        "receipts_file": "",
         "cdi_dir": "",
         "nvidia_toolkit_config": str(toolkit),
         "nvidia_cdi_dirs": "",

@@ -248,6 +248,7 @@ class Cluster(AbstractContextManager["Cluster"]):
                 f"--metrics-port={self.plugin_metrics_port}",  # on every address: tf-metrics reaches it off loopback
                 f"--usage-interval={PLUGIN_USAGE_INTERVAL}",
                 f"--live-limits-dir={self.live_limits_dir}",
+                f"--receipts-file={self.root / 'handoff' / 'receipts.json'}",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",
             ],
         )

@@ -1,7 +1,8 @@
 """How fast pods reach one real kubelet node through the hand-off gate, against plain pods (issue 14).
 
 The gate (scheduler_extender/HANDOFF.md) lets a node hand GPUs over to a bounded set of pods at once,
-released by the device plugin's receipt once the kubelet admitted the pod: with one node, every GPU pod
+released by the kubelet's first status write for the pod (its admission, after every Allocate of it): with
+one node, every GPU pod
 of a burst goes through that node's gate, so the burst's rate is the gate's rate with the real
 kubelet's admission round trip in it. Plain pods onto the same node through the same kube-scheduler
 are the yardstick. The figures are printed (``-s``) and written to ``$TF_E2E_RATES`` when set; the
@@ -22,7 +23,6 @@ import httpx
 import pytest
 from kubernetes.client import CoreV1Api
 
-from vgpu.contract import allocation
 from vgpu.names import SCHEDULER_NAME, Annotation
 
 from .cluster import REAL_NODE, Cluster
@@ -65,8 +65,9 @@ def running(pod: Any) -> bool:
     return pod.status is not None and pod.status.phase == "Running"
 
 
-def handed_over(pod: Any) -> bool:
-    return allocation.HANDOFF_KEY in (pod.metadata.annotations or {})
+def admitted(pod: Any) -> bool:
+    """The kubelet wrote the pod's status (startTime): its Allocates are over, the node's gate is open."""
+    return pod.status is not None and pod.status.start_time is not None
 
 
 def plain_pod(name: str) -> dict[str, Any]:
@@ -84,8 +85,8 @@ def plain_pod(name: str) -> dict[str, Any]:
 
 
 def rate(core: CoreV1Api, namespace: str, pods: list[dict[str, Any]], *, gpu: bool) -> dict[str, float]:
-    """Create ``pods`` at once (4 threads); pods/s to Running, and for GPU pods to the receipt."""
-    conditions = {"running": running, "receipt": handed_over} if gpu else {"running": running}
+    """Create ``pods`` at once (4 threads); pods/s to Running, and for GPU pods to the kubelet's admission."""
+    conditions = {"running": running, "admitted": admitted} if gpu else {"running": running}
     seen = Arrivals(core, namespace, **conditions)
     start = time.monotonic()
     chunks = [pods[i::4] for i in range(4)]
