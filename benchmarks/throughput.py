@@ -349,7 +349,8 @@ class Bench:
             extender = api_client(str(self.cluster.kubeconfigs["extender"]), pool_size=CREATORS + 2)
             binder = HandBinder(KubernetesGateway(extender), self.nodes, self.w_without, deploy.system_namespace())
         plugin = CoreV1Api(self.plugin) if self.receipts else None
-        recorder = Recorder(self.core, plugin, since, binder, CoreV1Api(self.admin) if self.admit else None)
+        kubelet = CoreV1Api(self.admin) if self.admit else None
+        recorder = Recorder(self.core, plugin, since, binder=binder, kubelet=kubelet)
         cpu, binds = self._cpu(), self._binds()
 
         def create(i: int) -> None:

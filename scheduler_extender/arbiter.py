@@ -11,6 +11,7 @@ also for a replica that stalls and resumes: scheduler_extender/HANDOFF.md, "Arbi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
@@ -65,6 +66,7 @@ class Arbiter:
         self.stale_after = stale_after
         self.clock = clock
         self.monotonic = monotonic
+        self._checked: dict[tuple[str, int], float] = {}  # stale claims read and kept: when (monotonic)
 
     def claim(
         self,
@@ -85,14 +87,16 @@ class Arbiter:
                 board = self.board.current(node, timeout=timeout("read the node's GPU claims"))
                 for _ in range(ATTEMPTS):
                     self._catch_up(node, board.horizon, timeout)
+                    board = self._without_stale(board, timeout)
                     with self.cache.lock:
-                        seen = self._records(board)
+                        seen, versions = self._seen(board)
                         counted = self.cache.counted_on(node)
-                        kept, grants, slots = decide(counted_beside(board, ref.uid, counted, seen))
+                        kept, grants, slots = decide(counted_beside(board, ref.uid, counted, seen, versions))
                     now = self.clock()
                     mine = Claim(pod_uid=ref.uid, pod=ref.key, version=version, gpus=grants, slots=slots, at=now)
+                    settled = settle(board, mine, seen, versions, now=now, stale_after=self.stale_after)
                     try:
-                        self.board.write(self._settled(board, mine, seen, timeout), timeout=timeout("claim the GPUs"))
+                        self.board.write(settled.board, timeout=timeout("claim the GPUs"))
                         return kept
                     except ClaimsContended:
                         undo()
@@ -110,26 +114,39 @@ class Arbiter:
             "conflict",
         )
 
-    def _records(self, board: NodeClaims) -> dict[str, PodRecord]:
-        """What the cache shows of the claims' pods (those holding GPUs): a few lookups, not every pod."""
-        found = {}
+    def _seen(self, board: NodeClaims) -> tuple[dict[str, PodRecord], dict[str, int]]:
+        """What the cache shows of the claims' pods: their records (those holding GPUs) and resourceVersions
+        (every pod it shows); a few lookups, not every pod."""
+        records, versions = {}, {}
         for claim in board.claims:
             record = self.cache.record(claim.pod_uid)
             if record is not None:
-                found[claim.pod_uid] = record
-        return found
+                records[claim.pod_uid] = record
+            version = self.cache.pod_version(claim.pod_uid)
+            if version is not None:
+                versions[claim.pod_uid] = version
+        return records, versions
 
-    def _settled(
-        self, board: NodeClaims, mine: Claim, seen: dict[str, PodRecord], timeout: Callable[[str], float]
-    ) -> NodeClaims:
-        """The claims to write: ``mine`` added, what the cache settled dropped, and each claim older than a
-        write can last that the cache cannot settle read from its pod (rare: a write that failed or stalled)."""
-        settled = settle(board, mine, seen, now=self.clock(), stale_after=self.stale_after)
+    def _without_stale(self, board: NodeClaims, timeout: Callable[[str], float]) -> NodeClaims:
+        """``board`` without what the cache settles, and without each claim older than a write can last that
+        the cache cannot settle, once its pod, read, says it can never land (rare: a write that failed, or a
+        pod deleted before it was bound; each such claim is read at most once per ``stale_after``)."""
+        with self.cache.lock:
+            seen, versions = self._seen(board)
+        settled = settle(board, None, seen, versions, now=self.clock(), stale_after=self.stale_after)
         claims = settled.board
+        now = self.monotonic()
         for stale in settled.check:
+            key = (stale.pod_uid, stale.version)
+            if now - self._checked.get(key, -math.inf) < self.stale_after:
+                continue
             namespace, _, name = stale.pod.partition("/")
             pod = self.gateway.get_pod(namespace, name, timeout=timeout("read a stale claim's pod"))
+            self._checked[key] = now
             claims = after_reading(claims, stale, pod)
+        live = {(c.pod_uid, c.version) for c in claims.claims}
+        for key in [k for k in self._checked if k not in live]:
+            del self._checked[key]
         return claims
 
     def _catch_up(self, node: str, horizon: int, timeout: Callable[[str], float]) -> None:

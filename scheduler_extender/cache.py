@@ -75,6 +75,7 @@ class ClusterCache:
         self._conflicts: dict[str, str] = {}  # uid -> why its allocation could not be accounted
         self._accounting = False  # inside _account_conflicts (it must not re-enter itself)
         self._pods_version = 0  # the highest pod resourceVersion delivered (seen_version)
+        self._versions: dict[str, int] = {}  # uid -> resourceVersion, of every live pod (pod_version)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
@@ -119,10 +120,16 @@ class ClusterCache:
                 self._note_foreign(ref.uid, None)
                 self._members.pop(ref.uid, None)
                 self._pending.pop(ref.uid, None)
+                self._versions.pop(ref.uid, None)
                 self._pod_gone(ref)
             else:
                 self._saw_pod_version(event.object)
                 self._pod_changed(event.object)
+
+    def pod_version(self, uid: str) -> int | None:
+        """The resourceVersion of live pod ``uid`` as the watch last showed it; None for a pod it does not show."""
+        with self.lock:
+            return self._versions.get(uid)
 
     def seen_version(self) -> int:
         """The highest pod resourceVersion the watch delivered: everything the cache shows of pods is at least
@@ -510,6 +517,7 @@ class ClusterCache:
                 records[record.ref.uid] = record
         self._members = {m.ref.uid: m for m in map(workload_pod, items) if m is not None}
         self._pending = {pod_ref(item).uid: pool for item in items if (pool := pending_pool(item)) is not None}
+        self._versions = {pod_ref(item).uid: object_version(item) for item in items}
         for uid in set(self._foreign) - held.keys():
             self._note_foreign(uid, None)
         for uid, hold in held.items():
@@ -545,6 +553,7 @@ class ClusterCache:
 
     def _pod_changed(self, obj: RawObject) -> None:
         ref = pod_ref(obj)
+        self._versions[ref.uid] = object_version(obj)
         ids = vgpu_device_ids(obj) or 0
         relevant = is_relevant(obj) or ref.uid in self._records
         record = pod_record(obj) if relevant or ids else None

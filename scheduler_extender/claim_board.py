@@ -90,7 +90,7 @@ class ClaimBoard:
             else:
                 stored = self.gateway.replace_lease(self.namespace, lease_name(node), body, timeout=timeout)
         except GatewayError as exc:
-            if exc.status == 409:
+            if exc.status == 409 or (exc.status == 404 and version is not None):  # written, or deleted, since read
                 raise ClaimsContended(f"another extender wrote the claims of node {node}") from None
             raise
         self._remember(node, claims, _version(stored))

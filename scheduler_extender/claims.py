@@ -21,18 +21,22 @@ from vgpu.contract.claims import Claim, NodeClaims
 
 
 def counted_beside(
-    board: NodeClaims, own_uid: str, counted: Mapping[str, tuple[GpuGrant, ...]], records: Mapping[str, PodRecord]
+    board: NodeClaims,
+    own_uid: str,
+    counted: Mapping[str, tuple[GpuGrant, ...]],
+    records: Mapping[str, PodRecord],
+    versions: Mapping[str, int],
 ) -> tuple[Claim, ...]:
     """The claims to hold on the node beside what the ledger ``counted`` (per pod UID) for a write of pod
     ``own_uid``: not the pod's own (an older one can no longer land, one at the same version excludes this
     write, as both are conditional on it), not one the ledger already counts with its very grants, and not
-    one whose pod the cache (``records``: pods holding GPUs, by UID) shows past its version."""
+    one whose pod the cache shows past its version without them (``records``: pods holding GPUs;
+    ``versions``: the resourceVersion of every pod the cache shows, by UID)."""
     kept = []
     for claim in board.claims:
         if claim.pod_uid == own_uid or counted.get(claim.pod_uid) == claim.gpus:
             continue
-        record = records.get(claim.pod_uid)
-        if record is not None and record.version > claim.version:
+        if _past(claim, records.get(claim.pod_uid), versions.get(claim.pod_uid), board.node):
             continue
         kept.append(claim)
     return tuple(kept)
@@ -47,7 +51,13 @@ class Settled:
 
 
 def settle(
-    board: NodeClaims, mine: Claim | None, records: Mapping[str, PodRecord], *, now: float, stale_after: float
+    board: NodeClaims,
+    mine: Claim | None,
+    records: Mapping[str, PodRecord],
+    versions: Mapping[str, int],
+    *,
+    now: float,
+    stale_after: float,
 ) -> Settled:
     """``board`` with ``mine`` added and what this replica's cache (``records``) has settled dropped: a claim
     whose pod holds exactly its grants here (the horizon rises to that pod's version) or is past its version
@@ -63,7 +73,7 @@ def settle(
         if record is not None and _holds(record, board.node, claim):
             horizon = max(horizon, record.version)
             continue
-        if record is not None and record.version > claim.version:
+        if _past(claim, record, versions.get(claim.pod_uid), board.node):
             continue
         if now - claim.at > stale_after:
             check.append(claim)
@@ -88,6 +98,15 @@ def after_reading(board: NodeClaims, claim: Claim, pod: Mapping[str, Any] | None
     else:
         horizon = board.horizon
     return replace(board, horizon=horizon, claims=tuple(c for c in board.claims if c != claim))
+
+
+def _past(claim: Claim, record: PodRecord | None, version: int | None, node: str) -> bool:
+    """Whether the cache shows the claim's pod at a later version than the claim's without its grants: the
+    claimed write, conditional on that version, can never land."""
+    if record is not None and _holds(record, node, claim):
+        return False
+    seen = max(record.version if record is not None else 0, version or 0)
+    return seen > claim.version
 
 
 def _holds(record: PodRecord, node: str, claim: Claim) -> bool:

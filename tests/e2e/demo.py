@@ -30,9 +30,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes.client import ApiException, AppsV1Api, CustomObjectsApi
+from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CustomObjectsApi
 
+from device_plugin.cluster.receipts import ReceiptFile
+from scheduler_extender.claim_board import lease_name
 from vgpu.contract import allocation, usage
+from vgpu.contract import claims as claims_contract
+from vgpu.contract.allocation import decode_handoff
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
@@ -134,6 +138,7 @@ def run(keep: bool) -> None:
                 f"  GPUs the NVIDIA toolkit gives it (by volume mounts): {created_gpus(cluster.node, pod, container)}"
             )
             measured(cluster, running)
+            lean_bind(cluster, running[0])
         workloads = CustomObjectsApi(cluster.admin)
 
         def workload_statuses() -> list[tuple[str, ...]] | None:
@@ -153,6 +158,20 @@ def run(keep: bool) -> None:
         autoscaling(cluster)
         print("\nstopping the cluster")
     print(f"demo took {time.monotonic() - started:.0f}s")
+
+
+def lean_bind(cluster: Cluster, pod: Any) -> None:
+    """What binding a GPU pod wrote: one pod write (the Binding, carrying the allocation), a claim on the node's
+    claims Lease, and the receipt in a file on the node (scheduler_extender/HANDOFF.md, "Bind")."""
+    lease = CoordinationV1Api(cluster.admin).read_namespaced_lease(lease_name(REAL_NODE), deploy.system_namespace())
+    claims = claims_contract.decode((lease.metadata.annotations or {})[claims_contract.KEY])
+    writers = sorted({f.manager for f in pod.metadata.managed_fields or () if f.operation == "Update"})
+    receipts = ReceiptFile(cluster.root / "handoff" / "receipts.json").load()
+    devices = dict(decode_handoff(receipts[pod.metadata.uid]).devices) if pod.metadata.uid in receipts else {}
+    print(f"\nthe lean bind of pod/{pod.metadata.name}: its allocation came with its Binding (pod writers besides "
+          f"its creator: {', '.join(writers) or 'none'}); claims Lease {lease.metadata.name}: "
+          f"{len(claims.claims)} bind(s) in flight, horizon {claims.horizon}; its hand-off receipt, in the "
+          f"node's file: {devices}")  # fmt: skip
 
 
 def isolation_modes(cluster: Cluster, namespace: str) -> None:

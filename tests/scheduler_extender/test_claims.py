@@ -7,13 +7,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from scheduler_extender.arbiter import Arbiter, ClaimFailed
 from scheduler_extender.cache import ClusterCache
-from scheduler_extender.claim_board import ClaimBoard, ClaimsUnreadable, lease_name
+from scheduler_extender.claim_board import ClaimBoard, ClaimsContended, ClaimsUnreadable, lease_name
 from scheduler_extender.claims import after_reading, counted_beside, settle
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
@@ -51,11 +52,13 @@ def test_counted_beside_the_ledger_only_what_it_does_not_show() -> None:
     board = NodeClaims(node=NODE, claims=(claim("own", 5), claim("seen", 6), claim("past", 7), claim("new", 8)))
     counted = {"uid-default-seen": (grant(NODE, 0),)}  # the ledger holds it with its very grants
     records = {"uid-default-past": record("past", 9, index=1)}  # the pod moved past the claim without its grants
-    kept = counted_beside(board, "uid-default-own", counted, records)
+    kept = counted_beside(board, "uid-default-own", counted, records, {})
     assert [c.pod for c in kept] == ["default/new"]
+    # a pod without GPUs the cache shows past the claim's version (a status write): its Binding was refused
+    assert counted_beside(board, "uid-default-own", counted, records, {"uid-default-new": 9}) == ()
     # a pod the cache shows at the claim's own version with other grants: the claim may still land
     records = {"uid-default-past": record("past", 7, index=1)}
-    assert [c.pod for c in counted_beside(board, "uid-default-own", counted, records)] == [
+    assert [c.pod for c in counted_beside(board, "uid-default-own", counted, records, {})] == [
         "default/past",
         "default/new",
     ]
@@ -67,7 +70,7 @@ def test_settle_drops_what_the_cache_has_settled_and_raises_the_horizon() -> Non
     ))  # fmt: skip
     records = {"uid-default-landed": record("landed", 12), "uid-default-past": record("past", 11, index=1)}
     mine = claim("mine", 10, index=1, at=100.0)
-    settled = settle(board, mine, records, now=100.0, stale_after=11.0)
+    settled = settle(board, mine, records, {"uid-default-fresh": 8}, now=100.0, stale_after=11.0)
     assert [(c.pod, c.version) for c in settled.board.claims] == [
         ("default/fresh", 8), ("default/stale", 9), ("default/mine", 10),
     ]  # fmt: skip
@@ -163,3 +166,42 @@ def test_a_replica_stalled_between_its_claim_and_its_binding_is_counted_by_the_o
         app.settle()
         wait_for(lambda app=app: len(app.ext.cache.entries()) == 3, what="both ledgers counting the three")  # type: ignore[misc]
         assert app.ext.cache.conflicts() == {}
+
+
+def test_a_claims_lease_deleted_since_it_was_read_is_read_again(fake: FakeGateway) -> None:
+    board = ClaimBoard(fake, "ns", "me", clock=time.time)
+    assert board.current(NODE, timeout=1.0) == NodeClaims(node=NODE)
+    board.write(NodeClaims(node=NODE, claims=(claim("a", 3),)), timeout=1.0)
+    del fake.leases[("ns", lease_name(NODE))]  # an operator deleted it
+    with pytest.raises(ClaimsContended):
+        board.write(NodeClaims(node=NODE, claims=(claim("a", 3), claim("b", 4))), timeout=1.0)
+    assert board.read(NODE, timeout=1.0) == NodeClaims(node=NODE)
+    board.write(NodeClaims(node=NODE, claims=(claim("b", 4),)), timeout=1.0)
+    assert [c.pod for c in board.read(NODE, timeout=1.0).claims] == ["default/b"]
+
+
+def test_claims_that_can_never_land_stop_holding_room(run: Callable[..., Running], fake: FakeGateway) -> None:
+    """Room for two 150-TFLOPS pods. A stale claim for a pod that no longer exists is read and dropped, so p1
+    binds; a fresh claim for pending p2 holds the other place until p2 moves past the version it names (a status
+    write, as kube-scheduler's after a failed bind), which the watch shows: then p3 binds there."""
+    fake.put(Kind.NODE, make_node(NODE, gpus=1))
+    for name in ("p1", "p2", "p3"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=150_000, vram=4 * GI)))
+    p2_version = int(fake.pod("default", "p2")["metadata"]["resourceVersion"])
+    big = (replace(grant(NODE, 0), tflops_request=150_000, tflops_limit=150_000),)
+    ghost = Claim(pod_uid="uid-default-ghost", pod="default/ghost", version=1, gpus=big, slots=1, at=0.0)
+    waiting = Claim(pod_uid="uid-default-p2", pod="default/p2", version=p2_version, gpus=big, slots=1, at=time.time())
+    fake.add_claim("default", ghost, NODE)
+    fake.add_claim("default", waiting, NODE)
+    app = run()
+    assert app.post("/bind", bind_body("p1", NODE)) == {"Error": ""}
+    fake.write_receipt("default", "p1")
+    app.settle()
+    assert "no longer fits on n1" in app.post("/bind", bind_body("p3", NODE))["Error"]
+    fake.write_status("default", "p2", {"conditions": [{"type": "PodScheduled", "status": "False"}]})
+    app.settle()
+    assert app.post("/bind", bind_body("p3", NODE)) == {"Error": ""}
+    board = claims_contract.decode(
+        fake.leases[("default", lease_name(NODE))]["metadata"]["annotations"][claims_contract.KEY]
+    )
+    assert [c.pod for c in board.claims] == ["default/p3"]  # the ghost's and p2's dropped, p1's landed and seen
