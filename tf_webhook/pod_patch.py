@@ -5,8 +5,9 @@ kube-scheduler sends the pod to the extender (managedResources) and kubelet asks
 the first one also gets the pod's GPU shares as node resources (``vgpu/node_resources.py``), which
 kube-scheduler's fit and preemption and ResourceQuota count. Every other container loses any copy of
 these a tenant wrote. The pod is handed to our scheduler, gets the
-QoS PriorityClass unless it chose one, tolerates the GPU nodes' taints (``tolerations.py``), and
-carries the resolved request for everyone downstream.
+QoS PriorityClass unless it chose one, tolerates the GPU nodes' taints (``tolerations.py``), gets its
+profile's preferred node-affinity terms beside its own (kube-scheduler scores them; the required ones
+the extender applies), and carries the resolved request for everyone downstream.
 
 Whole objects are replaced with ``add`` (which overwrites), so the patch is correct whatever
 sub-keys were missing, and idempotent if the API server ever reinvokes us.
@@ -22,6 +23,7 @@ from vgpu.contract import resolved
 from vgpu.names import NODE_RESOURCES, QOS_PRIORITY_VALUE, RESOURCE_VGPU, SCHEDULER_NAME, SystemAnnotation
 from vgpu.node_resources import pod_requests
 from vgpu.request import GpuRequest
+from vgpu.scheduling.affinity import PREFERRED, preferred_terms
 
 # Only our components write these; a tenant copy is removed on create (the admission policy
 # rejects them for anyone but the owning service account, and RESOLVED_REQUEST is re-derived here).
@@ -82,7 +84,24 @@ def pod_patch(
         ops += [{"op": "add", "path": pointer("spec", "tolerations", "-"), "value": dict(t)} for t in add]
     elif add:
         ops.append({"op": "add", "path": pointer("spec", "tolerations"), "value": [dict(t) for t in add]})
+    affinity = _with_preferred(spec.get("affinity"), preferred_terms(req.node_affinity))
+    if affinity is not None:
+        ops.append({"op": "add", "path": pointer("spec", "affinity"), "value": affinity})
     return ops, warnings
+
+
+def _with_preferred(current: object, terms: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The pod's affinity with ``terms`` (its profile's preferred node-affinity terms) added to its own
+    preferred terms, each once; None when nothing is added."""
+    affinity: dict[str, Any] = dict(current) if isinstance(current, Mapping) else {}
+    node: dict[str, Any] = dict(affinity.get("nodeAffinity") or {})
+    own = list(preferred_terms(node))
+    added = [dict(t) for t in terms if t not in own]
+    if not added:
+        return None
+    node[PREFERRED] = own + added
+    affinity["nodeAffinity"] = node
+    return affinity
 
 
 def _with_ours(current: object, wanted: Mapping[str, str]) -> Any:

@@ -17,6 +17,7 @@ from vgpu.autoscale import config as autoscale_config
 from vgpu.errors import DomainError, FieldError
 from vgpu.names import IsolationMode, Qos
 from vgpu.quantity import format_bytes, format_milli
+from vgpu.scheduling.affinity import preferred_problems
 
 AutoScaling = Mapping[str, Mapping[str, Any]]
 
@@ -102,6 +103,8 @@ def parse_spec(spec: Mapping[str, Any], *, where: str) -> ProfileSpec:
             FieldError(f"{where}.nodeAffinity", fields.shown(affinity), "must be a core/v1 NodeAffinity object")
         )
         affinity = None
+    for path, value, accepted in preferred_problems(affinity or {}):
+        errors.append(FieldError(f"{where}.nodeAffinity.{path}", fields.shown(value), accepted))
     auto = autoscale_config.validate(spec.get("autoScalingConfig"), f"{where}.autoScalingConfig", errors)
     model = _text(spec, "gpuModel", where, errors)
     if errors:

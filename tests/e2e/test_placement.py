@@ -22,8 +22,8 @@ from vgpu.quantity import parse_bytes, parse_milli
 
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import FakeGpu, gpus
-from .kube import apply, emptied, events_for, eventually, wait_bound, wait_running
-from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod
+from .kube import api_client, apply, emptied, events_for, eventually, wait_bound, wait_running
+from .pods import allocation_of, assert_grant_matches_allocation, created, gpu_pod, hand_over
 
 NAMESPACE = "e2e-placement"
 H100 = gpus("h100", 2, "NVIDIA H100 80GB HBM3")
@@ -123,3 +123,43 @@ def test_gpu_indices_pin_the_pod_to_those_gpus_of_its_node(cluster: Cluster, cor
     third = next(g for g in cluster.gpus if g.index == 3)
     assert (grant.index, grant.uuid) == (3, third.uuid)
     assert created(cluster.node, running, "main")["gpus"] == [third.uuid]
+
+
+def test_a_profiles_preferred_node_affinity_picks_among_nodes_the_gpu_policy_scores_alike(
+    cluster: Cluster, core: CoreV1Api, ns: str
+) -> None:
+    """Two empty, identical A100 nodes score alike for the GPU policy; the profile prefers the one labelled
+    disk=ssd. The webhook adds that preferred term to each pod's spec, and kube-scheduler's NodeAffinity score
+    breaks the tie: five pods in turn (each handed over, so that its node's gate is open again, and deleted once
+    bound) all land there (by chance: 1 in 32)."""
+    plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
+    for name in ("e2e-prefer-a", "e2e-prefer-b"):
+        cluster.add_fake_node(name, gpus(name, 1), pool="e2e-prefer")
+    core.patch_node("e2e-prefer-b", {"metadata": {"labels": {"e2e.tensor-fusion.ai/disk": "ssd"}}})
+    term = {"weight": 100, "preference": {"matchExpressions": [
+        {"key": "e2e.tensor-fusion.ai/disk", "operator": "In", "values": ["ssd"]}]}}  # fmt: skip
+    profile = {
+        "apiVersion": f"{CRD_GROUP}/{CRD_VERSION}",
+        "kind": KIND_WORKLOAD_PROFILE,
+        "metadata": {"name": "prefers-ssd", "namespace": ns},
+        "spec": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}},
+    }
+    apply(cluster.admin, [profile], namespace=ns)
+    try:
+        landed = []
+        for i in range(5):
+            share = {Annotation.WORKLOAD_PROFILE: "prefers-ssd", Annotation.GPUPOOL: "e2e-prefer",
+                     Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}  # fmt: skip
+            core.create_namespaced_pod(ns, gpu_pod(f"prefers-{i}", share))
+            pod = wait_bound(core, ns, f"prefers-{i}")
+            assert pod.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution[0].weight == 100
+            landed.append(pod.spec.node_name)
+            hand_over(plugin, pod)  # a kubelet-less node: the receipt the plugin would write opens its gate
+            core.delete_namespaced_pod(f"prefers-{i}", ns, grace_period_seconds=0)
+            eventually(f"prefers-{i} gone", lambda i=i: not [p for p in core.list_namespaced_pod(ns).items
+                                                            if p.metadata.name == f"prefers-{i}"])  # fmt: skip
+        print(f"a profile preferring disk=ssd: 5 pods landed on {landed}")
+        assert landed == ["e2e-prefer-b"] * 5
+    finally:
+        for name in ("e2e-prefer-a", "e2e-prefer-b"):
+            core.delete_node(name)

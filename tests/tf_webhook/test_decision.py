@@ -143,6 +143,41 @@ def test_invalid_profile_is_denied_naming_its_field() -> None:
     assert "WorkloadProfile default/p spec.qos 'gold': must be one of" in message
 
 
+PREFER_FAST = {"weight": 80, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+OWN_TERM = {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+
+
+def test_a_profiles_preferred_node_affinity_joins_the_pods_own_for_kube_scheduler_to_score() -> None:
+    required = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": required,
+                "preferredDuringSchedulingIgnoredDuringExecution": [PREFER_FAST]}  # fmt: skip
+    cluster = FakeCluster(profiles={("default", "p"): {"spec": {"nodeAffinity": affinity}}})
+    pod = patched_pod(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), cluster)
+    node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    # Only the preferred terms: the required ones stay the extender's (its reasons name them).
+    assert node_affinity == {"preferredDuringSchedulingIgnoredDuringExecution": [PREFER_FAST]}
+    own = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [OWN_TERM]},
+                        "podAntiAffinity": {"x": 1}}}  # fmt: skip
+    pod = patched_pod(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}, spec=own), cluster)
+    assert pod["spec"]["affinity"] == {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [OWN_TERM, PREFER_FAST]},
+        "podAntiAffinity": {"x": 1},
+    }
+    already = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [PREFER_FAST]}}}
+    pod = patched_pod(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}, spec=already), cluster)
+    assert pod["spec"]["affinity"] == already["affinity"]  # each term once
+
+
+def test_a_malformed_preferred_term_in_a_profile_is_denied_naming_it() -> None:
+    bad = [{"weight": 0, "preference": {}}, {"weight": 3}]
+    affinity = {"preferredDuringSchedulingIgnoredDuringExecution": bad}
+    cluster = FakeCluster(profiles={("default", "p"): {"spec": {"nodeAffinity": affinity}}})
+    message = denial(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), cluster)
+    where = "WorkloadProfile default/p spec.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    assert f"{where}[0].weight '0': must be a whole number from 1 to 100" in message
+    assert f"{where}[1].preference" in message and "must be a node selector term" in message
+
+
 def test_a_malformed_auto_scaling_config_is_denied_naming_field_value_and_what_is_accepted() -> None:
     auto = {"autoSetRequests": {"percentileForAutoRequests": "95", "aggregationPeriod": "1 day"}}
     cluster = FakeCluster(profiles={("default", "p"): {"spec": {"autoScalingConfig": auto}}})

@@ -1,9 +1,10 @@
 """Pure evaluation of a core/v1 NodeAffinity's required terms against a node's name and labels.
 
-A WorkloadProfile carries a ``nodeAffinity`` that the webhook does not copy into the pod spec, so
-kube-scheduler's in-tree NodeAffinity plugin never sees it: the extender must apply it itself.
-Only ``requiredDuringSchedulingIgnoredDuringExecution`` filters; preferred terms are a scoring
-matter. Semantics follow ``k8s.io/component-helpers/scheduling/corev1/nodeaffinity``: terms are
+A WorkloadProfile carries a ``nodeAffinity`` whose required terms the webhook does not copy into the
+pod spec, so kube-scheduler's in-tree NodeAffinity plugin never sees them: the extender must apply them
+itself. Its preferred terms the webhook does add to the pod's own (:func:`preferred_terms`), where
+kube-scheduler scores them as any pod's: they rank the nodes the GPU policy scores alike. Semantics of the
+required terms follow ``k8s.io/component-helpers/scheduling/corev1/nodeaffinity``: terms are
 ORed, the requirements inside a term ANDed, an empty term matches nothing, and anything malformed
 (unknown operator, a non-integer for ``Gt``/``Lt``) matches nothing rather than everything.
 """
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED: Final = "preferredDuringSchedulingIgnoredDuringExecution"
 NODE_NAME_FIELD: Final = "metadata.name"
 _INTEGER: Final = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
@@ -32,6 +34,36 @@ def node_affinity_matches(affinity: Mapping[str, Any] | None, node_name: str, la
     if not isinstance(terms, Sequence) or isinstance(terms, str):
         return False
     return any(_term_matches(term, node_name, labels) for term in terms)
+
+
+def preferred_terms(affinity: Mapping[str, Any] | None) -> tuple[Mapping[str, Any], ...]:
+    """The affinity's preferred scheduling terms (``{weight, preference}`` each), as written."""
+    terms = (affinity or {}).get(PREFERRED)
+    if not isinstance(terms, Sequence) or isinstance(terms, str):
+        return ()
+    return tuple(t for t in terms if isinstance(t, Mapping))
+
+
+def preferred_problems(affinity: Mapping[str, Any]) -> list[tuple[str, object, str]]:
+    """What is wrong with the affinity's preferred terms, as (path below it, value, what is accepted): each a
+    ``{weight: 1-100, preference: a node selector term}``, as kube-scheduler accepts them."""
+    terms = affinity.get(PREFERRED)
+    if terms is None:
+        return []
+    if not isinstance(terms, Sequence) or isinstance(terms, str):
+        return [(PREFERRED, terms, "must be a list of {weight, preference} terms")]
+    problems: list[tuple[str, object, str]] = []
+    for i, term in enumerate(terms):
+        where = f"{PREFERRED}[{i}]"
+        if not isinstance(term, Mapping):
+            problems.append((where, term, "must be a {weight, preference} object"))
+            continue
+        weight = term.get("weight")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            problems.append((f"{where}.weight", weight, "must be a whole number from 1 to 100"))
+        if not isinstance(term.get("preference"), Mapping):
+            problems.append((f"{where}.preference", term.get("preference"), "must be a node selector term"))
+    return problems
 
 
 def _term_matches(term: object, node_name: str, labels: Mapping[str, str]) -> bool:
