@@ -96,7 +96,8 @@ class Arbiter:
                     mine = Claim(pod_uid=ref.uid, pod=ref.key, version=version, gpus=grants, slots=slots, at=now)
                     settled = settle(board, mine, seen, versions, now=now, stale_after=self.stale_after)
                     try:
-                        self.board.write(settled.board, timeout=timeout("claim the GPUs"))
+                        owner = self.cache.node_uid(node)
+                        self.board.write(settled.board, timeout=timeout("claim the GPUs"), node_uid=owner)
                         return kept
                     except ClaimsContended:
                         undo()

@@ -76,6 +76,7 @@ class ClusterCache:
         self._accounting = False  # inside _account_conflicts (it must not re-enter itself)
         self._pods_version = 0  # the highest pod resourceVersion delivered (seen_version)
         self._versions: dict[str, int] = {}  # uid -> resourceVersion, of every live pod (pod_version)
+        self._node_uids: dict[str, str] = {}  # node name -> its UID (node_uid)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
@@ -108,11 +109,14 @@ class ClusterCache:
     def apply(self, kind: Kind, event: WatchEvent) -> None:
         with self.lock:
             if kind is Kind.NODE:
-                name = str((event.object.get("metadata") or {}).get("name") or "")
+                meta = event.object.get("metadata") or {}
+                name = str(meta.get("name") or "")
                 if event.type == "DELETED":
                     self._base.pop(name, None)
                     self._view.pop(name, None)
+                    self._node_uids.pop(name, None)
                 else:
+                    self._node_uids[name] = str(meta.get("uid") or "")
                     self._set_node(node_state(event.object, self.default_pool))
             elif event.type == "DELETED":
                 self._saw_pod_version(event.object)
@@ -125,6 +129,11 @@ class ClusterCache:
             else:
                 self._saw_pod_version(event.object)
                 self._pod_changed(event.object)
+
+    def node_uid(self, name: str) -> str | None:
+        """The UID of node ``name`` as the watch shows it (None: unknown)."""
+        with self.lock:
+            return self._node_uids.get(name) or None
 
     def pod_version(self, uid: str) -> int | None:
         """The resourceVersion of live pod ``uid`` as the watch last showed it; None for a pod it does not show."""
@@ -498,6 +507,8 @@ class ClusterCache:
         self._refresh((node.name,))
 
     def _replace_nodes(self, items: list[RawObject]) -> None:
+        metas = [item.get("metadata") or {} for item in items]
+        self._node_uids = {str(m.get("name") or ""): str(m.get("uid") or "") for m in metas}
         fresh = {n.name: n for n in (node_state(item, self.default_pool) for item in items) if n.name}
         for gone in set(self._base) - set(fresh):
             self._base.pop(gone)

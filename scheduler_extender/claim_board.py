@@ -1,10 +1,11 @@
 """Each GPU node's claims Lease: read, and written by compare-and-swap, by the writes that add grants there.
 
-One small coordination.k8s.io Lease per node (``tf-gpu-claims.<node>`` in the extender's namespace) holds
-the node's claims (vgpu/contract/claims.py) in an annotation. A replica keeps the last version it read or
-wrote, so a write needs no read while no other replica writes the node; a 409 says one did, and the write
-is decided again on a fresh read. Writes of one node within a replica take turns (``writing``), so they
-never fail on each other. The rules that make it airtight: scheduler_extender/HANDOFF.md, "Arbitration".
+One small coordination.k8s.io Lease per node (``tf-gpu-claims.<node>`` in the extender's namespace, owned by
+the Node, so deleted with it) holds the node's claims (vgpu/contract/claims.py) in an annotation. A replica
+keeps the last version it read or wrote, so a write needs no read while no other replica writes the node; a
+409 says one did, and the write is decided again on a fresh read. Writes of one node within a replica take
+turns (``writing``), so they never fail on each other. The rules that make it airtight:
+scheduler_extender/HANDOFF.md, "Arbitration".
 """
 
 from __future__ import annotations
@@ -76,14 +77,15 @@ class ClaimBoard:
         self._remember(node, claims, None if lease is None else _version(lease))
         return claims
 
-    def write(self, claims: NodeClaims, *, timeout: float) -> None:
+    def write(self, claims: NodeClaims, *, timeout: float, node_uid: str | None = None) -> None:
         """Replace the node's claims, on the condition that nobody wrote them since this replica read them
-        (ClaimsContended otherwise). A call that got no answer may have landed: the next write reads first."""
+        (ClaimsContended otherwise). A call that got no answer may have landed: the next write reads first.
+        ``node_uid``: the node's, which makes the Lease the node's dependent (deleted with it)."""
         node = claims.node
         with self._lock:
             known = self._known.pop(node, None)
         version = None if known is None else known[1]
-        body = self._body(claims, version)
+        body = self._body(claims, version, node_uid)
         try:
             if version is None:
                 stored = self.gateway.create_lease(self.namespace, body, timeout=timeout)
@@ -122,13 +124,15 @@ class ClaimBoard:
             )
         return claims
 
-    def _body(self, claims: NodeClaims, version: str | None) -> RawObject:
+    def _body(self, claims: NodeClaims, version: str | None, node_uid: str | None) -> RawObject:
         meta: dict[str, Any] = {
             "name": lease_name(claims.node),
             "namespace": self.namespace,
             "labels": {"app.kubernetes.io/component": "gpu-claims"},
             "annotations": {CLAIMS_ANNOTATION: claims_contract.encode(claims)},
         }
+        if node_uid:  # the garbage collector deletes it with its node
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": claims.node, "uid": node_uid}]
         if version is not None:
             meta["resourceVersion"] = version
         return {

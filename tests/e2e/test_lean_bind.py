@@ -29,6 +29,7 @@ from . import deploy
 from .cluster import Cluster
 from .extenders import call, knowing
 from .fake_nodes import gpus
+from .kube import eventually
 from .pods import hand_over, parked_gpu_pod
 
 POOL = "e2e-lean"
@@ -91,8 +92,16 @@ def test_the_binding_grants_beside_a_pod_bound_the_earlier_way(cluster: Cluster,
         assert pods["small"].metadata.labels[LABEL_ALLOCATED_NODE] == allocated_node_label(NODE)
         assert [c.pod for c in claims.claims] == [f"{fresh}/small"]
         assert pods["old"].metadata.annotations[allocation.KEY] == old_text and pods["old"].spec.node_name == NODE
+        owner = claims_lease(cluster).metadata.owner_references[0]
+        assert (owner.kind, owner.name) == ("Node", NODE)
     finally:
         core.delete_node(NODE)
+    eventually("the claims Lease deleted with its node", lambda: not leases_of_node(cluster), timeout=60)
+
+
+def leases_of_node(cluster: Cluster) -> list[Any]:
+    leases = CoordinationV1Api(cluster.admin).list_namespaced_lease(deploy.system_namespace()).items
+    return [lease for lease in leases if lease.metadata.name == lease_name(NODE)]
 
 
 def claims_lease(cluster: Cluster) -> Any:
