@@ -199,6 +199,7 @@ def build(
         lambda: max(as_version(informers[1].resource_version), cache.seen_version()),
         stale_after=settings.bind_timeout + CLOCK_SLACK,
         clock=clock,
+        count=lambda result: metrics.claims.labels(result).inc(),
     )
     binder = Binder(
         gateway,

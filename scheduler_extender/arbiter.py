@@ -58,7 +58,10 @@ class Arbiter:
         stale_after: float,
         clock: Callable[[], float],
         monotonic: Callable[[], float] = time.monotonic,
+        count: Callable[[str], None] = lambda _result: None,
     ) -> None:
+        """``count(result)``: written, contended or stale-read (the metric)."""
+        self.count = count
         self.board = board
         self.cache = cache
         self.gateway = gateway
@@ -98,8 +101,10 @@ class Arbiter:
                     try:
                         owner = self.cache.node_uid(node)
                         self.board.write(settled.board, timeout=timeout("claim the GPUs"), node_uid=owner)
+                        self.count("written")
                         return kept
                     except ClaimsContended:
+                        self.count("contended")
                         undo()
                         board = self.board.read(node, timeout=timeout("read the node's GPU claims"))
                     except BaseException:
@@ -143,6 +148,7 @@ class Arbiter:
                 continue
             namespace, _, name = stale.pod.partition("/")
             pod = self.gateway.get_pod(namespace, name, timeout=timeout("read a stale claim's pod"))
+            self.count("stale-read")
             self._checked[key] = now
             claims = after_reading(claims, stale, pod)
         live = {(c.pod_uid, c.version) for c in claims.claims}

@@ -53,6 +53,13 @@ class Metrics:
             registry=self.registry,
         )
         self.binds = Counter(f"{NS}_binds_total", "Bind outcomes", ["result"], registry=self.registry)
+        self.claims = Counter(
+            f"{NS}_claims_total",
+            "Writes of a node's claims Lease, by outcome: written, contended (another replica wrote it since "
+            "this one read it: decided again), stale-read (a claim's pod read to settle it)",
+            ["result"],
+            registry=self.registry,
+        )
         self.gate_wait = Histogram(
             f"{NS}_bind_gate_wait_seconds",
             "How long binds waited for another pod's hand-off on the same node",

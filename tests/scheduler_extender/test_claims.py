@@ -23,6 +23,7 @@ from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
 from tests.scheduler_extender.test_cache import allocated_pod, grant
+from tests.scheduler_extender.test_metrics import metric
 from vgpu.contract import claims as claims_contract
 from vgpu.contract.claims import Claim, NodeClaims
 from vgpu.names import CLAIMS_ANNOTATION
@@ -205,3 +206,4 @@ def test_claims_that_can_never_land_stop_holding_room(run: Callable[..., Running
         fake.leases[("default", lease_name(NODE))]["metadata"]["annotations"][claims_contract.KEY]
     )
     assert [c.pod for c in board.claims] == ["default/p3"]  # the ghost's and p2's dropped, p1's landed and seen
+    assert metric(app, "tf_extender_claims_total", result="stale-read") == 1  # the ghost's pod, read once

@@ -22,6 +22,7 @@ from scheduler_extender.gateway import Kind
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
+from tests.scheduler_extender.test_metrics import metric
 from tf_shell.kube.api import RawObject
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
@@ -294,6 +295,8 @@ def test_a_placement_that_meets_another_replicas_claim_decides_again_beside_it(
         "update tf-gpu-claims.n1",
     ]
     assert_ledgers_agree(fake, (app, other), ["mine", "theirs"])
+    claimed = {r: metric(app, "tf_extender_claims_total", result=r) for r in ("written", "contended")}
+    assert claimed == {"written": 1, "contended": 1}
 
 
 def test_a_bind_backs_off_when_a_limit_raise_claimed_meanwhile_leaves_no_room(
