@@ -168,8 +168,8 @@ def lean_bind(cluster: Cluster, pod: Any) -> None:
     writers = sorted({f.manager for f in pod.metadata.managed_fields or () if f.operation == "Update"})
     receipts = ReceiptFile(cluster.root / "handoff" / "receipts.json").load()
     devices = dict(decode_handoff(receipts[pod.metadata.uid]).devices) if pod.metadata.uid in receipts else {}
-    print(f"\nthe lean bind of pod/{pod.metadata.name}: its allocation came with its Binding (pod writers besides "
-          f"its creator: {', '.join(writers) or 'none'}); claims Lease {lease.metadata.name}: "
+    print(f"\nthe lean bind of pod/{pod.metadata.name}: its allocation came with its Binding (the pod's writers, from "
+          f"its managedFields: {', '.join(writers) or 'none'}; none of ours); claims Lease {lease.metadata.name}: "
           f"{len(claims.claims)} bind(s) in flight, horizon {claims.horizon}; its hand-off receipt, in the "
           f"node's file: {devices}")  # fmt: skip
 
