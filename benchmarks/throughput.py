@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import threading
 import time
 import urllib.request
@@ -341,7 +342,26 @@ class Bench:
                 seconds[proc.name] = (int(fields[11]) + int(fields[12])) / TICKS
         return seconds
 
-    def run(self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int) -> Result:
+    def profile_scheduler(self, seconds: int, out: Path) -> threading.Thread:
+        """Fetch kube-scheduler's CPU profile of the next ``seconds`` into ``out`` (its pprof endpoint, with the
+        admin's token: the e2e control plane delegates its authentication to the API server), in a thread."""
+        assert self.cluster.cp is not None and self.cluster.cp.scheduler is not None
+        url = f"https://127.0.0.1:{self.cluster.cp.scheduler.port}/debug/pprof/profile?seconds={seconds}"
+        token = self.cluster.cp.identities["admin"].token
+        context = ssl._create_unverified_context()  # kube-scheduler's self-signed serving certificate, on loopback
+
+        def fetch() -> None:
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=seconds + 30, context=context) as answer:
+                out.write_bytes(answer.read())
+
+        thread = threading.Thread(target=fetch, name="bench-pprof", daemon=True)
+        thread.start()
+        return thread
+
+    def run(
+        self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int, profile: tuple[int, Path] | None = None
+    ) -> Result:
         names = [f"{case.lower()}-{i:05d}" for i in range(pods)]
         since = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
         binder = None
@@ -356,6 +376,7 @@ class Bench:
         def create(i: int) -> None:
             drained(self.core.create_namespaced_pod(NAMESPACE, build(names[i], i), _preload_content=False))
 
+        profiling = None if profile is None else self.profile_scheduler(*profile)
         started = time.monotonic()
         with ThreadPoolExecutor(CREATORS) as pool:
             list(pool.map(create, range(pods)))
@@ -365,6 +386,9 @@ class Bench:
         recorder.stop()
         if binder is not None:
             binder.stop()
+        if profiling is not None and profile is not None:
+            profiling.join()
+            print(f"kube-scheduler's CPU profile of case {case}: {profile[1]} (go tool pprof -top {profile[1]})")
         if failures():
             raise RuntimeError(f"case {case}: {failures()[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
@@ -389,6 +413,9 @@ def main() -> None:
     parser.add_argument("--shipped-qps", action="store_true", help="kube-scheduler's client QPS/burst as shipped")
     parser.add_argument("--receipts", action="store_true", help="write the device plugin's receipt on bound pods")
     parser.add_argument("--admit", action="store_true", help="write every bound pod's first status, as its kubelet")
+    parser.add_argument("--profile-scheduler", type=int, default=0, metavar="SECONDS",
+                        help="profile kube-scheduler's CPU for SECONDS of each run's case A, into the "
+                             "working directory")  # fmt: skip
     parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
     parser.add_argument("--cases", default="BWAC", help="which cases, in order (default BWAC)")
@@ -413,7 +440,11 @@ def main() -> None:
             for case in args.cases:  # warm-up, not reported: first calls, connections, the memo's first keys
                 bench.run(case, builders[case], WARM_UP)
             for run in range(1, args.runs + 1):
-                results = {case: bench.run(case, builders[case], args.pods) for case in args.cases}
+                results = {}
+                for case in args.cases:
+                    out = Path(f"kube-scheduler-{case}-{nodes}-{run}.pprof")
+                    wanted = (args.profile_scheduler, out.resolve()) if args.profile_scheduler and case == "A" else None
+                    results[case] = bench.run(case, builders[case], args.pods, wanted)
                 for r in results.values():
                     rate = f"{r.rate:.0f} pods/s" if r.rate else f"unfinished: {r.bound}/{r.pods} bound"
                     print(f"{nodes} nodes run {run} {r.case}: {rate} ({r.seconds:.1f} s); CPU ms/pod "

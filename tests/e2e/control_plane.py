@@ -201,12 +201,16 @@ class ControlPlane:
 
     def add_scheduler(self, name: str, config: dict[str, Any]) -> Scheduler:
         """One more kube-scheduler, running ``config`` (a KubeSchedulerConfiguration), with its own config
-        file, log and secure port; started, and listening."""
+        file, log and secure port; started, and listening. Its secure port authenticates and authorises
+        through the API server (as the admin asks it to), so ``/debug/pprof`` answers the admin's token
+        (benchmarks/throughput.py ``--profile-scheduler``)."""
         path = self.root / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
+        delegate = self.kubeconfig("admin")
         argv = [str(self.bin / "kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
-                f"--secure-port={port}", "--v=2"]  # fmt: skip
+                f"--secure-port={port}", f"--authentication-kubeconfig={delegate}",
+                f"--authorization-kubeconfig={delegate}", "--v=2"]  # fmt: skip
         proc = Proc(name, argv, self.root / "logs" / f"{name}.log", cwd=self.root)
         self.procs.append(proc)  # stopped with the control plane, and its log shown when a test fails
         return Scheduler(proc, port).start()
