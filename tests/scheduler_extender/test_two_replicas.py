@@ -10,20 +10,23 @@ placements on one node, so no GPU is promised twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
+from scheduler_extender.app import create_app
 from scheduler_extender.binder import CLOCK_SLACK
 from scheduler_extender.gateway import Kind
-from tests.scheduler_extender.conftest import Running
+from scheduler_extender.settings import Settings
+from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_bind import allocation, bind_body
 from tests.scheduler_extender.test_metrics import metric
-from tf_shell.kube.api import RawObject
+from tf_shell.kube.api import RawObject, WatchEvent
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.contract.claims import Claim
@@ -326,3 +329,58 @@ def test_a_bind_backs_off_when_a_limit_raise_claimed_meanwhile_leaves_no_room(
     assert allocation(fake, "neighbour") is None and fake.bindings == [] and fake.calls == []
     app.settle()
     assert app.ext.cache.entry("default/neighbour") is None and app.ext.gate.holders("n1") == ()
+
+
+class LaggingGateway:
+    """The fake API server as a replica whose pod watch runs ``lag`` seconds behind per event (a slow network, a
+    busy process): everything else as the fake answers it."""
+
+    def __init__(self, fake: FakeGateway, lag: float) -> None:
+        self._fake, self._lag = fake, lag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fake, name)
+
+    def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        for event in self._fake.watch(kind, resource_version, timeout_seconds):
+            if kind is Kind.POD:
+                time.sleep(self._lag)
+            yield event
+
+
+def test_a_replica_whose_pod_watch_lags_never_promises_a_gpu_twice(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """As the full-GPU race above, with the second replica's pod watch 0.2 s behind on every event: its cache
+    misses the other's Bindings for a while, and the claims (and the horizon its watch must reach after the other
+    dropped a claim it had seen land) are all that keep it from placing on room already promised."""
+    fake.put(Kind.NODE, make_node("n1", gpus=1))
+    names = [f"p{i}" for i in range(8)]
+    for name in names:
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=100_000, vram=4 * GI)))
+    fast = run()
+    client = TestClient(create_app(Settings(handoff_wait=1.0), LaggingGateway(fake, 0.2)))  # type: ignore[arg-type]
+    with client:
+        slow = Running(client, fake)
+        wait_for(lambda: slow.ext.ready, timeout=20, what="the lagging replica's informers")
+        apps = (fast, slow)
+
+        def bind(i: int) -> str:
+            reply: dict[str, str] = apps[i % 2].post("/bind", bind_body(names[i], "n1"))
+            return reply["Error"]
+
+        assert bind(1) == ""  # the lagging replica binds first: the other drops its claim once it has seen it land
+        with ThreadPoolExecutor(8) as pool:
+            errors = list(pool.map(bind, [i for i in range(len(names)) if i != 1]))
+            for _ in range(3):
+                unbound = [i for i, n in enumerate(names) if not fake.pod("default", n)["spec"].get("nodeName")]
+                errors += list(pool.map(bind, unbound))
+        bound = [n for n in names if fake.pod("default", n)["spec"].get("nodeName")]
+        promised = sum(g.tflops_request for n in bound if (a := allocation(fake, n)) for g in a.gpus)
+        assert len(bound) == 3 and promised == 300_000, (bound, errors)
+        assert all("no longer fits" in e or "pod watch" in e or "other extenders" in e for e in errors if e), errors
+        for app in apps:
+            wait_for(lambda app=app: app.ext.cache.conflicts() == {}, timeout=20, what="no conflicting allocation")  # type: ignore[misc]
+        slow.settle()
+        held = [n for n in names if (e := slow.ext.cache.entry(f"default/{n}")) and e.state == "committed"]
+        assert sorted(held) == sorted(bound)
