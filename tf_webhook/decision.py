@@ -21,7 +21,7 @@ from tf_webhook.migration import Ask, Migration, asks, translate
 from tf_webhook.plugin_env import strip
 from tf_webhook.pod_patch import SYSTEM_KEYS, Op, pod_patch
 from tf_webhook.review import Denial, ReviewRequest, Verdict, allow, deny
-from tf_webhook.unkept import unkept
+from tf_webhook.unkept import unkept, unserved
 from tf_webhook.workload import WorkloadUpsert, spec_of
 from vgpu import fields
 from vgpu.errors import DomainError, FieldError
@@ -113,7 +113,7 @@ def decide(
         upsert = WorkloadUpsert(namespace=view.namespace, name=str(req.workload), spec=spec_of(req))
     verdict = allow(
         patch=[*translated_ops, *ops, *env_ops],
-        warnings=warnings + tuple(patch_warnings) + tuple(env_warnings) + unkept(req),
+        warnings=warnings + tuple(patch_warnings) + tuple(env_warnings) + unkept(req) + unserved(view.annotations),
     )
     return Decision(verdict, upsert)
 

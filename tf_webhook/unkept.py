@@ -13,9 +13,10 @@ where no pod may go past its own. Pure: a resolved request in, warning texts out
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
-from vgpu.names import Annotation, IsolationMode
+from vgpu.names import TF_UNSERVED_KEYS, Annotation, IsolationMode
 from vgpu.quantity import humanize_tflops
 from vgpu.request import GpuRequest
 
@@ -24,6 +25,15 @@ _PREDICTING: Final = ("autoSetLimits", "autoSetRequests")
 
 def _enabled(block: object) -> bool:
     return isinstance(block, dict) and block.get("enable") is True
+
+
+def unserved(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """One warning per TensorFusion annotation the pod carries that means nothing here (names.TF_UNSERVED_KEYS)."""
+    return tuple(
+        f"{key}: TensorFusion's, ignored here: {TF_UNSERVED_KEYS[key]}"
+        for key in sorted(annotations)
+        if key in TF_UNSERVED_KEYS
+    )
 
 
 def unkept(req: GpuRequest) -> tuple[str, ...]:

@@ -6,7 +6,9 @@ the CLI can never drift apart (gpushare's extender and device plugin each had th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Final
 
 DOMAIN: Final = "tensor-fusion.ai"
@@ -82,6 +84,47 @@ class SystemAnnotation(StrEnum):
     # Written by the device plugin on its Node: the node inventory contract.
     NODE_INVENTORY = f"{DOMAIN}/gpu-inventory"
 
+
+# --- TensorFusion v2 pod annotations this project does not act on (docs/tensorfusion-keys.md) -----------
+# Its remote-worker architecture and its own components' bookkeeping: meaningless here, so a pod carrying
+# one is admitted with a warning naming the key and why (never silence, never a refusal for a copied manifest).
+TF_UNSERVED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        f"{DOMAIN}/{key}": why
+        for keys, why in (
+            (
+                ("sidecar-worker", "embedded-worker", "dedicated-worker", "workload-mode", "port-number"),
+                "TensorFusion's remote-GPU workers; here every pod uses its granted GPUs from its own containers, "
+                "and no worker is run",
+            ),
+            (
+                ("gpu-ids", "index", "container-gpus", "gpu-released", "tf-pod-count", "pod-counter-key"),
+                "written by TensorFusion's own components; here the grant is tensor-fusion.ai/allocation, "
+                "written by the scheduler extender",
+            ),
+            (("hourly-pricing",), "TensorFusion's billing; this project prices nothing"),
+            (("enabled-replicas",), "TensorFusion v1's canary of an owner's first pods; every labelled pod is served"),
+        )
+        for key in keys
+    }
+)
+# TensorFusion v2 keys that would change what a pod is granted, not implemented yet: refused, with the reason
+# and what to write instead (admitting the pod without them would grant something else than asked).
+TF_UNSUPPORTED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        f"{DOMAIN}/compute-percent-request": "not supported yet: ask for compute in TFLOPS "
+        "(tensor-fusion.ai/tflops-request; each GPU model's TFLOPS: tfctl catalog)",
+        f"{DOMAIN}/compute-percent-limit": "not supported yet: cap compute in TFLOPS (tensor-fusion.ai/tflops-limit)",
+        f"{DOMAIN}/container-gpu-count": "not supported yet: every container named by "
+        "tensor-fusion.ai/inject-container gets tensor-fusion.ai/gpu-count GPUs",
+        f"{DOMAIN}/autoscale": "not supported yet: switch the layers on with tensor-fusion.ai/auto-requests, "
+        "auto-limits and auto-replicas (docs/autoscaling.md)",
+        f"{DOMAIN}/autoscale-target": "not supported yet: a WorkloadProfile's autoScalingConfig sets each layer's "
+        "targetResource (docs/autoscaling.md)",
+        f"{DOMAIN}/partition-template-id": "not supported: a MIG unit is asked for by its profile in "
+        "tensor-fusion.ai/gpu-model, e.g. 1g.10gb (docs/isolation.md)",
+    }
+)
 
 # --- the pod label the extender writes with an allocation: which node it is for (value: objects.py's
 # allocated_node_label), so that a bind can list, consistently and cheaply, every allocation on its node.

@@ -24,6 +24,8 @@ from vgpu.names import (
     LABEL_ENABLED,
     MAX_EVICTION_PROTECTION_S,
     PREFIX,
+    TF_UNSERVED_KEYS,
+    TF_UNSUPPORTED_KEYS,
     VENDOR_NVIDIA,
     Annotation,
     IsolationMode,
@@ -441,7 +443,11 @@ def _auto(ann: Mapping[str, str], inherited: AutoScaling, errors: list[FieldErro
 
 def _unknown_keys(ann: Mapping[str, str], errors: list[FieldError]) -> None:
     for key in ann:
-        if key.startswith(PREFIX) and key not in _KNOWN_KEYS:
+        if key in TF_UNSUPPORTED_KEYS:
+            errors.append(
+                FieldError(key, fields.shown(ann[key]), f"TensorFusion's {key} is {TF_UNSUPPORTED_KEYS[key]}")
+            )
+        elif key.startswith(PREFIX) and key not in _KNOWN_KEYS and key not in TF_UNSERVED_KEYS:
             # Compare what follows the prefix: every key shares it, so whole keys all look close.
             close = difflib.get_close_matches(key.removeprefix(PREFIX), _USER_KEY_SUFFIXES, n=1)
             hint = f"did you mean {PREFIX}{close[0]}?" if close else f"accepted keys: {_USER_KEYS}"

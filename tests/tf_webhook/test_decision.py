@@ -395,6 +395,35 @@ def test_accepted_values_nothing_acts_on_are_named_in_warnings() -> None:
     assert not [w for w in scaled.get("warnings") or [] if "recorded" in w]
 
 
+def test_tensorfusions_own_keys_that_mean_nothing_here_are_admitted_with_a_warning_each() -> None:
+    annotations = {**BASIC, "tensor-fusion.ai/embedded-worker": "true", "tensor-fusion.ai/gpu-ids": "gpu-1"}
+    response, _ = run(review_of(annotations))
+    assert response["allowed"] is True
+    said = [w for w in response["warnings"] if "TensorFusion's, ignored here" in w]
+    assert said == [
+        "tensor-fusion.ai/embedded-worker: TensorFusion's, ignored here: TensorFusion's remote-GPU workers; here "
+        "every pod uses its granted GPUs from its own containers, and no worker is run",
+        "tensor-fusion.ai/gpu-ids: TensorFusion's, ignored here: written by TensorFusion's own components; here the "
+        "grant is tensor-fusion.ai/allocation, written by the scheduler extender",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "instead"),
+    [
+        ("compute-percent-request", "50", "ask for compute in TFLOPS"),
+        ("container-gpu-count", '{"a": 1}', "gets tensor-fusion.ai/gpu-count GPUs"),
+        ("autoscale", "true", "tensor-fusion.ai/auto-requests"),
+    ],
+)
+def test_tensorfusions_keys_that_would_change_the_grant_are_refused_saying_what_to_write(
+    key: str, value: str, instead: str
+) -> None:
+    message = denial(review_of({**BASIC, f"tensor-fusion.ai/{key}": value}))
+    assert f"tensor-fusion.ai/{key} '{value}': TensorFusion's tensor-fusion.ai/{key} is not supported" in message
+    assert instead in message and "unknown" not in message
+
+
 def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:
     profile = {"spec": {"autoScalingConfig": {"autoSetRequests": {"enable": False, "prediction": {"enable": True}}}}}
     cluster = FakeCluster(profiles={("default", "predicting"): profile})
