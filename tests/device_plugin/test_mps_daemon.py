@@ -111,6 +111,9 @@ def mps_dirs() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+STARTS = 20.0  # seconds to wait for a few starts of the stand-in control program
+
+
 def mps_settings(root: Path) -> dict[str, Any]:
     return {
         "backend": "mps",
@@ -193,12 +196,13 @@ def test_a_killed_daemon_is_restarted_and_its_gpus_are_unhealthy_until_it_runs_a
             assert first is not None
             (mps_dirs / "pipe" / "fake-fail-start").write_text("no GPU for MPS")  # it stays down a while
             os.kill(first, signal.SIGKILL)
-            await until(lambda: set(health(daemon).values()) == {Health.UNHEALTHY})
-            await until(lambda: errors(daemon) >= 3)  # the death, then two starts that failed
+            # Each start runs the stand-in control program (a Python process): slow on a loaded machine.
+            await until(lambda: set(health(daemon).values()) == {Health.UNHEALTHY}, timeout=STARTS)
+            await until(lambda: errors(daemon) >= 3, timeout=STARTS)  # the death, then two starts that failed
             assert set(health(daemon).values()) == {Health.UNHEALTHY}
             (mps_dirs / "pipe" / "fake-fail-start").unlink()
-            await until(lambda: daemon.mps is not None and daemon.mps.pid not in (None, first))
-            await until(lambda: health(daemon) == BOTH_HEALTHY)
+            await until(lambda: daemon.mps is not None and daemon.mps.pid not in (None, first), timeout=STARTS)
+            await until(lambda: health(daemon) == BOTH_HEALTHY, timeout=STARTS)
             second = daemon.mps.pid
             assert second is not None and alive(second)
             assert commands(mps_dirs, second) == DEFAULTS  # sent again: the defaults die with the daemon
