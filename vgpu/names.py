@@ -59,6 +59,10 @@ class Annotation(StrEnum):
     AUTO_REQUESTS = f"{DOMAIN}/auto-requests"
     AUTO_LIMITS = f"{DOMAIN}/auto-limits"
     AUTO_REPLICAS = f"{DOMAIN}/auto-replicas"
+    # TensorFusion v2's short form of vertical autoscaling: the requests and limits layers together, on
+    # AUTOSCALE_TARGET's resources (compute, vram, all).
+    AUTOSCALE = f"{DOMAIN}/autoscale"
+    AUTOSCALE_TARGET = f"{DOMAIN}/autoscale-target"
     NO_STANDALONE_WORKER_MODE = f"{DOMAIN}/no-standalone-worker-mode"
     # Not in TF v1; ours: per-pod override of the scheduler's placement policy.
     PLACEMENT_POLICY = f"{DOMAIN}/placement-policy"
@@ -117,10 +121,6 @@ TF_UNSUPPORTED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         f"{DOMAIN}/compute-percent-limit": "not supported yet: cap compute in TFLOPS (tensor-fusion.ai/tflops-limit)",
         f"{DOMAIN}/container-gpu-count": "not supported yet: every container named by "
         "tensor-fusion.ai/inject-container gets tensor-fusion.ai/gpu-count GPUs",
-        f"{DOMAIN}/autoscale": "not supported yet: switch the layers on with tensor-fusion.ai/auto-requests, "
-        "auto-limits and auto-replicas (docs/autoscaling.md)",
-        f"{DOMAIN}/autoscale-target": "not supported yet: a WorkloadProfile's autoScalingConfig sets each layer's "
-        "targetResource (docs/autoscaling.md)",
         f"{DOMAIN}/partition-template-id": "not supported: a MIG unit is asked for by its profile in "
         "tensor-fusion.ai/gpu-model, e.g. 1g.10gb (docs/isolation.md)",
     }

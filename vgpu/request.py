@@ -42,6 +42,8 @@ _USER_KEYS = ", ".join(sorted(a.value for a in Annotation))  # what an unknown k
 _USER_KEY_SUFFIXES = sorted(a.value.removeprefix(PREFIX) for a in Annotation)
 _ANNOTATIONS = "the pod's annotations"
 _AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits", A.AUTO_REPLICAS: "autoSetReplicas"}
+_SHORT_FORM = ("autoSetRequests", "autoSetLimits")  # what tensor-fusion.ai/autoscale switches on
+_AUTOSCALE_TARGETS = {"compute": "tflops", "vram": "vram", "all": "all"}  # TensorFusion's words -> targetResource
 # The annotations that size a share of a GPU, which a dedicated (whole) GPU has no use for.
 SHARE_KEYS = (A.TFLOPS_REQUEST, A.TFLOPS_LIMIT, A.VRAM_REQUEST, A.VRAM_LIMIT)
 
@@ -434,6 +436,22 @@ def _containers(raw: str | None, names: tuple[str, ...], errors: list[FieldError
 
 def _auto(ann: Mapping[str, str], inherited: AutoScaling, errors: list[FieldError]) -> AutoScaling:
     merged = {k: dict(v) for k, v in inherited.items()}
+    short = _flag(ann, A.AUTOSCALE, errors)
+    target = ann.get(A.AUTOSCALE_TARGET)
+    if target is not None and target not in _AUTOSCALE_TARGETS:
+        accepted = ", ".join(_AUTOSCALE_TARGETS)
+        errors.append(FieldError(A.AUTOSCALE_TARGET, fields.shown(target), f"must be one of {accepted}"))
+    elif target is not None and short is not True:
+        errors.append(
+            FieldError(
+                A.AUTOSCALE_TARGET, fields.shown(target), f'only with {A.AUTOSCALE}: "true", whose layers it aims'
+            )
+        )
+    if short is not None:  # TensorFusion v2's short form: the requests and limits layers (the auto-* keys win)
+        for block in _SHORT_FORM:
+            merged.setdefault(block, {})["enable"] = short
+            if target is not None and target in _AUTOSCALE_TARGETS:
+                merged[block]["targetResource"] = _AUTOSCALE_TARGETS[target]
     for key, block in _AUTO_FLAGS.items():
         flag = _flag(ann, key, errors)
         if flag is not None:

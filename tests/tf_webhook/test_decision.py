@@ -413,7 +413,6 @@ def test_tensorfusions_own_keys_that_mean_nothing_here_are_admitted_with_a_warni
     [
         ("compute-percent-request", "50", "ask for compute in TFLOPS"),
         ("container-gpu-count", '{"a": 1}', "gets tensor-fusion.ai/gpu-count GPUs"),
-        ("autoscale", "true", "tensor-fusion.ai/auto-requests"),
     ],
 )
 def test_tensorfusions_keys_that_would_change_the_grant_are_refused_saying_what_to_write(
@@ -422,6 +421,34 @@ def test_tensorfusions_keys_that_would_change_the_grant_are_refused_saying_what_
     message = denial(review_of({**BASIC, f"tensor-fusion.ai/{key}": value}))
     assert f"tensor-fusion.ai/{key} '{value}': TensorFusion's tensor-fusion.ai/{key} is not supported" in message
     assert instead in message and "unknown" not in message
+
+
+def test_autoscale_is_the_requests_and_limits_layers_on_its_target() -> None:
+    pod = patched_pod(
+        review_of({**BASIC, "tensor-fusion.ai/autoscale": "true", "tensor-fusion.ai/autoscale-target": "compute"})
+    )
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    layers = {block: (conf.get("enable"), conf.get("targetResource")) for block, conf in got.auto_scaling.items()}
+    assert layers == {"autoSetRequests": (True, "tflops"), "autoSetLimits": (True, "tflops")}
+    # An auto-* key says more precisely, and wins.
+    pod = patched_pod(review_of({**BASIC, "tensor-fusion.ai/autoscale": "true", A.AUTO_LIMITS.value: "false"}))
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert {b: c.get("enable") for b, c in got.auto_scaling.items()} == {
+        "autoSetRequests": True,
+        "autoSetLimits": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("annotations", "said"),
+    [
+        ({"tensor-fusion.ai/autoscale-target": "vram"}, "'vram': only with tensor-fusion.ai/autoscale: \"true\""),
+        ({"tensor-fusion.ai/autoscale": "true", "tensor-fusion.ai/autoscale-target": "gpu"},
+         "tensor-fusion.ai/autoscale-target 'gpu': must be one of compute, vram, all"),
+    ],
+)  # fmt: skip
+def test_a_malformed_autoscale_short_form_is_refused_naming_it(annotations: dict[str, str], said: str) -> None:
+    assert said in denial(review_of({**BASIC, **annotations}))
 
 
 def test_a_profiles_prediction_block_is_named_as_not_implemented() -> None:

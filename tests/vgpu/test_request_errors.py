@@ -63,7 +63,8 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
      "tensor-fusion.ai/vram-requests: unknown tensor-fusion.ai/ annotation; did you mean tensor-fusion.ai/vram-request?"),
     ("unknown key, nothing close", {**OK, f"{P}colour": "blue"}, ("python",),
      "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
-     "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/dedicated-gpu, "
+     "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/autoscale, "
+     "tensor-fusion.ai/autoscale-target, tensor-fusion.ai/dedicated-gpu, "
      "tensor-fusion.ai/eviction-protection, tensor-fusion.ai/generate-workload, "
      "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-indices, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
