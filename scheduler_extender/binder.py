@@ -295,12 +295,17 @@ class Binder:
             if pod is None:
                 raise BindError(f"{failed}{UNKNOWN_OUTCOME}", "binding") from None
             record = pod_record(pod) if pod else None
-            if record is not None and record.node_name == node:
-                if grant is None or _allocation_text(pod) == grant.text:
-                    log.warning("bind %s -> %s answered %s, yet the pod is bound there", ref.key, node, exc)
-                    return
-                log.info("bind %s -> %s: another extender bound the pod with its own allocation", ref.key, node)
+            ours = grant is None or _allocation_text(pod) == grant.text
+            if record is not None and record.node_name == node and ours:
+                log.warning("bind %s -> %s answered %s, yet the pod is bound there", ref.key, node, exc)
+                return
             undo()
+            if record is not None and record.node_name is not None:  # the other bind of a pod two replicas bound
+                raise BindError(
+                    f"pod {ref.key} is already bound to {record.node_name} by another extender's bind; this bind "
+                    "backed off and left it as it is",
+                    "conflict",
+                ) from None
             changed = grant is not None and exc.status == 409  # a plain pod's Binding has no version to be stale
             if changed and record is not None and record.node_name is None and not _allocation_text(pod):
                 raise PodChanged from None

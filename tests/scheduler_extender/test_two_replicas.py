@@ -215,7 +215,7 @@ def test_the_loser_of_the_binding_leaves_the_winners_allocation_and_gate(
 
     fake.bind = bind_after_the_winner  # type: ignore[method-assign]
     reply = loser.post("/bind", bind_body("p1", "n1"))
-    assert "could not bind pod default/p1" in reply["Error"]
+    assert "pod default/p1 is already bound to n1 by another extender's bind" in reply["Error"]
     assert fake.pod("default", "p1")["metadata"]["annotations"][ALLOCATION] == theirs
     assert fake.calls == ["bind default/p1 n1"]  # the loser wrote nothing on the pod
     loser.settle()
