@@ -82,7 +82,8 @@ def test_two_extenders_binding_the_same_pods_at_once_bind_each_once_with_one_all
         assert without == [] and mismatched == []
         assert several == {}, f"pods given several different allocations: {several}"
         assert removed == [], f"pods whose allocation was removed after it was written: {removed}"
-        assert all("another extender is binding" in e or "already bound" in e for e in errors), errors
+        allowed = ("another extender is binding", "already bound", "pod watch", "other extenders")
+        assert all(any(a in e for a in allowed) for e in errors), errors
     finally:
         for node in nodes:
             core.delete_node(node)
