@@ -64,11 +64,10 @@ class KubeGateway(Protocol):
         uid: str,
         changes: Mapping[str, str | None],
         *,
-        labels: Mapping[str, str] | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        """Merge-patch annotations (None removes one) and, when given, labels, with the UID as precondition
+        """Merge-patch annotations (None removes one), with the UID as precondition
         (409 if it differs) and, when given, the resourceVersion the pod was read at (409 if it changed since)."""
         ...
 
@@ -155,17 +154,10 @@ class KubeGateway(Protocol):
         ...
 
 
-def annotation_patch(
-    uid: str,
-    changes: Mapping[str, str | None],
-    resource_version: str | None = None,
-    labels: Mapping[str, str] | None = None,
-) -> RawObject:
-    """The merge-patch body for annotation (and label) changes; ``metadata.uid`` makes the API server check
-    the UID, ``metadata.resourceVersion`` (when given) that the pod did not change since it was read."""
+def annotation_patch(uid: str, changes: Mapping[str, str | None], resource_version: str | None = None) -> RawObject:
+    """The merge-patch body for annotation changes; ``metadata.uid`` makes the API server check the UID,
+    ``metadata.resourceVersion`` (when given) that the pod did not change since it was read."""
     meta: RawObject = {"uid": uid, "annotations": dict(changes)}
-    if labels:
-        meta["labels"] = dict(labels)
     if resource_version is not None:
         meta["resourceVersion"] = resource_version
     return {"metadata": meta}

@@ -24,7 +24,6 @@ from vgpu.contract.allocation import PodAllocation
 from vgpu.contract.inventory import Health
 from vgpu.errors import DomainError
 from vgpu.names import (
-    LABEL_ALLOCATED_NODE,
     LABEL_DO_NOT_DISRUPT,
     LABEL_ENABLED,
     LABEL_NODE_POOL,
@@ -363,11 +362,6 @@ def allocated_node_label(node: str) -> str:
     if len(node) <= 63:
         return node
     return "n-" + hashlib.sha256(node.encode()).hexdigest()[:40]
-
-
-def allocated_on_selector(node: str) -> str:
-    """The label selector of every pod allocated GPUs on ``node`` (by this version of the extender)."""
-    return f"{LABEL_ALLOCATED_NODE}={allocated_node_label(node)}"
 
 
 def is_relevant(pod: Mapping[str, Any]) -> bool:

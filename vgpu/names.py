@@ -126,8 +126,8 @@ TF_UNSUPPORTED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 
-# --- the pod label the extender writes with an allocation: which node it is for (value: objects.py's
-# allocated_node_label), so that a bind can list, consistently and cheaply, every allocation on its node.
+# --- the pod label the extender's Binding writes with an allocation: which node it is for (value: objects.py's
+# allocated_node_label), so that a user can select every pod granted GPUs on a node (from Kubernetes 1.35).
 LABEL_ALLOCATED_NODE: Final = f"{DOMAIN}/allocated-node"
 
 # --- node labels the device plugin publishes so users can use plain nodeAffinity ----------------

@@ -113,11 +113,10 @@ class KubernetesGateway:
         uid: str,
         changes: Mapping[str, str | None],
         *,
-        labels: Mapping[str, str] | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        body = annotation_patch(uid, changes, resource_version, labels)
+        body = annotation_patch(uid, changes, resource_version)
         self._patch_pod(namespace, name, body, MERGE_PATCH, timeout)
 
     def _patch_pod(self, namespace: str, name: str, body: PatchBody, content_type: str, timeout: float | None) -> None:

@@ -36,9 +36,9 @@ import pytest
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 
 from scheduler_extender.autoscaler import checkpoints
-from scheduler_extender.objects import allocated_on_selector
+from scheduler_extender.objects import allocated_node_label
 from vgpu.contract.allocation import PodAllocation
-from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD, Annotation, SystemAnnotation
+from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ALLOCATED_NODE, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
 from . import deploy
 from .autoscaling import Load, deployment
@@ -76,7 +76,8 @@ def held(alloc: PodAllocation) -> dict[str, int]:
 
 def allocations(core: CoreV1Api) -> list[tuple[Any, PodAllocation]]:
     """Every live pod of every namespace holding an allocation on the kubelet node, with it."""
-    pods = core.list_pod_for_all_namespaces(label_selector=allocated_on_selector(REAL_NODE)).items
+    selector = f"{LABEL_ALLOCATED_NODE}={allocated_node_label(REAL_NODE)}"
+    pods = core.list_pod_for_all_namespaces(label_selector=selector).items
     out = []
     for pod in pods:
         if pod.status.phase in TERMINAL or not (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION):

@@ -170,7 +170,6 @@ class FakeGateway:
         uid: str,
         changes: Mapping[str, str | None],
         *,
-        labels: Mapping[str, str] | None = None,
         resource_version: str | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -186,7 +185,7 @@ class FakeGateway:
                 raise GatewayError("Precondition failed: UID", 409)
             if resource_version is not None and pod["metadata"]["resourceVersion"] != resource_version:
                 raise GatewayError("Operation cannot be fulfilled on pods: the object has been modified", 409)
-            self._patch(pod, changes, labels)
+            self._patch(pod, changes)
 
     def get_lease(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
         self.lease_calls.append(f"get {name}")
@@ -369,12 +368,8 @@ class FakeGateway:
         if error is not None:
             raise error
 
-    def _patch(
-        self, pod: RawObject, changes: Mapping[str, str | None], labels: Mapping[str, str] | None = None
-    ) -> None:
+    def _patch(self, pod: RawObject, changes: Mapping[str, str | None]) -> None:
         pod = copy.deepcopy(pod)
-        if labels:
-            pod["metadata"].setdefault("labels", {}).update(labels)
         annotations = pod["metadata"].setdefault("annotations", {})
         for k, v in changes.items():
             if v is None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 
-from scheduler_extender.objects import allocated_node_label, allocated_on_selector
+from scheduler_extender.objects import allocated_node_label
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # Kubernetes' rule, max 63
 
 
 def test_a_short_node_name_is_its_own_label_value() -> None:
     assert allocated_node_label("gpu-node-7.example") == "gpu-node-7.example"
-    assert allocated_on_selector("n1") == "tensor-fusion.ai/allocated-node=n1"
 
 
 def test_a_node_name_longer_than_a_label_value_becomes_a_digest_distinct_per_node() -> None:
