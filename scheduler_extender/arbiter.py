@@ -69,7 +69,8 @@ class Arbiter:
         self.stale_after = stale_after
         self.clock = clock
         self.monotonic = monotonic
-        self._checked: dict[tuple[str, int], float] = {}  # stale claims read and kept: when (monotonic)
+        # node -> its stale claims read and kept: when (monotonic); a node's own map is touched only in its turn
+        self._checked: dict[str, dict[tuple[str, int], float]] = {}
 
     def claim(
         self,
@@ -90,7 +91,7 @@ class Arbiter:
                 board = self.board.current(node, timeout=timeout("read the node's GPU claims"))
                 for _ in range(ATTEMPTS):
                     self._catch_up(node, board.horizon, timeout)
-                    board = self._without_stale(board, timeout)
+                    board = self._without_stale(node, board, timeout)
                     with self.cache.lock:
                         seen, versions = self._seen(board)
                         counted = self.cache.counted_on(node)
@@ -133,7 +134,7 @@ class Arbiter:
                 versions[claim.pod_uid] = version
         return records, versions
 
-    def _without_stale(self, board: NodeClaims, timeout: Callable[[str], float]) -> NodeClaims:
+    def _without_stale(self, node: str, board: NodeClaims, timeout: Callable[[str], float]) -> NodeClaims:
         """``board`` without what the cache settles, and without each claim older than a write can last that
         the cache cannot settle, once its pod, read, says it can never land (rare: a write that failed, or a
         pod deleted before it was bound; each such claim is read at most once per ``stale_after``)."""
@@ -142,18 +143,21 @@ class Arbiter:
         settled = settle(board, None, seen, versions, now=self.clock(), stale_after=self.stale_after)
         claims = settled.board
         now = self.monotonic()
+        checked = self._checked.setdefault(node, {})
         for stale in settled.check:
             key = (stale.pod_uid, stale.version)
-            if now - self._checked.get(key, -math.inf) < self.stale_after:
+            if now - checked.get(key, -math.inf) < self.stale_after:
                 continue
             namespace, _, name = stale.pod.partition("/")
             pod = self.gateway.get_pod(namespace, name, timeout=timeout("read a stale claim's pod"))
             self.count("stale-read")
-            self._checked[key] = now
+            checked[key] = now
             claims = after_reading(claims, stale, pod)
         live = {(c.pod_uid, c.version) for c in claims.claims}
-        for key in [k for k in self._checked if k not in live]:
-            del self._checked[key]
+        for key in [k for k in checked if k not in live]:
+            del checked[key]
+        if not checked:
+            del self._checked[node]
         return claims
 
     def _catch_up(self, node: str, horizon: int, timeout: Callable[[str], float]) -> None:
