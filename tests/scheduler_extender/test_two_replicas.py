@@ -242,32 +242,49 @@ def test_a_write_refused_only_for_a_status_update_is_written_again(
     assert_one_allocation_never_removed(fake, "p1")
 
 
+RACERS = [f"p{i}" for i in range(8)]  # 100-TFLOPS pods racing for one GPU with room for three
+
+
+def one_gpu_for_three(fake: FakeGateway) -> None:
+    """Node n1 with one GPU (312 TFLOPS), and the eight RACERS, unbound."""
+    fake.put(Kind.NODE, make_node("n1", gpus=1))
+    for name in RACERS:
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=100_000, vram=4 * GI)))
+
+
+def race(fake: FakeGateway, apps: tuple[Running, Running], first: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
+    """Bind RACERS[i] to n1 through replica i % 2: those ``first`` one by one, then all the others at once, then
+    the unbound ones again (three rounds, as kube-scheduler retries). Returns the pods bound and every Error."""
+
+    def bind(i: int) -> str:
+        reply: dict[str, str] = apps[i % 2].post("/bind", bind_body(RACERS[i], "n1"))
+        return reply["Error"]
+
+    errors = [bind(i) for i in first]
+    with ThreadPoolExecutor(8) as pool:
+        errors += pool.map(bind, [i for i in range(len(RACERS)) if i not in first])
+        for _ in range(3):
+            unbound = [i for i, n in enumerate(RACERS) if not fake.pod("default", n)["spec"].get("nodeName")]
+            errors += pool.map(bind, unbound)
+    return [n for n in RACERS if fake.pod("default", n)["spec"].get("nodeName")], errors
+
+
+def promised_tflops(fake: FakeGateway, pods: list[str]) -> int:
+    return sum(g.tflops_request for n in pods if (a := allocation(fake, n)) for g in a.gpus)
+
+
 def test_two_replicas_placing_different_pods_on_one_full_gpu_never_overcommit_it(
     run: Callable[..., Running], fake: FakeGateway
 ) -> None:
     """One GPU with room for three 100-TFLOPS pods; eight such pods, each sent to one replica, in bursts."""
-    fake.put(Kind.NODE, make_node("n1", gpus=1))
-    names = [f"p{i}" for i in range(8)]
-    for name in names:
-        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=100_000, vram=4 * GI)))
+    one_gpu_for_three(fake)
     apps = (run(), run())
-
-    def bind(i: int) -> str:
-        reply: dict[str, str] = apps[i % 2].post("/bind", bind_body(names[i], "n1"))
-        return reply["Error"]
-
-    with ThreadPoolExecutor(8) as pool:
-        errors = list(pool.map(bind, range(len(names))))
-        for _ in range(3):
-            unbound = [i for i, n in enumerate(names) if not fake.pod("default", n)["spec"].get("nodeName")]
-            errors += list(pool.map(bind, unbound))
-    bound = [n for n in names if fake.pod("default", n)["spec"].get("nodeName")]
-    promised = sum(g.tflops_request for n in bound if (a := allocation(fake, n)) for g in a.gpus)
-    assert len(bound) == 3 and promised == 300_000, (bound, errors)
-    assert all(allocation(fake, n) is None for n in names if n not in bound)
+    bound, errors = race(fake, apps)
+    assert len(bound) == 3 and promised_tflops(fake, bound) == 300_000, (bound, errors)
+    assert all(allocation(fake, n) is None for n in RACERS if n not in bound)
     for app in apps:
         app.settle()
-        held = [n for n in names if (e := app.ext.cache.entry(f"default/{n}")) and e.state == "committed"]
+        held = [n for n in RACERS if (e := app.ext.cache.entry(f"default/{n}")) and e.state == "committed"]
         assert sorted(held) == sorted(bound)
 
 
@@ -354,33 +371,20 @@ def test_a_replica_whose_pod_watch_lags_never_promises_a_gpu_twice(
     """As the full-GPU race above, with the second replica's pod watch 0.2 s behind on every event: its cache
     misses the other's Bindings for a while, and the claims (and the horizon its watch must reach after the other
     dropped a claim it had seen land) are all that keep it from placing on room already promised."""
-    fake.put(Kind.NODE, make_node("n1", gpus=1))
-    names = [f"p{i}" for i in range(8)]
-    for name in names:
-        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=100_000, vram=4 * GI)))
+    one_gpu_for_three(fake)
     fast = run()
     client = TestClient(create_app(Settings(handoff_wait=1.0), LaggingGateway(fake, 0.2)))  # type: ignore[arg-type]
     with client:
         slow = Running(client, fake)
         wait_for(lambda: slow.ext.ready, timeout=20, what="the lagging replica's informers")
         apps = (fast, slow)
-
-        def bind(i: int) -> str:
-            reply: dict[str, str] = apps[i % 2].post("/bind", bind_body(names[i], "n1"))
-            return reply["Error"]
-
-        assert bind(1) == ""  # the lagging replica binds first: the other drops its claim once it has seen it land
-        with ThreadPoolExecutor(8) as pool:
-            errors = list(pool.map(bind, [i for i in range(len(names)) if i != 1]))
-            for _ in range(3):
-                unbound = [i for i, n in enumerate(names) if not fake.pod("default", n)["spec"].get("nodeName")]
-                errors += list(pool.map(bind, unbound))
-        bound = [n for n in names if fake.pod("default", n)["spec"].get("nodeName")]
-        promised = sum(g.tflops_request for n in bound if (a := allocation(fake, n)) for g in a.gpus)
-        assert len(bound) == 3 and promised == 300_000, (bound, errors)
+        # The lagging replica binds p1 first: the other drops its claim once it has seen it land.
+        bound, errors = race(fake, apps, first=(1,))
+        assert errors[0] == "" and "p1" in bound
+        assert len(bound) == 3 and promised_tflops(fake, bound) == 300_000, (bound, errors)
         assert all("no longer fits" in e or "pod watch" in e or "other extenders" in e for e in errors if e), errors
         for app in apps:
             wait_for(lambda app=app: app.ext.cache.conflicts() == {}, timeout=20, what="no conflicting allocation")  # type: ignore[misc]
         slow.settle()
-        held = [n for n in names if (e := slow.ext.cache.entry(f"default/{n}")) and e.state == "committed"]
+        held = [n for n in RACERS if (e := slow.ext.cache.entry(f"default/{n}")) and e.state == "committed"]
         assert sorted(held) == sorted(bound)
