@@ -450,7 +450,7 @@ def _auto(ann: Mapping[str, str], inherited: AutoScaling, errors: list[FieldErro
     if short is not None:  # TensorFusion v2's short form: the requests and limits layers (the auto-* keys win)
         for block in _SHORT_FORM:
             merged.setdefault(block, {})["enable"] = short
-            if target is not None and target in _AUTOSCALE_TARGETS:
+            if target in _AUTOSCALE_TARGETS:
                 merged[block]["targetResource"] = _AUTOSCALE_TARGETS[target]
     for key, block in _AUTO_FLAGS.items():
         flag = _flag(ann, key, errors)

@@ -114,8 +114,8 @@ class InPlace:
                 undo=lambda: self._cache.reaccount(ref.uid),
                 timeout=lambda _step: CLAIM_TIMEOUT,
             )
-        except _NoRoom as no_room:
-            return self._undo(ref, what, no_room.outcome, str(no_room), held=False)
+        except _NotHeld as not_held:
+            return self._undo(ref, what, not_held.outcome, str(not_held), held=False)
         except ClaimFailed as failed:
             outcome = "conflict" if failed.stage == "conflict" else "api-error"
             return self._undo(ref, what, outcome, str(failed), held=False)
@@ -138,10 +138,10 @@ class InPlace:
     ) -> tuple[None, tuple[GpuGrant, ...], int]:
         """Under the cache lock, beside the node's claims: hold ``new``'s grants in the ledger (see change, 2)."""
         if claims:
-            raise _NoRoom("conflict", f"another extender is writing on {new.node} ({len(claims)} grants in flight)")
+            raise _NotHeld("conflict", f"another extender is writing on {new.node} ({len(claims)} grants in flight)")
         slots = self._cache.resize(ref, new.gpus)
         if slots is None:
-            raise _NoRoom("no-room", "the GPU cannot hold the new grants beside what it holds now")
+            raise _NotHeld("no-room", "the GPU cannot hold the new grants beside what it holds now")
         return None, new.gpus, slots
 
     def _undo(self, ref: PodRef, what: str, outcome: str, why: str, *, held: bool) -> str:
@@ -152,8 +152,9 @@ class InPlace:
         return outcome
 
 
-class _NoRoom(Exception):
-    """The new grants were not held (``outcome``: no-room or conflict); nothing was written."""
+class _NotHeld(Exception):
+    """The new grants were not held (``outcome``: no-room, or conflict with another replica's write in flight);
+    nothing was written."""
 
     def __init__(self, outcome: str, why: str) -> None:
         super().__init__(why)
