@@ -101,7 +101,7 @@ class HandoffKeeper:
         self._cache.apply("MODIFIED", patched)
 
     async def _keep_locally(self, uid: str, entry: tuple[PodRecord, Handoff]) -> None:
-        self._cache.hold_receipts({**self._cache.receipts(), uid: encode_handoff(entry[1])})
+        self._cache.hold_receipt(uid, encode_handoff(entry[1]))
         if self._pending.get(uid) == entry:
             del self._pending[uid]
         await self._save()

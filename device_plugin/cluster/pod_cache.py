@@ -99,6 +99,16 @@ class PodCache:
                 self._pods[uid] = replace(record, handoff=text)
         self._wake()
 
+    def hold_receipt(self, uid: str, text: str) -> None:
+        """One pod's node-local receipt, new or rewritten: its record shows it, unless the pod carries a
+        receipt of its own (one that is not the node's previous receipt for it)."""
+        previous = self._receipts.get(uid)
+        self._receipts[uid] = text
+        record = self._pods.get(uid)
+        if record is not None and record.handoff in (None, previous):
+            self._pods[uid] = replace(record, handoff=text)
+        self._wake()
+
     def receipts(self) -> dict[str, str]:
         return dict(self._receipts)
 

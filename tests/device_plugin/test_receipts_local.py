@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from device_plugin.cluster.pod_cache import PodCache
 from device_plugin.cluster.receipts import ReceiptFile
 from device_plugin.gpus.slices import slice_id
 from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, allocation, gpu_file, grant, make_pod, uid_of
@@ -100,3 +101,22 @@ def test_an_unreadable_receipts_file_starts_from_none(tmp_path: Path) -> None:
     assert ReceiptFile(book).load() == {}
     ReceiptFile(book).save({"b": "2", "a": "1"})
     assert ReceiptFile(book).load() == {"a": "1", "b": "2"} and [p.name for p in tmp_path.iterdir()] == [book.name]
+
+
+def test_a_rewritten_receipt_shows_at_once_and_a_pods_own_receipt_wins() -> None:
+    """The reconcile loop rewrites a receipt the kubelet's PodResources contradicts: the record shows the new one
+    at once (not at the pod's next change). A pod carrying a receipt of its own (an earlier plugin's) keeps it."""
+
+    async def scenario() -> None:
+        cache = PodCache()
+        local, annotated = make_pod("local"), make_pod("annotated")
+        annotated["metadata"]["annotations"][SystemAnnotation.HANDOFF.value] = "on-the-pod"
+        cache.replace([local, annotated])
+        for text in ("first", "rewritten"):
+            cache.hold_receipt(uid_of(local), text)
+            cache.hold_receipt(uid_of(annotated), text)
+            record, own = cache.get(uid_of(local)), cache.get(uid_of(annotated))
+            assert record is not None and record.handoff == text
+            assert own is not None and own.handoff == "on-the-pod"
+
+    run(scenario())
