@@ -174,9 +174,8 @@ class FakeGateway:
         timeout: float | None = None,
     ) -> None:
         self.calls.append(f"patch {namespace}/{name} {sorted(changes)}")
-        op = "patch" if any(v is not None for v in changes.values()) else "unpatch"
-        self._maybe_stall(op, timeout)
-        self._maybe_fail(op)
+        self._maybe_stall("patch", timeout)
+        self._maybe_fail("patch")
         with self._cond:
             pod = self.objects[Kind.POD].get(f"{namespace}/{name}")
             if pod is None:
