@@ -39,8 +39,10 @@ from device_plugin.metrics import GpuCollector, PluginMetrics, UsageCollector
 from device_plugin.settings import PluginSettings
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from device_plugin.usage.sampler import UsageSampler
+from device_plugin.usage.usage import grant_of
 from vgpu.catalog import Catalog
 from vgpu.contract import usage
+from vgpu.contract.allocation import PodAllocation
 from vgpu.names import EnforcementBackend
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,20 @@ class Daemon:
             pod_devices=pod_devices,
             local=None if receipts is None else ReceiptFile(receipts),
         )
+        mps = settings.backend is EnforcementBackend.MPS
+        self.mps = (
+            MpsDaemon(
+                plan(self.board.gpus(), settings.mps),
+                probe,
+                self.metrics,
+                fault=lambda problems: self.monitor.fault(problems),
+                grants=self._grants,
+                poll_s=settings.health_check_interval,
+                backoff_s=settings.mps_restart_backoff,
+            )
+            if mps
+            else None
+        )
         allocator_config = AllocatorConfig(
             node=node, backend=settings.backend, paths=settings.enforcement_paths, lookup_wait_s=settings.lookup_wait
         )
@@ -136,23 +152,11 @@ class Daemon:
             self.live,
             self.cdi,
             self.toolkit.delivery,
+            None if self.mps is None else self.mps.admit,
         )
         self.servicer = DevicePluginServicer(self.board, self.allocator, self.metrics)
         sockets = dataclasses.replace(settings.sockets, poll_s=socket_poll_s, retry_s=socket_retry_s)
         self.server = PluginServer(self.servicer, sockets, self.metrics)
-        mps = settings.backend is EnforcementBackend.MPS
-        self.mps = (
-            MpsDaemon(
-                plan(self.board.gpus(), settings.mps),
-                probe,
-                self.metrics,
-                fault=lambda problems: self.monitor.fault(problems),
-                poll_s=settings.health_check_interval,
-                backoff_s=settings.mps_restart_backoff,
-            )
-            if mps
-            else None
-        )
         self.monitor = HealthMonitor(
             probe,
             self.board,
@@ -181,6 +185,13 @@ class Daemon:
             interval_s=settings.usage_interval,
             sm_unknown=frozenset(g.uuid for g in served(self.board.gpus())) if mps else frozenset(),
         )
+
+    def _grants(self) -> dict[str, PodAllocation] | None:
+        """The grants of the node's pods that may still run, by UID; None until the pods are listed."""
+        if not self.cache.synced.is_set():
+            return None
+        found = ((p.uid, grant_of(p.allocation)) for p in self.cache.pods() if p.active and p.allocation)
+        return {uid: alloc for uid, alloc in found if alloc is not None}
 
     def latest_usage(self) -> str | None:
         """The usage document as ``/usage`` serves it; None before the first pass."""

@@ -23,12 +23,13 @@ from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
-from benchmarks.isolation.mps import MpsError, mps_daemon
+from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import BASELINE, TAMPER_CAP, Plan, Step, measured, ordered, plan, render_plan
 from benchmarks.isolation.prereqs import blocked, check
 from benchmarks.isolation.report import write_report
-from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
+from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampered, tenant_env
 from device_plugin.enforcement.envs import EnforcementPaths
+from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
 from vgpu.names import IsolationMode
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +50,7 @@ class Bench:
     log: list[str] = field(default_factory=list)
     uncapped: dict[str, float | None] = field(default_factory=dict)
     started: int = 0
+    mps: tuple[Path, list[str]] | None = None  # the running MPS daemon's pipe folder and its log
 
     def env(self, mode: IsolationMode, percent: int | None, name: str) -> dict[str, str]:
         self.started += 1
@@ -143,7 +145,20 @@ class Bench:
             "over_error": over.get("error") or None,
         }
 
+    def ceiling(self) -> list[str] | None:
+        """Under MPS, the ceiling the device plugin holds with the tamperer alone on the GPU, put in force on
+        the benchmark's daemon (its running server too): the commands sent, or None where none runs."""
+        if self.mps is None:
+            return None
+        pipe, log = self.mps
+        servers = server_pids(control(pipe, [SERVER_LIST], log) or "")
+        commands = list(ceiling_commands(plugin_ceiling(self.gpu, TAMPER_CAP, VRAM_LIMIT), servers))
+        if control(pipe, commands, log) is None:
+            raise MpsError(f"the MPS daemon refused the ceiling: {log[-1].strip()}")
+        return commands
+
     def tampering(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> dict[str, Any]:
+        held = self.ceiling() if mode is IsolationMode.HARD else None
         envs, changed = tampered(self.env(mode, TAMPER_CAP, "tamperer"), self.gpu)
         rows = self.run(f"{st.mode} {st.label}", envs, "compute", f"{st.seconds}", seconds=st.seconds)
         honest = next(
@@ -157,6 +172,7 @@ class Bench:
             "honest_share": honest,
             "tampered_share": got,
             "gain_points": got - honest if got is not None and honest is not None else None,
+            "ceiling": held,
             "memory": self.allocation(f"{st.mode} tampered allocation", envs),
         }
 
@@ -221,8 +237,10 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> No
             elif mode is IsolationMode.HARD:
                 mps_log: list[str] = []
                 try:
-                    with mps_daemon(gpu.index, WORK / "mps", mps_log):
+                    with mps_daemon(gpu.index, WORK / "mps", mps_log) as pipe:
+                        bench.mps = (pipe, mps_log)
                         bench.steps(mode, steps, figures)
+                    bench.mps = None
                 except MpsError as exc:
                     result["modes"][mode] = {"status": "not measured", "reasons": [str(exc)]}
                 result["modes"][mode]["mps"] = mps_log

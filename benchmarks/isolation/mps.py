@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -49,6 +49,22 @@ def checked(run: Runner, log: list[str], cmd: list[str], env: dict[str, str] | N
     return done.returncode == 0
 
 
+def daemon_env(pipe: Path) -> dict[str, str]:
+    """The control program's environment for the daemon whose pipe directory is ``pipe`` (logs beside it)."""
+    return {**os.environ, Env.MPS_PIPE_DIRECTORY.value: str(pipe), LOG_DIRECTORY: str(pipe.parent / "log")}
+
+
+def control(pipe: Path, lines: Sequence[str], log: list[str], run: Runner = run_command) -> str | None:
+    """Send ``lines`` to the running daemon of ``pipe``: what it printed, or None when it failed (logged)."""
+    stdin = "".join(f"{line}\n" for line in lines)
+    done = run(["nvidia-cuda-mps-control"], env=daemon_env(pipe), stdin=stdin)
+    log.append(f"$ nvidia-cuda-mps-control <<< {'; '.join(lines)}: rc {done.returncode}")
+    if done.returncode != 0:
+        log.append(f"  {(done.stdout + done.stderr).strip()[:500]}")
+        return None
+    return done.stdout
+
+
 @contextlib.contextmanager
 def mps_daemon(index: int, folder: Path, log: list[str], run: Runner = run_command) -> Iterator[Path]:
     """The daemon up on GPU ``index`` with its pipe directory under ``folder`` (yielded); stopped and the
@@ -56,7 +72,7 @@ def mps_daemon(index: int, folder: Path, log: list[str], run: Runner = run_comma
     pipe, logs = folder / "pipe", folder / "log"
     pipe.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, Env.MPS_PIPE_DIRECTORY.value: str(pipe), LOG_DIRECTORY: str(logs)}
+    env = daemon_env(pipe)
     found = compute_mode(index, run)
     log.append(f"compute mode found: {found}")
     if not checked(run, log, ["nvidia-smi", "-i", str(index), "-c", EXCLUSIVE]):

@@ -73,8 +73,9 @@ def tampering_row(t: dict[str, Any]) -> str:
         return f"| tampering | {t['target']} % | no limit in the environment to raise | nothing gained |"
     raised = ", ".join(f"{k}={v}" for k, v in sorted(t["changed"].items()))
     memory = "more memory" if t["memory"]["over_ok"] else "no memory"
+    under = " (under the plugin's MPS ceiling)" if t.get("ceiling") else ""
     return (
-        f"| tampering: {raised} | {t['target']} % | {num(t['tampered_share'])} % of uncapped "
+        f"| tampering: {raised}{under} | {t['target']} % | {num(t['tampered_share'])} % of uncapped "
         f"(honest {num(t['honest_share'])} %); {allocation(t['memory'])} | "
         f"{num(t['gain_points'], signed=True)} points, {memory} |"
     )

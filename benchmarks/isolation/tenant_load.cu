@@ -6,8 +6,10 @@
 // two tenants' seconds can be lined up.
 //
 //   tenant_load compute SECONDS   an FMA-bound kernel over every SM, back to back, one sync per launch
+//                                 (rate: TFLOP/s done, not launches: under MPS the grid is sized from the SMs
+//                                 the client is shown, so a capped launch carries less work)
 //   tenant_load memory SECONDS    a copy kernel over two 256 MiB buffers (rate: GB/s read + written)
-//   tenant_load graph SECONDS     a CUDA Graph of 16 short compute kernels captured once, replayed
+//   tenant_load graph SECONDS     a CUDA Graph of 16 short compute kernels captured once, replayed (TFLOP/s)
 //   tenant_load latency SECONDS   a small inference-like kernel (8 blocks, ~20 us) every 200 us; the time
 //                                 of each launch to its end; p50/p99 per second and overall
 //   tenant_load alloc WITHIN_MIB OVER_MIB   cudaMalloc WITHIN_MIB (expected granted), freed, then OVER_MIB
@@ -54,7 +56,7 @@ __global__ void copy_kernel(const float4 *src, float4 *dst, size_t n) {
 typedef struct {
     const char *name;
     const char *unit;
-    double per_unit;  // the rate's unit per piece of work (bytes for memory, 1 otherwise)
+    double per_unit;  // the rate's unit per launch (GB moved for memory, TFLOP done for compute and graph)
     int blocks, threads, iters;
     float *out;
     float4 *src, *dst;
@@ -87,8 +89,6 @@ static int prepare(Load *l, const char *name) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     memset(l, 0, sizeof *l);
     l->name = name;
-    l->unit = "kernels/s";
-    l->per_unit = 1.0;
     l->threads = 256;
     if (failed("stream", cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking))) return 1;
     if (strcmp(name, "memory") == 0) {
@@ -102,10 +102,12 @@ static int prepare(Load *l, const char *name) {
     }
     l->blocks = strcmp(name, "latency") == 0 ? 8 : sms * 16;
     l->iters = strcmp(name, "compute") == 0 ? 1 << 14 : strcmp(name, "graph") == 0 ? 1 << 10 : 1 << 12;
+    l->unit = "TFLOP/s";  // four FMAs (eight FLOPs) per thread per iteration, fma_kernel's loop
+    l->per_unit = 8.0 * l->iters * (double)l->blocks * l->threads / 1e12;
     if (failed("malloc", cudaMalloc(&l->out, (size_t)l->blocks * l->threads * sizeof(float)))) return 1;
     if (strcmp(name, "graph") == 0) {
         cudaGraph_t graph;
-        l->unit = "graphs/s";
+        l->per_unit *= 16;
         if (failed("capture", cudaStreamBeginCapture(l->stream, cudaStreamCaptureModeThreadLocal))) return 1;
         for (int i = 0; i < 16; ++i) fma_kernel<<<l->blocks, l->threads, 0, l->stream>>>(l->out, l->iters);
         if (failed("capture", cudaStreamEndCapture(l->stream, &graph))) return 1;

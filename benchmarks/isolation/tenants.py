@@ -7,7 +7,8 @@ would see it: the values that name a path the plugin mounts point where the benc
 preload list the plugin mounts at ``/etc/ld.so.preload`` becomes ``LD_PRELOAD``, and the GPUs in
 ``NVIDIA_VISIBLE_DEVICES`` (read by the container runtime) become ``CUDA_VISIBLE_DEVICES``. So when the
 plugin's answer changes, the tenants follow. :func:`tampered` is what a tenant gets by raising the limits in
-its own environment. The GPU's facts come from ``nvidia-smi -q -x`` (:func:`gpu_facts`).
+its own environment; :func:`plugin_ceiling` is what the plugin's MPS daemon then holds every client to. The
+GPU's facts come from ``nvidia-smi -q -x`` (:func:`gpu_facts`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 from benchmarks.gpu_check import smi
 from benchmarks.gpu_check.grant import one_gpu_allocation
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, LiveMount, Target, build
+from device_plugin.enforcement.mps_plan import Ceiling, MpsConfig, ceiling, plan
 from vgpu.catalog import builtin
+from vgpu.contract.inventory import GpuInfo
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 from vgpu.quantity import MIB
 
@@ -109,6 +112,17 @@ def tenant_env(
         LiveMount(host_dir=str(live_dir)),
     )
     return host_view(grant)
+
+
+def plugin_ceiling(gpu: Gpu, percent: int, vram_limit: int) -> Ceiling:
+    """The ceiling the device plugin's MPS daemon holds (:func:`device_plugin.enforcement.mps_plan.ceiling`)
+    when the only grant on the GPU is ``percent`` of it and ``vram_limit`` bytes."""
+    info = GpuInfo(uuid=gpu.uuid, index=gpu.index, model=gpu.name, tflops=gpu.tflops, vram=gpu.memory_mib * MIB)
+    daemon = plan([info], MpsConfig(control="nvidia-cuda-mps-control", pipe_dir="", log_dir=""))
+    grant = one_gpu_allocation(gpu.uuid, gpu.tflops, gpu.tflops * percent // 100, vram_limit, node="isolation-bench")
+    held = ceiling(daemon, [grant])
+    assert held is not None  # the grant is on the daemon's GPU
+    return held
 
 
 def tampered(envs: dict[str, str], gpu: Gpu) -> tuple[dict[str, str], dict[str, str]]:

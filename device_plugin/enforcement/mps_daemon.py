@@ -9,6 +9,10 @@ The daemon is watched by its PID; when it dies, or cannot start, its GPUs are fa
 monitor at once (they leave allocatable, and the node gets a ``GpuUnhealthy`` Event with the reason), it is
 started again after a doubling backoff, and the periodic health checks heal the GPUs once it runs again.
 At plugin exit it is told ``quit``, the way NVIDIA documents, and killed if it lingers.
+
+The daemon's ceiling (what a client may set for itself) follows the node's hard grants: raised by Allocate
+before the answer goes back (:meth:`MpsDaemon.admit`), lowered at the next look once a pod has gone, so that
+a tenant who edits its own variables gains at most the widest cap granted beside it (docs/isolation-mps.md).
 """
 
 from __future__ import annotations
@@ -18,26 +22,33 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 from device_plugin.enforcement.mps_plan import (
     QUIT,
+    SERVER_LIST,
+    Ceiling,
     MpsPlan,
     backoff,
+    ceiling,
+    ceiling_commands,
     compute_mode_verdict,
     problems,
+    server_pids,
 )
 from device_plugin.gpus.probe import ComputeMode, GpuProbe
 from device_plugin.metrics import PluginMetrics
+from vgpu.contract.allocation import PodAllocation
 
 log = logging.getLogger(__name__)
 COMMAND_TIMEOUT_S: Final = 30.0  # one control invocation (the -d start included)
 PID_WAIT_S: Final = 5.0  # for the daemon's PID file after ``-d`` returned
 STOP_WAIT_S: Final = 10.0  # after ``quit``, before the daemon is killed
 _POLL_S: Final = 0.02
-_OUTPUT_WAIT_S: Final = 0.5  # for a failed invocation's error text
+_OUTPUT_WAIT_S: Final = 0.5  # for a failed invocation's error text, or a query's answer
+ADMITTED_KEPT_S: Final = 300.0  # how long a grant Allocate answered counts before the pod watch shows it
 
 
 def alive(pid: int) -> bool:
@@ -68,16 +79,22 @@ class MpsDaemon:
         metrics: PluginMetrics,
         *,
         fault: Callable[[Mapping[str, str]], None],
+        grants: Callable[[], Mapping[str, PodAllocation] | None],
         poll_s: float,
         backoff_s: float,
     ) -> None:
-        """``fault(problems)`` marks GPUs unhealthy now (the health monitor's); ``poll_s``: seconds between
-        looks at the daemon's PID; ``backoff_s``: the first restart delay, doubled on each failure in a row."""
+        """``fault(problems)`` marks GPUs unhealthy now (the health monitor's); ``grants()``: the node's
+        grants by pod UID, None until the plugin has listed its pods; ``poll_s``: seconds between looks at
+        the daemon's PID and the grants; ``backoff_s``: the first restart delay, doubled on each failure in
+        a row."""
         self.plan = plan
-        self._probe, self._metrics, self._fault = probe, metrics, fault
+        self._probe, self._metrics, self._fault, self._grants = probe, metrics, fault, grants
         self._poll_s, self._backoff_s = poll_s, backoff_s
         self._down: str | None = None  # why the daemon does not run; None while it does (or before a start)
         self._modes: dict[str, str | None] = {}  # per GPU, what its compute mode stops
+        self._admitted: dict[str, tuple[PodAllocation, float]] = {}  # answered grants, by pod UID, and when
+        self._ceiling_lock = asyncio.Lock()
+        self.held: Ceiling | None = None  # the ceiling in force on the running daemon (None: NVIDIA's defaults)
         self.pid: int | None = None
         self.attempted = asyncio.Event()  # the first start is over, run or failed
 
@@ -103,6 +120,44 @@ class MpsDaemon:
             self._set_down(f"{why}; restarting it in {delay:.1f}s")
             self.attempted.set()
             await asyncio.sleep(delay)
+
+    async def admit(self, uid: str, alloc: PodAllocation) -> None:
+        """Allocate's answer for pod ``uid`` is about to go back: raise the ceiling to its grant first, so
+        that its container's clients are not held below it."""
+        self._admitted[uid] = (alloc, time.monotonic())
+        await self.hold()
+
+    async def hold(self) -> None:
+        """Put the ceiling of the grants known now in force, where it differs from the one held."""
+        async with self._ceiling_lock:
+            now = time.monotonic()
+            self._admitted = {u: e for u, e in self._admitted.items() if now - e[1] < ADMITTED_KEPT_S}
+            known = self._grants()
+            if known is None and not self._admitted:
+                return
+            grants = {u: alloc for u, (alloc, _) in self._admitted.items()} | dict(known or {})
+            if known is not None:  # a pod the watch shows is its to decide from now on, its end included
+                self._admitted = {u: e for u, e in self._admitted.items() if u not in known}
+            wanted = ceiling(self.plan, self._hard(grants.values()))
+            if wanted is None or wanted == self.held or self.pid is None:
+                return
+            said, listing = await self._invoke(self.plan.command, f"{SERVER_LIST}\n".encode(), answer=True)
+            if said is None:
+                said, _ = await self._invoke(
+                    self.plan.command,
+                    "".join(f"{c}\n" for c in ceiling_commands(wanted, server_pids(listing))).encode(),
+                )
+            if said is not None:
+                self._metrics.errors.labels("mps_ceiling").inc()
+                log.warning("setting the MPS ceiling to %s failed (%s)", wanted, said)
+                return
+            log.info("MPS ceiling: %d%% of the SMs, device memory %s MiB", wanted.percent, list(wanted.mib))
+            self.held = wanted
+
+    def _hard(self, grants: Iterable[PodAllocation]) -> Iterable[PodAllocation]:
+        """The grants on this daemon's GPUs (a MIG unit's is not: its parent is not served)."""
+        mine = frozenset(self.plan.gpus)
+        return (a for a in grants if any(g.uuid in mine for g in a.gpus))
 
     async def stop(self) -> None:
         """Tell the daemon ``quit`` and wait for it to go; kill it after :data:`STOP_WAIT_S`."""
@@ -137,19 +192,20 @@ class MpsDaemon:
         if running is not None and alive(running):
             log.info("adopting the MPS control daemon already running (PID %d)", running)
         else:
-            said = await self._invoke(plan.start, b"")
+            said, _ = await self._invoke(plan.start, b"")
             if said is not None:
                 return f"the MPS control daemon did not start: {said}"
             running = await self._pid()
             if running is None:
                 return f"the MPS control daemon wrote no live PID to {plan.pid_file} within {PID_WAIT_S:.0f}s"
-        self.pid = running
+        self.pid, self.held = running, None
         said = await self._command(plan.defaults)
         if said is not None:  # NVIDIA's own defaults apply: 100 % of the SMs, no memory limit
             self._metrics.errors.labels("mps_defaults").inc()
             log.warning("setting the MPS defaults failed (%s)", said)
         log.info("the MPS control daemon runs (PID %d) for %s", running, ", ".join(plan.gpus))
         self._down = None
+        await self.hold()
         return None
 
     def _directories(self) -> None:
@@ -189,9 +245,10 @@ class MpsDaemon:
         return None
 
     async def _watch(self) -> None:
-        """Return when the daemon's process is gone."""
+        """Return when the daemon's process is gone; meanwhile the ceiling follows the grants."""
         while self.pid is not None and alive(self.pid):
             await asyncio.sleep(self._poll_s)
+            await self.hold()
 
     def _set_down(self, why: str) -> None:
         self._down = why
@@ -200,21 +257,23 @@ class MpsDaemon:
     # --- the control program --------------------------------------------------------------------------------
     async def _command(self, commands: Sequence[str]) -> str | None:
         """Send ``commands`` to the running daemon, one a line; None when it took them, else why not."""
-        return await self._invoke(self.plan.command, "".join(f"{c}\n" for c in commands).encode())
+        said, _ = await self._invoke(self.plan.command, "".join(f"{c}\n" for c in commands).encode())
+        return said
 
-    async def _invoke(self, argv: Sequence[str], stdin: bytes) -> str | None:
-        """Run the control program with the daemon's environment; None on success, else what went wrong."""
+    async def _invoke(self, argv: Sequence[str], stdin: bytes, *, answer: bool = False) -> tuple[str | None, str]:
+        """Run the control program with the daemon's environment: (None on success, else what went wrong;
+        what it printed, where ``answer`` asks for it — never for ``-d``, whose daemon keeps the pipe)."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE if answer else asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 env={**os.environ, **self.plan.env},
                 start_new_session=True,  # the daemon it forks must not die with the plugin's terminal signals
             )
         except OSError as exc:
-            return f"cannot run {argv[0]} ({exc})"
+            return f"cannot run {argv[0]} ({exc})", ""
         assert process.stdin is not None and process.stderr is not None
         try:
             process.stdin.write(stdin)
@@ -225,12 +284,18 @@ class MpsDaemon:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
-            return f"{' '.join(argv)} did not answer within {COMMAND_TIMEOUT_S:.0f}s ({type(exc).__name__})"
+            return f"{' '.join(argv)} did not answer within {COMMAND_TIMEOUT_S:.0f}s ({type(exc).__name__})", ""
         if process.returncode == 0:
-            return None
+            if not answer or process.stdout is None:
+                return None, ""
+            try:
+                printed = await asyncio.wait_for(process.stdout.read(), _OUTPUT_WAIT_S)
+            except TimeoutError:
+                printed = b""
+            return None, printed.decode(errors="replace")
         try:
             err = await asyncio.wait_for(process.stderr.read(4096), _OUTPUT_WAIT_S)
         except TimeoutError:
             err = b""
         lines = err.decode(errors="replace").strip().splitlines()
-        return f"{' '.join(argv)} exited {process.returncode}: {lines[-1] if lines else 'no output'}"
+        return f"{' '.join(argv)} exited {process.returncode}: {lines[-1] if lines else 'no output'}", ""

@@ -68,13 +68,16 @@ class Allocator:
         live: LiveLimits | None = None,
         cdi: CdiSpecs | None = None,
         delivery: Callable[[], DeviceDelivery] = lambda: DeviceDelivery.ENVVAR,
+        mps_admit: Callable[[str, PodAllocation], Awaitable[None]] | None = None,
     ) -> None:
         """``live``: where each container's live limits are kept (None: nowhere, limits fixed at start);
         ``cdi``: where each answer is also written as a CDI device, which the runtime applies after the
         container's own environment (None: CDI off, the answer's envs alone); ``delivery``: how containers
-        are given their GPUs now (:mod:`device_plugin.enforcement.toolkit_check` follows the node's toolkit)."""
+        are given their GPUs now (:mod:`device_plugin.enforcement.toolkit_check` follows the node's toolkit);
+        ``mps_admit(uid, alloc)``: raises the MPS daemon's ceiling to a grant served under MPS before its
+        answer goes back (None: no MPS daemon)."""
         self._config, self._gateway, self._cache = config, gateway, cache
-        self._live, self._cdi, self._delivery = live, cdi, delivery
+        self._live, self._cdi, self._delivery, self._mps_admit = live, cdi, delivery, mps_admit
         self._board, self._keeper, self._metrics = board, keeper, metrics
         self._pending: dict[frozenset[str], Answer] = {}  # provisional answers, by their device IDs
         self._confirmed: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID → container → IDs, kubelet order
@@ -141,8 +144,11 @@ class Allocator:
             " (again)" if found.again else " (provisional until the kubelet records it)",
             extra={"pod": found.pod.key, "container": found.container, "gpus": gpus, "devices": list(ids)},
         )
+        backend = self._backend(alloc, on_board)
+        if self._mps_admit is not None and backend is EnforcementBackend.MPS:
+            await self._mps_admit(found.pod.uid, alloc)
         live = None if self._live is None else await self._live.mount(target, found.pod.uid, alloc)
-        grant = build(alloc, target, self._backend(alloc, on_board), self._config.paths, live, self._delivery())
+        grant = build(alloc, target, backend, self._config.paths, live, self._delivery())
         if self._cdi is None:
             return grant
         try:

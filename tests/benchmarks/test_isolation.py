@@ -559,6 +559,13 @@ hami = os.path.isfile(os.environ.get("LD_PRELOAD", "/nonexistent"))
 mps = os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"))
 pct = limit("CUDA_DEVICE_SM_LIMIT", 100) if hami else limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100) if mps else 100
 mib = limit("CUDA_DEVICE_MEMORY_LIMIT_0", 1e9) if hami else limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", 1e9) if mps else 1e9
+held = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"), "ceiling")
+for line in open(held).read().splitlines() if mps and os.path.isfile(held) else ():  # MPS: env only lowers it
+    words = line.split()
+    if words[:1] == ["set_default_active_thread_percentage"]:
+        pct = min(pct, float(words[1]))
+    if words[:2] == ["set_default_device_pinned_mem_limit", "0"]:
+        mib = min(mib, float(words[2].rstrip("M")))
 emit = lambda **row: print(json.dumps(row), flush=True)
 kind, t0 = sys.argv[1], time.time()
 if kind == "alloc":
@@ -599,8 +606,11 @@ def test_a_whole_run_on_fake_gpu_commands(
             "nvidia-smi": FAKE_SMI,
             "nvcc": f'eval out=\\${{$#}}; for a; do [ "$prev" = -o ] && out=$a; prev=$a; done; '
             f'cp {tmp_path}/load.py "$out"; chmod +x "$out"; echo "nvcc $*" >> "$FAKE_LOG"',
-            "nvidia-cuda-mps-control": 'echo "mps $* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$(cat)" >> "$FAKE_LOG"; '
-            '[ "$1" = -d ] && mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"; true',
+            # The daemon as the plugin relies on it: a server (PID 77) listed, a ceiling kept for new clients.
+            "nvidia-cuda-mps-control": 'in=$(cat); echo "mps $* pipe=$CUDA_MPS_PIPE_DIRECTORY stdin=$in" '
+            '| tr "\\n" ";" >> "$FAKE_LOG"; echo >> "$FAKE_LOG"; [ "$1" = -d ] && mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"; '
+            'case "$in" in get_server_list) echo 77 ;; set_default*) echo "$in" > "$CUDA_MPS_PIPE_DIRECTORY/ceiling" ;; '
+            "esac; true",
             "cmake": "true",
         },
     )
@@ -629,9 +639,19 @@ def test_a_whole_run_on_fake_gpu_commands(
         assert [p["points"] for p in modes[mode]["pairs"]] == [pytest.approx([0, 0])] * 2
         assert [p["total"] for p in modes[mode]["pairs"]] == [pytest.approx(100)] * 2
         assert (modes[mode]["memory"]["within_ok"], modes[mode]["memory"]["over_ok"]) == (True, False)
-        assert modes[mode]["tampering"]["gain_points"] == pytest.approx(75)
-        assert modes[mode]["tampering"]["memory"]["over_ok"] is True
         assert modes[mode]["latency"]["alone"]["p99_us"] == 75.0
+    # Soft: raising its own limits gains the whole GPU. Hard: under the plugin's ceiling (the tamperer's own
+    # grant, alone on the GPU), its raised variables gain nothing.
+    assert modes["soft"]["tampering"]["gain_points"] == pytest.approx(75)
+    assert modes["soft"]["tampering"]["memory"]["over_ok"] is True and modes["soft"]["tampering"]["ceiling"] is None
+    assert modes["hard"]["tampering"]["gain_points"] == pytest.approx(0)
+    assert modes["hard"]["tampering"]["memory"]["over_ok"] is False
+    assert modes["hard"]["tampering"]["ceiling"] == [
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 4096M",
+        "set_active_thread_percentage 77 25",
+        "set_device_pinned_mem_limit 77 0 4096M",
+    ]
     assert [p["shares"] for p in modes["shared"]["pairs"]] == [[100.0, 100.0]] * 2
     assert modes["shared"]["memory"]["over_ok"] is True and "tampering" not in modes["shared"]
     assert result["pair_s"] == 60.0 and modes["shared"]["pairs"][0]["seconds_together"] == pytest.approx(59, abs=0.5)
@@ -640,8 +660,10 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert [c for c in calls if c.startswith(("mps", "nvidia-smi -i"))] == [
         "nvidia-smi -i 0 --query-gpu=compute_mode --format=csv,noheader",
         "nvidia-smi -i 0 -c EXCLUSIVE_PROCESS",
-        f"mps -d pipe={pipe} stdin=",
-        f"mps  pipe={pipe} stdin=quit",
+        f"mps -d pipe={pipe} stdin=;",
+        f"mps  pipe={pipe} stdin=get_server_list;",
+        f"mps  pipe={pipe} stdin=" + "".join(f"{c};" for c in modes["hard"]["tampering"]["ceiling"]),
+        f"mps  pipe={pipe} stdin=quit;",
         "nvidia-smi -i 0 -c DEFAULT",
     ]
     assert (tmp_path / "mode").read_text() == "DEFAULT\n"

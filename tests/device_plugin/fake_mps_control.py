@@ -7,7 +7,8 @@ on a socket there; a second ``-d`` while it runs fails ("already running"). With
 control client: each line of its standard input is one command sent to the daemon (none running: it fails);
 ``quit`` makes the daemon remove its PID file and exit. Every start (with the environment it got) and every
 command the daemon receives is recorded, one JSON object a line, in ``fake-mps-control.jsonl`` in
-``$CUDA_MPS_LOG_DIRECTORY``. A file ``fake-fail-start`` in the pipe directory makes ``-d`` fail with its text.
+``$CUDA_MPS_LOG_DIRECTORY``. A file ``fake-fail-start`` in the pipe directory makes ``-d`` fail with its text;
+``get_server_list`` answers the PIDs in the file ``fake-servers`` there (none without it).
 Standard library only: the e2e tier runs it on its kubelet node as ``--mps-control``.
 """
 
@@ -25,6 +26,7 @@ PID_FILE = PIPE / "nvidia-cuda-mps-control.pid"
 SOCKET = PIPE / "control"
 RECORD = LOG / "fake-mps-control.jsonl"
 FAIL = PIPE / "fake-fail-start"
+SERVERS = PIPE / "fake-servers"
 SEEN_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
@@ -49,7 +51,8 @@ def serve(listener: socket.socket) -> None:
         with connection:
             command = connection.makefile("r", encoding="utf-8").readline().strip()
             record(event="command", command=command)
-            connection.sendall(b"\n")
+            servers = SERVERS.read_text().split() if command == "get_server_list" and SERVERS.exists() else []
+            connection.sendall(" ".join(servers).encode() + b"\n")
             if command == "quit":
                 PID_FILE.unlink(missing_ok=True)
                 SOCKET.unlink(missing_ok=True)

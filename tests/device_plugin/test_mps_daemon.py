@@ -21,18 +21,38 @@ import yaml
 from device_plugin.daemon import Daemon
 from device_plugin.enforcement.mps_daemon import alive, read_pid
 from device_plugin.enforcement.mps_plan import (
+    Ceiling,
     ModeVerdict,
     MpsConfig,
     backoff,
+    ceiling,
+    ceiling_commands,
     compute_mode_verdict,
     plan,
     problems,
     served,
+    server_pids,
 )
 from device_plugin.gpus.probe import ComputeMode
-from tests.device_plugin.fakes import GPU0, GPU1, FakeKube, gpu_file
+from device_plugin.gpus.slices import slice_id
+from tests.device_plugin.fakes import (
+    A100_TFLOPS,
+    GIB,
+    GPU0,
+    GPU1,
+    FakeKube,
+    allocation,
+    gpu_file,
+    grant,
+    make_pod,
+    uid_of,
+)
 from tests.device_plugin.harness import plugin, run, until
+from vgpu.contract.allocation import decode
 from vgpu.contract.inventory import GpuInfo, Health
+from vgpu.names import IsolationMode, SystemAnnotation
+
+ALLOC = SystemAnnotation.ALLOCATION.value
 
 FAKE_CONTROL = Path(__file__).with_name("fake_mps_control.py")
 MIB = 1024 * 1024
@@ -97,6 +117,41 @@ def test_a_gpus_problem_is_its_compute_modes_else_the_daemons() -> None:
 
 
 # --- the plugin running the stand-in -------------------------------------------------------------------------
+def hard(uid: str, *gpus: tuple[str, int, int], isolation: IsolationMode | None = None) -> Any:
+    """A grant of (GPU, percent of an A100, GiB of VRAM limit) per GPU, decoded."""
+    made = [grant(u, tflops=A100_TFLOPS * pct // 100, vram=gib * GIB) for u, pct, gib in gpus]
+    return decode(allocation(uid, gpus=made, isolation=isolation))
+
+
+CONFIG = MpsConfig(control="/bin/mps", pipe_dir="/p", log_dir="/l")
+
+
+def test_the_ceiling_is_the_widest_cap_and_per_gpu_the_largest_vram_limit_granted() -> None:
+    daemon = plan((WHOLE, SECOND), CONFIG)
+    grants = [hard("a", (GPU0, 25, 4)), hard("b", (GPU0, 10, 12), (GPU1, 50, 2)), hard("c", (GPU1, 30, 8))]
+    assert ceiling(daemon, grants) == Ceiling(50, (12 * 1024, 8 * 1024))
+    # A GPU without a grant keeps its whole memory (no container is given its device); a grant elsewhere
+    # (a MIG unit's, not served) does not count; under isolation shared the compute cap is the whole GPU.
+    assert ceiling(daemon, [hard("a", (GPU0, 25, 4)), hard("m", ("MIG-unit", 90, 70))]) == Ceiling(25, (4096, 40960))
+    assert ceiling(daemon, [hard("s", (GPU1, 25, 4), isolation=IsolationMode.SHARED)]) == Ceiling(100, (81920, 4096))
+    assert ceiling(daemon, []) is None and ceiling(daemon, [hard("m", ("MIG-unit", 90, 70))]) is None
+
+
+def test_the_ceiling_is_set_as_the_default_and_on_each_running_server() -> None:
+    assert ceiling_commands(Ceiling(30, (4096, 8192)), (41, 42)) == (
+        "set_default_active_thread_percentage 30",
+        "set_default_device_pinned_mem_limit 0 4096M",
+        "set_default_device_pinned_mem_limit 1 8192M",
+        "set_active_thread_percentage 41 30",
+        "set_device_pinned_mem_limit 41 0 4096M",
+        "set_device_pinned_mem_limit 41 1 8192M",
+        "set_active_thread_percentage 42 30",
+        "set_device_pinned_mem_limit 42 0 4096M",
+        "set_device_pinned_mem_limit 42 1 8192M",
+    )
+    assert server_pids("4242\n4343\n") == (4242, 4343) and server_pids("") == () and server_pids("none\n") == ()
+
+
 @pytest.fixture
 def mps_dirs() -> Iterator[Path]:
     """Short directories (a unix socket's path is at most 107 bytes); any daemon left behind is killed."""
@@ -256,3 +311,48 @@ def test_a_gpu_whose_compute_mode_cannot_be_made_exclusive_is_unhealthy_the_othe
 
     run(scenario())
     assert [(e[1], GPU1 in e[2]) for e in kube.node_events] == [("GpuUnhealthy", True)]
+
+
+def ceiling_sent(root: Path, pid: int) -> list[str]:
+    """The ceiling commands daemon ``pid`` received, the server list queries left out."""
+    return [c for c in commands(root, pid) if "_percentage" in c or "pinned_mem" in c][len(DEFAULTS) :]
+
+
+def test_the_ceiling_follows_the_grants_raised_before_allocate_answers_and_lowered_when_a_pod_goes(
+    tmp_path: Path, mps_dirs: Path
+) -> None:
+    """A tenant that edits its own variables gets at most the ceiling: at start the node's grants set it
+    (on the running server too), an Allocate raises it before its answer, and a pod's end lowers it."""
+    small = make_pod("small", alloc=allocation("pending"))
+    small["metadata"]["annotations"][ALLOC] = allocation(uid_of(small), gpus=[grant(GPU0, tflops=A100_TFLOPS // 4)])
+    big = make_pod("big", alloc=allocation("pending"))
+    wide = grant(GPU1, tflops=A100_TFLOPS * 9 // 10, vram=8 * GIB)
+    big["metadata"]["annotations"][ALLOC] = allocation(uid_of(big), gpus=[wide])
+    kube = FakeKube([small])
+    (mps_dirs / "pipe").mkdir(parents=True)
+    (mps_dirs / "pipe" / "fake-servers").write_text("4242\n")
+
+    async def scenario() -> None:
+        settings = mps_settings(mps_dirs) | {"health_check_interval": 0.05}
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml"), **settings) as (daemon, kubelet):
+            assert daemon.mps is not None and daemon.mps.pid is not None
+            pid = daemon.mps.pid
+            await until(lambda: daemon.mps is not None and daemon.mps.held == Ceiling(25, (4096, 81920)))
+            assert ceiling_sent(mps_dirs, pid) == list(ceiling_commands(Ceiling(25, (4096, 81920)), (4242,)))
+
+            await kubelet.allocate(slice_id(GPU0, 0), pod="small")
+            assert daemon.mps.held == Ceiling(25, (4096, 81920))  # within the ceiling: nothing sent
+            assert len(ceiling_sent(mps_dirs, pid)) == 6
+
+            # The big pod arrives; its Allocate raises the ceiling before the answer goes back.
+            kube.put(big)
+            await kubelet.allocate(slice_id(GPU1, 0), pod="big")
+            assert daemon.mps.held == Ceiling(90, (4096, 8192))
+            assert ceiling_sent(mps_dirs, pid)[-6:] == list(ceiling_commands(Ceiling(90, (4096, 8192)), (4242,)))
+
+            # It goes: the next look lowers the ceiling to what is left.
+            kube.delete(uid_of(big))
+            await until(lambda: daemon.mps is not None and daemon.mps.held == Ceiling(25, (4096, 81920)), 10)
+            assert ceiling_sent(mps_dirs, pid)[-6:] == list(ceiling_commands(Ceiling(25, (4096, 81920)), (4242,)))
+
+    run(scenario())
