@@ -8,8 +8,10 @@ filter's reason in its FailedScheduling event. The pool's status counts GPUs per
 The container record, on the kubelet node: ``shared`` and ``soft`` under its HAMi-core plugin (shared: no
 compute cap, VRAM capped); then the plugin is restarted with the MPS backend and the stand-in
 ``nvidia-cuda-mps-control`` (tests/device_plugin/fake_mps_control.py): the daemon is started for the node's GPUs,
-a ``hard`` pod's container gets MPS's variables, the pipe directory and the server's /dev/shm, a killed daemon
-takes the node's GPUs out of its allocatable until it runs again, and the plugin quits it when it stops.
+a ``hard`` pod's container gets MPS's variables, the pipe directory and the server's /dev/shm, the daemon is held
+to the ceiling of the node's grants (what a client that raises its own variables can reach), a killed daemon
+takes the node's GPUs out of its allocatable until it runs again (and gets the ceiling again), and the plugin
+quits it when it stops.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
+from device_plugin.enforcement.envs import granted_percents
+from vgpu.contract import allocation
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
@@ -98,6 +102,21 @@ def daemon_record(cluster: Cluster) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def ceilings_sent(cluster: Cluster) -> list[int]:
+    """Each compute ceiling the stand-in daemon was given as its default, in order."""
+    prefix = "set_default_active_thread_percentage "
+    commands = [r["command"] for r in daemon_record(cluster) if r.get("event") == "command"]
+    return [int(c.removeprefix(prefix)) for c in commands if c.startswith(prefix)]
+
+
+def widest_cap_on_node(core: CoreV1Api) -> int:
+    """The widest compute cap of the grants of the pods still running on the kubelet node."""
+    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={REAL_NODE}").items
+    running = [p for p in pods if p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
+    allocs = [allocation_of(p) for p in running if allocation.KEY in (p.metadata.annotations or {})]
+    return max(p for a in allocs for p in granted_percents(a).values())
+
+
 @pytest.fixture
 def mps_plugin(cluster: Cluster) -> Iterator[None]:
     """The kubelet node's plugin on the MPS backend, with the stand-in daemon; back on HAMi-core afterwards."""
@@ -123,6 +142,12 @@ def test_hard_runs_the_mps_daemon_and_its_clients_get_its_pipe(
     assert Env.HAMI_SM_LIMIT not in env  # no HAMi-core on an MPS node
     assert mounts[env[Env.MPS_PIPE_DIRECTORY]] == str(cluster.mps_dir / "pipe")
     assert mounts["/dev/shm"] == str(cluster.mps_dir / "shm")
+    # Its grant is on the node before its Allocate answered: the daemon's ceiling is the widest cap granted here.
+    widest = widest_cap_on_node(core)
+    assert widest >= 7 and ceilings_sent(cluster)[-1:] == [widest], daemon_record(cluster)
+    device = [g.uuid for g in cluster.gpus].index(allocation_of(core.read_namespaced_pod("hard", fresh)).gpus[0].uuid)
+    pinned = [r["command"] for r in daemon_record(cluster) if r.get("event") == "command"]
+    assert any(c.startswith(f"set_default_device_pinned_mem_limit {device} ") for c in pinned)
 
     # The daemon dies: the node's GPUs leave its allocatable until the plugin has it running again.
     capacity = vgpu_allocatable(core)
@@ -131,6 +156,18 @@ def test_hard_runs_the_mps_daemon_and_its_clients_get_its_pipe(
     eventually("no vGPU allocatable while the daemon is down", lambda: vgpu_allocatable(core) == 0 or None, 60)
     eventually("vGPU allocatable again", lambda: vgpu_allocatable(core) == capacity or None, 90)
     assert len([r for r in daemon_record(cluster) if r.get("event") == "start"]) == len(starts) + 1
+    restarted = max(i for i, r in enumerate(daemon_record(cluster)) if r.get("event") == "start")
+    eventually(
+        "the ceiling given to the restarted daemon",
+        lambda: (
+            any(
+                r.get("command") == f"set_default_active_thread_percentage {widest}"
+                for r in daemon_record(cluster)[restarted:]
+            )
+            or None
+        ),
+        30,
+    )
     assert allocation_of(core.read_namespaced_pod("hard", fresh)).isolation is IsolationMode.HARD
 
     core.delete_namespaced_pod("hard", fresh, grace_period_seconds=0)
