@@ -40,6 +40,7 @@ from device_plugin.settings import PluginSettings
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from device_plugin.usage.sampler import UsageSampler
 from device_plugin.usage.usage import grant_of
+from tf_shell.access import Gate
 from vgpu.catalog import Catalog
 from vgpu.contract import usage
 from vgpu.contract.allocation import PodAllocation
@@ -66,13 +67,15 @@ class Daemon:
         cdi_grace_s: float = 30.0,
         socket_poll_s: float = DEFAULT_POLL_S,
         socket_retry_s: float = DEFAULT_RETRY_S,
+        gate: Gate | None = None,
     ) -> None:
         """``catalog``: the GPU models (built in, and ``--gpu-catalog``'s); ``resolver`` maps GPU processes to
         pods (default: ``/proc``). The rest are timings no operator needs, shortened by tests: how long a
         live-limits directory, and a CDI spec file, that no pod on the node owns is kept after its last
         change, and how often the kubelet's socket directory is polled and a failed serve or registration
-        retried."""
-        self.settings = settings
+        retried. ``gate`` judges who may read ``/metrics`` and ``/usage`` off loopback (None: anyone, for
+        tests; the program always has one)."""
+        self.settings, self.gate = settings, gate
         self.catalog = catalog
         self.probe, self.gateway = probe, gateway
         self.metrics = metrics or PluginMetrics()
@@ -207,7 +210,9 @@ class Daemon:
             node, sampler = settings.node, self.sampler
             self.metrics.registry.register(GpuCollector(self.probe, self.board.gpus, node, lambda: sampler.allocated))
             self.metrics.registry.register(UsageCollector(node, lambda: sampler.latest, lambda: sampler.supported))
-            http = self.metrics.serve(settings.metrics_port, self.latest_usage, settings.metrics_address)
+            http = self.metrics.serve(
+                settings.metrics_port, self.latest_usage, settings.metrics_address, node=node, gate=self.gate
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.cache.synced.wait(), CACHE_SYNC_S)
         if not self.cache.synced.is_set():

@@ -26,6 +26,7 @@ from device_plugin.gpus.probe_report import report
 from device_plugin.settings import PluginSettings
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from tf_shell import settings_cli
+from tf_shell.access import Gate
 from tf_shell.catalog_file import CatalogFileError, load
 from tf_shell.logfmt import formatter
 from vgpu.catalog import Catalog
@@ -101,10 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _require_node(settings)
     catalog = catalog_from(settings)
     from device_plugin.cluster.kube import connect
+    from tf_shell.kube.client import api_client
+    from tf_shell.kube.reviews import KubeReviews
 
     probe, resolver = _probe(settings)
     try:
-        daemon = Daemon(settings, probe, connect(settings.kubeconfig), catalog=catalog, resolver=resolver)
+        gate = Gate(KubeReviews(api_client(settings.kubeconfig)), settings.access_review_ttl)
+        daemon = Daemon(settings, probe, connect(settings.kubeconfig), catalog=catalog, resolver=resolver, gate=gate)
         asyncio.run(_serve(daemon))
     finally:
         probe.close()

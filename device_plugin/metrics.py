@@ -25,12 +25,14 @@ from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from device_plugin.gpus.probe import GpuProbe
+from tf_shell.access import Access, Gate
 from vgpu import metric_names as m
 from vgpu.contract import usage
 from vgpu.contract.inventory import GpuInfo, Health
 from vgpu.names import DISTRIBUTION
 
 log = logging.getLogger(__name__)
+HEALTHZ = "/healthz"  # open: it says the process serves, and nothing of any pod
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -72,20 +74,48 @@ class PluginMetrics:
             m.DEVICE_DELIVERY.name, m.DEVICE_DELIVERY.help, m.DEVICE_DELIVERY.labels, registry=self.registry
         )
 
-    def serve(self, port: int, latest: Callable[[], str | None], address: str = "0.0.0.0") -> ThreadingHTTPServer:
+    def serve(
+        self,
+        port: int,
+        latest: Callable[[], str | None],
+        address: str = "0.0.0.0",
+        *,
+        node: str = "",
+        gate: Gate | None = None,
+    ) -> ThreadingHTTPServer:
         """``/metrics`` and ``/usage`` (``latest()``: the encoded document, None before the first pass) on
-        ``port`` (0: any free one), from threads of their own; ``shutdown()`` the result to stop."""
+        ``port`` (0: any free one), from threads of their own; ``shutdown()`` the result to stop. Both name
+        every pod on the node, so ``gate`` judges each caller off loopback as the kubelet judges its own
+        ``/metrics`` and ``/stats``: ``get nodes/metrics`` and ``get nodes/stats`` of ``node``
+        (tf_shell.access; None: nobody is asked, for tests). ``/healthz`` (no data) is open, for probes."""
         registry = self.registry
 
         class Handler(MetricsHandler):
             def do_GET(self) -> None:
-                if urlparse(self.path).path != usage.PATH:
+                path = urlparse(self.path).path
+                if path == HEALTHZ:
+                    self._send(200, "text/plain", b"ok\n")
+                    return
+                what = "stats" if path == usage.PATH else "metrics"
+                access = Access(verb="get", resource="nodes", subresource=what, name=node)
+                refused = (
+                    None if gate is None else gate.check(self.client_address[0], self.headers["Authorization"], access)
+                )
+                if refused is not None:
+                    self._send(refused.code, "text/plain", f"{refused.message}\n".encode())
+                    return
+                if path != usage.PATH:
                     super().do_GET()
                     return
                 document = latest()
-                body = (document or "no usage sampled yet\n").encode()
-                self.send_response(200 if document is not None else 503)
-                self.send_header("Content-Type", "application/json" if document is not None else "text/plain")
+                if document is None:
+                    self._send(503, "text/plain", b"no usage sampled yet\n")
+                else:
+                    self._send(200, "application/json", document.encode())
+
+            def _send(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

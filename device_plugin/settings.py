@@ -168,6 +168,12 @@ class PluginSettings(BaseSettings):
         9400, ge=0, le=65535, description="Port of /metrics and /usage; 0 disables both, and usage sampling."
     )
     metrics_address: str = Field("0.0.0.0", description="Address /metrics and /usage listen on.")
+    access_review_ttl: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a caller's token and its right to read /metrics or /usage (nodes/metrics, nodes/stats "
+        "of this node, asked of the API server for callers off loopback) are believed before they are asked again.",
+    )
     usage_interval: float = Field(
         5.0,
         gt=0,

@@ -57,6 +57,7 @@ from scheduler_extender.status import ObjectRef, StatusKind, StatusWriter
 from scheduler_extender.sweeper import reservation_sweeper
 from scheduler_extender.verbs import Verbs
 from scheduler_extender.workload_status import workload_statuses
+from tf_shell.access import Gate
 from tf_shell.catalog_file import load as load_catalog
 from tf_shell.kube.client import own_namespace
 from tf_shell.kube.list_watch import Informer
@@ -90,6 +91,7 @@ class Extender:
     gateway: KubeGateway
     cache: ClusterCache
     gate: HandoffGate
+    access: Gate | None  # who may read explain off loopback (tf_shell.access); None: anyone (tests)
     verbs: Verbs
     binder: Binder
     events: EventRecorder
@@ -138,7 +140,13 @@ PLUGIN_FETCH_WORKERS: Final = 16
 
 
 def build(
-    settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time, catalog: Catalog | None = None
+    settings: Settings,
+    gateway: KubeGateway,
+    *,
+    clock: Callable[[], float] = time.time,
+    catalog: Catalog | None = None,
+    access: Gate | None = None,
+    credentials: Callable[[], str | None] = lambda: None,
 ) -> Extender:
     """Wire one extender (without starting threads)."""
     catalog = catalog or load_catalog(Path(settings.gpu_catalog) if settings.gpu_catalog else None)
@@ -224,7 +232,7 @@ def build(
     synced = lambda: all(i.synced.is_set() for i in informers)  # noqa: E731
     feed = UsageFeed(
         lambda: targets(gateway.list_endpoint_slices(namespace, settings.plugin_service), settings.plugin_port_name),
-        HttpFetcher(PLUGIN_FETCH_TIMEOUT),
+        HttpFetcher(PLUGIN_FETCH_TIMEOUT, credentials),
         PLUGIN_FETCH_WORKERS,
         metrics.registry,
         dated,
@@ -269,6 +277,7 @@ def build(
         gateway,
         cache,
         gate,
+        access,
         verbs,
         binder,
         events,
@@ -285,10 +294,18 @@ def build(
     )
 
 
-def create_app(settings: Settings, gateway: KubeGateway, *, clock: Callable[[], float] = time.time) -> FastAPI:
+def create_app(
+    settings: Settings,
+    gateway: KubeGateway,
+    *,
+    clock: Callable[[], float] = time.time,
+    access: Gate | None = None,
+    credentials: Callable[[], str | None] = lambda: None,
+) -> FastAPI:
     """The verbs' ASGI app, with every route. The informers start with its lifespan (``with TestClient(app)``
-    in tests)."""
-    extender = build(settings, gateway, clock=clock)
+    in tests). ``access`` judges explain's callers off loopback; ``credentials()`` is the ``Authorization`` header
+    shown to the device plugins' ``/usage`` (both None in tests)."""
+    extender = build(settings, gateway, clock=clock, access=access, credentials=credentials)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

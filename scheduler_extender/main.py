@@ -25,8 +25,10 @@ from scheduler_extender.app import create_app, public_app
 from scheduler_extender.kube.gateway import KubernetesGateway
 from scheduler_extender.settings import Settings
 from tf_shell import settings_cli
+from tf_shell.access import Gate
 from tf_shell.catalog_file import CatalogFileError
 from tf_shell.kube.client import api_client
+from tf_shell.kube.reviews import KubeReviews, authorization_header
 from tf_shell.logfmt import formatter
 
 
@@ -45,9 +47,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=settings.log_level.upper())
     for handler in logging.getLogger().handlers:
         handler.setFormatter(formatter(settings.log_format))
-    gateway = KubernetesGateway(api_client(settings.kubeconfig))
+    api = api_client(settings.kubeconfig)
+    gateway = KubernetesGateway(api)
+    access = Gate(KubeReviews(api), settings.access_review_ttl)
     try:
-        app = create_app(settings, gateway)
+        app = create_app(settings, gateway, access=access, credentials=lambda: authorization_header(api))
     except CatalogFileError as exc:
         raise SystemExit(f"tf-extender: --gpu-catalog {exc}") from None
     uvloop.run(serve(listeners(settings, app)))

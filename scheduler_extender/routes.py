@@ -41,6 +41,7 @@ from scheduler_extender.wire import (
     HostPriority,
 )
 from tf_shell import strict_json
+from tf_shell.access import Access
 from tf_shell.kube.api import GatewayError
 
 if TYPE_CHECKING:
@@ -266,10 +267,23 @@ def preempt(request: Request, args: ExtenderPreemptionArgs) -> ExtenderPreemptio
             return ExtenderPreemptionResult()
 
 
+def _refused(request: Request, access: Access) -> JSONResponse | None:
+    """Explain names a pod's request and why it waits: off loopback, only for a caller the API server lets do
+    ``access`` (tf_shell.access); the refusal otherwise, with the API server's status code."""
+    gate = _extender(request).access
+    peer = request.client.host if request.client else None
+    refused = None if gate is None else gate.check(peer, request.headers.get("authorization"), access)
+    return None if refused is None else JSONResponse({"detail": refused.message}, status_code=refused.code)
+
+
 @public.get("/explain/{namespace}/{name}", tags=["explain"])
 def explain(request: Request, namespace: str, name: str) -> JSONResponse:
-    """Why is this pod pending (or where did it go): its request, per-node verdicts, summary, allocation."""
+    """Why is this pod pending (or where did it go): its request, per-node verdicts, summary, allocation. Off
+    loopback, for a caller who may ``get`` that pod."""
     ext = _extender(request)
+    refused = _refused(request, Access(verb="get", resource="pods", namespace=namespace, name=name))
+    if refused is not None:
+        return refused
     try:
         pod = ext.gateway.get_pod(namespace, name)
     except GatewayError as exc:
@@ -281,10 +295,17 @@ def explain(request: Request, namespace: str, name: str) -> JSONResponse:
 
 @public.post("/explain", tags=["explain"])
 def explain_spec(request: Request, pod: Annotated[dict[str, Any], Body()]) -> JSONResponse:
-    """What would happen if this pod were submitted now: the webhook's verdict and each node's.
+    """What would happen if this pod were submitted now: the webhook's verdict and each node's. Off loopback,
+    for a caller who may ``create`` pods in its namespace.
 
     422 when the body is not shaped like a Pod (the detail names each bad field).
     """
+    metadata = pod.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    where = namespace if isinstance(namespace, str) and namespace else "default"
+    refused = _refused(request, Access(verb="create", resource="pods", namespace=where))
+    if refused is not None:
+        return refused
     try:
         return JSONResponse(explain_submission(_extender(request).verbs, pod))
     except MalformedPod as exc:

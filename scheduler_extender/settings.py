@@ -54,6 +54,12 @@ class Settings(BaseSettings):
         "kube-scheduler's extender httpTimeout (10s as shipped), or the scheduler stops listening to binds "
         "that still run, reports them failed and schedules their pods again.",
     )
+    access_review_ttl: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a caller's token and its right to read explain (get or create pods in that "
+        "namespace, asked of the API server for callers off loopback) are believed before they are asked again.",
+    )
     handoff_ttl: float = Field(
         60.0,
         gt=0,

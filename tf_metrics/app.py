@@ -25,17 +25,9 @@ from starlette.exceptions import HTTPException
 
 from tf_metrics import api
 from tf_metrics.api import Answer, Query
-from tf_metrics.auth import (
-    FrontProxy,
-    Unauthenticated,
-    User,
-    Verdict,
-    access_review,
-    authenticate,
-    forbidden_message,
-    verdict,
-)
+from tf_metrics.auth import FrontProxy, Unauthenticated, access_review, authenticate, forbidden_message
 from tf_metrics.peer import peer_common_name
+from tf_shell.access import User, Verdict, verdict
 from tf_shell.kube.api import GatewayError, RawObject
 from vgpu.metric_names import METRICS_API
 from vgpu.names import CUSTOM_METRICS_GROUP

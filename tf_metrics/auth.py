@@ -20,6 +20,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from tf_metrics.api import Query
+from tf_shell.access import User, review_spec
 from vgpu.names import CUSTOM_METRICS_GROUP
 
 # Where the API server publishes its requestheader configuration.
@@ -42,14 +43,6 @@ class FrontProxy:
     group_headers: tuple[str, ...]
     extra_prefixes: tuple[str, ...]
     uid_headers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class User:
-    name: str
-    groups: tuple[str, ...] = ()
-    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    uid: str = ""
 
 
 def front_proxy(data: Mapping[str, str]) -> FrontProxy:
@@ -120,12 +113,6 @@ def authenticate(common_name: str | None, headers: Sequence[tuple[str, str]], pr
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    allowed: bool
-    reason: str = ""
-
-
 def access_review(user: User, query: Query) -> dict[str, Any]:
     """The SubjectAccessReview for ``user`` reading ``query``, with the attributes the API server's own
     request info gives the same path."""
@@ -139,19 +126,8 @@ def access_review(user: User, query: Query) -> dict[str, Any]:
     }
     if query.namespace is not None:
         attributes["namespace"] = query.namespace
-    spec: dict[str, Any] = {"resourceAttributes": attributes, "user": user.name, "groups": list(user.groups)}
-    if user.extra:
-        spec["extra"] = {key: list(values) for key, values in user.extra}
-    if user.uid:
-        spec["uid"] = user.uid
+    spec = {"resourceAttributes": attributes, **review_spec(user)}
     return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
-
-
-def verdict(review: Mapping[str, Any]) -> Verdict:
-    """What the API server answered to a SubjectAccessReview."""
-    answered = review.get("status") or {}
-    reason = str(answered.get("reason") or answered.get("evaluationError") or "")
-    return Verdict(answered.get("allowed") is True and answered.get("denied") is not True, reason)
 
 
 def forbidden_message(user: User, query: Query) -> str:

@@ -32,6 +32,7 @@ from tf_shell import settings_cli
 from tf_shell.kube.api import GatewayError
 from tf_shell.kube.client import own_namespace
 from tf_shell.kube.reads import MetricsCluster
+from tf_shell.kube.reviews import authorization_header
 from tf_shell.logfmt import formatter
 from tf_shell.periodic import Periodic
 from tf_shell.tls import CertReloader
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     namespace = settings.plugin_namespace or own_namespace()
     registry = CollectorRegistry()
-    fetcher = HttpFetcher(settings.fetch_timeout)
+    fetcher = HttpFetcher(settings.fetch_timeout, lambda: authorization_header(cluster.api))
     collector = SamplePoller(
         UsageFeed(
             lambda: targets(cluster.endpoint_slices(namespace, settings.plugin_service), settings.plugin_port_name),

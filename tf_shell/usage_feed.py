@@ -130,17 +130,21 @@ class UsageFeed(Generic[T]):
 
 
 class HttpFetcher:
-    """``fetch`` over one urllib3 pool (thread-safe), without retries: the next pass is the retry."""
+    """``fetch`` over one urllib3 pool (thread-safe), without retries: the next pass is the retry. Each request
+    carries ``authorization()``'s header where it gives one: the plugins authorise ``/usage`` readers off
+    loopback (tf_shell.access), and our programs show them the identity they show the API server."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self._timeout = timeout_s
+    def __init__(self, timeout_s: float, authorization: Callable[[], str | None] = lambda: None) -> None:
+        self._timeout, self._authorization = timeout_s, authorization
         self._pool = urllib3.PoolManager(
             num_pools=64, maxsize=4, retries=False, timeout=urllib3.Timeout(total=timeout_s)
         )
 
     def __call__(self, url: str) -> bytes:
         try:
-            response = self._pool.request("GET", url, headers={"Accept": "application/json"})
+            header = self._authorization()
+            headers = {"Accept": "application/json"} | ({"Authorization": header} if header else {})
+            response = self._pool.request("GET", url, headers=headers)
         except NewConnectionError as exc:  # before the timeouts: urllib3 makes it one of them
             raise FetchError("unreachable", f"{exc.__class__.__name__}: {exc}") from None
         except Urllib3Timeout:

@@ -32,18 +32,26 @@ def add_subcommand(subparsers: Any) -> None:
     target.add_argument("pod", nargs="?", metavar="NAMESPACE/NAME", help="an existing pod")
     target.add_argument("-f", "--file", type=Path, help="a Pod YAML to try without submitting it")
     p.add_argument("--extender", default=DEFAULT_EXTENDER, help=f"extender base URL (default {DEFAULT_EXTENDER})")
+    p.add_argument(
+        "--token",
+        help="a bearer token to show the extender (e.g. $(kubectl create token NAME)): off loopback it explains only "
+        "a pod the token's user may get, and a spec in a namespace where it may create pods; a port-forward is on "
+        "loopback and needs none",
+    )
     p.add_argument("--json", action="store_true", help="print the extender's JSON answer as is")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     base = args.extender.rstrip("/")
+    token = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     if args.file is not None:
         body = json.dumps(yaml.safe_load(args.file.read_text(encoding="utf-8"))).encode()
-        request = urllib.request.Request(f"{base}/explain", data=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **token}
+        request = urllib.request.Request(f"{base}/explain", data=body, headers=headers)
     else:
         namespace, _, name = str(args.pod).rpartition("/")
-        request = urllib.request.Request(f"{base}/explain/{namespace or 'default'}/{name}")
+        request = urllib.request.Request(f"{base}/explain/{namespace or 'default'}/{name}", headers=token)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             answer: dict[str, Any] = json.load(response)

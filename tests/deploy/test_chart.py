@@ -299,6 +299,7 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         | triples("apps", "deployments", "get")
         | triples("apps", "statefulsets", "get")
         | triples("autoscaling", "horizontalpodautoscalers", "get", "list", "create", "update", "delete")
+        | triples("", "nodes/stats", "get")  # each device plugin's /usage (tf_shell/access.py)
     )
     # ... and in the release namespace only: the plugins' EndpointSlices and its checkpoint ConfigMaps.
     assert role_rules("-autoscaler", "Role") == (
@@ -318,6 +319,15 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         | triples("", "pods", "list", "watch", "patch")
         | triples("", "events", "create")  # GpuUnhealthy / GpuHealthy on its node
     )
+    # Those that judge callers of per-pod data off loopback (explain; /metrics and /usage) ask the API server
+    # about them, as every delegating server does.
+    delegating = {
+        s["name"]
+        for o in objects()
+        if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == "system:auth-delegator"
+        for s in o["subjects"]
+    }
+    assert {"tensor-fusion-scheduler", "tensor-fusion-device-plugin"} <= delegating
 
 
 CHART = DEPLOY / "helm" / "tensor-fusion"

@@ -142,7 +142,7 @@ def test_a_disruption_budget_only_for_a_component_with_a_second_replica(tmp_path
 def test_the_device_plugin_is_probed_on_the_port_it_serves_metrics_on() -> None:
     (plugin,) = one("DaemonSet")["spec"]["template"]["spec"]["containers"]
     probe = plugin["livenessProbe"]["httpGet"]
-    assert probe == {"path": "/metrics", "port": "metrics"}
+    assert probe == {"path": "/healthz", "port": "metrics"}  # open: /metrics is authorised off loopback
     (port,) = [p for p in plugin["ports"] if p["name"] == probe["port"]]
     assert port["containerPort"] == plugin_settings(plugin["args"]).metrics_port
 

@@ -80,7 +80,7 @@ def test_tf_metrics_serves_its_certificate_on_its_port_and_finds_the_plugins(mon
 
 def test_tf_metrics_is_granted_exactly_what_it_calls() -> None:
     # tf_shell/kube/reads.py: the pods a labelSelector chooses, in any namespace ...
-    assert role_rules("-metrics-api") == triples("", "pods", "list")
+    assert role_rules("-metrics-api") == triples("", "pods", "list") | triples("", "nodes/stats", "get")
     # ... the plugins' EndpointSlices, in the release's namespace only ...
     plugins = one("Role", "metrics-api-plugins")
     assert plugins["metadata"]["namespace"] == NAMESPACE

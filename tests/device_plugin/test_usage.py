@@ -40,6 +40,7 @@ from tests.device_plugin.fakes import (
     uid_of,
 )
 from tests.device_plugin.harness import plugin, run
+from tf_shell.access import Access, Refusal
 from vgpu import metric_names
 from vgpu.contract import usage
 from vgpu.contract.inventory import GpuInfo
@@ -630,3 +631,48 @@ def test_on_a_gpu_shared_through_mps_a_containers_tflops_are_unmeasured_never_0_
     assert mps.unattributed == (Unattributed(gpu=GPU0, processes=1, tflops_used=0, vram_used=0, tflops_measured=False),)
     (plain,) = sampler(frozenset()).sample([pod]).containers  # the same figures off MPS: taken as measured
     assert (plain.tflops_measured, plain.tflops_used) == (True, 0)
+
+
+class RecordingGate:
+    """Stands in for tf_shell.access.Gate (tested there): records each question, allows only ``Bearer ok``."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str | None, str | None, Access]] = []
+
+    def check(self, peer: str | None, authorization: str | None, access: Access) -> Refusal | None:
+        self.asked.append((peer, authorization, access))
+        return None if authorization == "Bearer ok" else Refusal(403, "Forbidden: not you")
+
+
+def test_usage_and_metrics_ask_the_gate_as_the_kubelet_asks_for_its_own_healthz_does_not() -> None:
+    metrics, gate = PluginMetrics(), RecordingGate()
+    document = usage.encode(NodeUsage(node="n", sampled_at="2026-11-22T04:00:00Z", interval_s=5, containers=()))
+    server = metrics.serve(0, lambda: document, "127.0.0.1", node="node-a", gate=gate)  # type: ignore[arg-type]
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def fetch(path: str, token: str | None) -> tuple[int, str]:
+        request = urllib.request.Request(base + path, headers={"Authorization": token} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return int(answer.status), answer.read().decode()
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, error.read().decode()
+
+    try:
+        assert fetch(usage.PATH, None) == (403, "Forbidden: not you\n")
+        assert fetch("/metrics", "Bearer nope") == (403, "Forbidden: not you\n")
+        assert fetch(usage.PATH, "Bearer ok") == (200, document)
+        assert fetch("/metrics", "Bearer ok")[0] == 200
+        assert fetch("/healthz", None) == (200, "ok\n")
+        stats = Access(verb="get", resource="nodes", subresource="stats", name="node-a")
+        node_metrics = Access(verb="get", resource="nodes", subresource="metrics", name="node-a")
+        assert gate.asked == [
+            ("127.0.0.1", None, stats),
+            ("127.0.0.1", "Bearer nope", node_metrics),
+            ("127.0.0.1", "Bearer ok", stats),
+            ("127.0.0.1", "Bearer ok", node_metrics),
+        ]
+    finally:
+        server.shutdown()
+        server.server_close()

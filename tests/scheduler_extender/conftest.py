@@ -14,6 +14,7 @@ from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.fakes import FakeGateway
 from tests.vgpu.scheduling.conftest import checks  # noqa: F401  (the fixture: the core's fit checks, counted)
+from tf_shell.access import Gate
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
@@ -60,8 +61,8 @@ def fake() -> FakeGateway:
 def run(fake: FakeGateway) -> Iterator[Callable[..., Running]]:
     clients: list[TestClient] = []
 
-    def start(**settings: Any) -> Running:
-        app = create_app(Settings(**{"handoff_wait": 1.0, **settings}), fake)
+    def start(access: Gate | None = None, **settings: Any) -> Running:
+        app = create_app(Settings(**{"handoff_wait": 1.0, **settings}), fake, access=access)
         client = TestClient(app)
         client.__enter__()
         clients.append(client)

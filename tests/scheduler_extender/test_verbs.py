@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from tests.scheduler_extender.conftest import Running, wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
 from tests.scheduler_extender.test_cache import allocated_pod, grant
 from tests.scheduler_extender.test_preemptor import protect
+from tf_shell.access import Gate
 from tf_shell.catalog_file import CatalogFileError
 from tf_shell.kube.api import GatewayError, Listing
 from vgpu.contract import resolved as resolved_contract
@@ -380,6 +382,42 @@ def test_explain_a_pending_pod_and_a_submission(run: Callable[..., Running], clu
     bad = {**spec, "metadata": {**spec["metadata"], "annotations": {"tensor-fusion.ai/vram-request": "lots"}}}
     assert app.client.post("/explain", json=bad).json()["admitted"] is False
     assert app.ext.cache.entries() == {}  # explaining reserves nothing
+
+
+class TenantReviews:
+    """The API server for explain's gate: token ``team-a`` may get and create pods in team-a only."""
+
+    def token_review(self, body: dict[str, Any]) -> dict[str, Any]:
+        known = body["spec"]["token"] == "team-a"
+        user = {"username": "system:serviceaccount:team-a:app", "groups": ["system:serviceaccounts"]}
+        return {"status": {"authenticated": known, **({"user": user} if known else {})}}
+
+    def review(self, body: dict[str, Any]) -> dict[str, Any]:
+        asked = body["spec"]["resourceAttributes"]
+        return {"status": {"allowed": asked["namespace"] == "team-a" and asked["resource"] == "pods"}}
+
+
+def test_explain_off_loopback_answers_only_who_may_read_that_namespace_s_pods(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    cluster.put(Kind.POD, make_pod("mine", gpu_request(vram=4 * GI), namespace="team-a"))
+    cluster.put(Kind.POD, make_pod("theirs", gpu_request(vram=4 * GI), namespace="team-b"))
+    client = run(access=Gate(TenantReviews())).client  # TestClient's peer is "testclient": off loopback
+
+    def ask(path: str, token: str | None, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        answer = client.post(path, json=body, headers=headers) if body else client.get(path, headers=headers)
+        return answer.status_code, answer.json()
+
+    assert ask("/explain/team-a/mine", "team-a")[0] == 200
+    code, body = ask("/explain/team-b/theirs", "team-a")
+    assert code == 403 and "team-b" not in json.dumps({k: v for k, v in body.items() if k != "detail"})
+    assert body["detail"].startswith('Forbidden: User "system:serviceaccount:team-a:app" cannot get resource "pods"')
+    assert ask("/explain/team-b/theirs", None)[0] == 401 and ask("/explain/team-b/theirs", "forged")[0] == 401
+    spec = {"metadata": {"name": "q", "namespace": "team-b", "labels": {LABEL_ENABLED: "true"}}, "spec": {}}
+    assert ask("/explain", "team-a", spec)[0] == 403
+    assert ask("/explain", "team-a", {**spec, "metadata": {**spec["metadata"], "namespace": "team-a"}})[0] == 200
+    assert client.get("/healthz").status_code == 200  # no pod data: open
 
 
 @pytest.mark.parametrize(

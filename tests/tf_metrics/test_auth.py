@@ -7,15 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tf_metrics.api import Query
-from tf_metrics.auth import (
-    FrontProxy,
-    Unauthenticated,
-    User,
-    access_review,
-    authenticate,
-    front_proxy,
-    verdict,
-)
+from tf_metrics.auth import FrontProxy, Unauthenticated, access_review, authenticate, front_proxy
+from tf_shell.access import User, verdict
 
 # What kube-apiserver writes into kube-system/extension-apiserver-authentication (the e2e flags').
 PUBLISHED = {

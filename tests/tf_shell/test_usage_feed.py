@@ -131,6 +131,9 @@ def test_when_the_plugins_cannot_be_listed_the_held_samples_stay(plugins: Plugin
     assert fetches(registry, "discovery-failed") == 1
 
 
+SEEN: list[str | None] = []  # each request's Authorization header
+
+
 @pytest.fixture
 def server() -> Iterator[Callable[[int, bytes], str]]:
     """A URL answering the status and body given to it."""
@@ -138,6 +141,7 @@ def server() -> Iterator[Callable[[int, bytes], str]]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            SEEN.append(self.headers["Authorization"])
             status, body = answer["reply"]
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
@@ -172,3 +176,18 @@ def test_the_http_fetcher_reads_a_body_and_names_each_failure(server: Callable[[
         assert failed.value.reason == "unreachable"
     finally:
         fetch.close()
+
+
+def test_the_http_fetcher_shows_the_plugins_its_programs_identity(server: Callable[[int, bytes], str]) -> None:
+    token = ["Bearer first"]
+    fetch, anonymous = HttpFetcher(2.0, lambda: token[0]), HttpFetcher(2.0)
+    try:
+        SEEN.clear()
+        fetch(server(200, b"{}"))
+        token[0] = "Bearer rotated"  # a ServiceAccount token the client re-read
+        fetch(server(200, b"{}"))
+        anonymous(server(200, b"{}"))
+        assert SEEN == ["Bearer first", "Bearer rotated", None]
+    finally:
+        fetch.close()
+        anonymous.close()

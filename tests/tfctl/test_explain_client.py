@@ -16,12 +16,20 @@ from scheduler_extender.gateway import Kind
 from scheduler_extender.settings import Settings
 from tests.scheduler_extender.conftest import wait_for
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tf_shell.access import Access, Refusal
 from tfctl.main import main
 from vgpu.names import LABEL_ENABLED
 
 
-@pytest.fixture
-def extender_url() -> Iterator[str]:
+class TokenGate:
+    """Stands in for tf_shell.access.Gate (tested there), as for a caller off loopback: ``Bearer t`` may read."""
+
+    def check(self, peer: str | None, authorization: str | None, access: Access) -> Refusal | None:
+        return None if authorization == "Bearer t" else Refusal(401, "Unauthorized: send a bearer token")
+
+
+@pytest.fixture(params=[None], ids=["open"])
+def extender_url(request: pytest.FixtureRequest) -> Iterator[str]:
     fake = FakeGateway()
     fake.put(Kind.NODE, make_node("big", gpus=2, vram=80 * GI))
     fake.put(Kind.NODE, make_node("t4", gpus=1, model="Tesla T4", vram=16 * GI, tflops=65_000))
@@ -30,7 +38,9 @@ def extender_url() -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(create_app(Settings(), fake), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(
+            create_app(Settings(), fake, access=request.param), host="127.0.0.1", port=port, log_level="warning"
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -80,3 +90,10 @@ def test_unreachable_extender_is_a_clear_error(capsys: pytest.CaptureFixture[str
     assert f"cannot reach the extender at http://127.0.0.1:{port}" in err
     assert "kubectl -n tensor-fusion-system port-forward svc/tensor-fusion-extender 8081" in err  # what to do
     assert "--extender" in err
+
+
+@pytest.mark.parametrize("extender_url", [TokenGate()], ids=["guarded"], indirect=True)
+def test_explain_shows_the_token_it_is_given(extender_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    wait_for(lambda: main(["explain", "default/pending", "--extender", extender_url, "--token", "t"]) == 0 and "ok")
+    assert main(["explain", "default/pending", "--extender", extender_url]) == 2
+    assert "the extender answered 401: " in capsys.readouterr().err

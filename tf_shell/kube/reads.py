@@ -16,6 +16,7 @@ from kubernetes import client, config
 
 from tf_shell.kube.api import GatewayError, RawObject
 from tf_shell.kube.client import CALL_TIMEOUT, LIST_TIMEOUT, SERVICE_NAME_LABEL, api_client, call, json_body
+from tf_shell.kube.reviews import KubeReviews
 from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_WORKLOAD
 
 
@@ -26,7 +27,7 @@ class MetricsCluster:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.discovery = client.DiscoveryV1Api(api)
-        self.authorization = client.AuthorizationV1Api(api)
+        self.reviews = KubeReviews(api)
         self.custom = client.CustomObjectsApi(api)
 
     @classmethod
@@ -103,16 +104,7 @@ class MetricsCluster:
 
     def review(self, body: RawObject) -> RawObject:
         """Create a SubjectAccessReview; the API server's answer, its status filled in."""
-        return call(
-            "create subjectaccessreview",
-            lambda: json_body(
-                self.authorization.create_subject_access_review(
-                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                    _preload_content=False,
-                    _request_timeout=CALL_TIMEOUT,
-                )
-            ),
-        )
+        return self.reviews.review(body)
 
     def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> tuple[int, bytes]:
         """GET ``path`` of the API server as this client's user: the status and the body, whatever the status."""
