@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,8 +70,9 @@ from .autoscaling import (
 )
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml, gpus
-from .kube import apply, bind_by_hand, events_for, eventually, wait_running
+from .kube import apply, bind_by_hand, events_for, eventually, service_account_token, wait_running
 from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod
+from .procs import non_loopback_ipv4
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
 DEMO_NOWHERE = "demo-no-nodes"  # a pool without nodes: a pod there waits for a Binding posted by hand
@@ -138,6 +141,7 @@ def run(keep: bool) -> None:
                 f"  GPUs the NVIDIA toolkit gives it (by volume mounts): {created_gpus(cluster.node, pod, container)}"
             )
             measured(cluster, running)
+            side_doors(cluster, namespace)
             lean_bind(cluster, running[0])
         workloads = CustomObjectsApi(cluster.admin)
 
@@ -327,6 +331,32 @@ def measured(cluster: Cluster, running: Sequence[Any]) -> None:
     ]
     print(f"\nGPU use the device plugin measured (GET {usage.PATH}; scripted in the fake GPU file):")
     print(table(lines))
+
+
+def side_doors(cluster: Cluster, namespace: str) -> None:
+    """The same GET /usage from the pod network: a tenant's token is refused, the extender's ServiceAccount reads."""
+    address = non_loopback_ipv4()
+    if address is None:
+        return
+    url = f"http://{address}:{cluster.plugin_metrics_port}{usage.PATH}"
+    service_account_token(cluster.admin, namespace, "tenant-app")  # creates the ServiceAccount
+    answers = []
+    for who, token in (
+        ("a tenant's ServiceAccount", service_account_token(cluster.admin, namespace, "tenant-app")),
+        ("the extender's", service_account_token(cluster.admin, *deploy.service_accounts()["extender"])),
+    ):
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                found = len(usage.decode(answer.read().decode()).containers)
+                answers.append(f"  {who}: {answer.status}, {found} containers")
+        except urllib.error.HTTPError as error:
+            with error:
+                answers.append(f"  {who}: {error.code} {error.read().decode().strip()}")
+    print(
+        f'\nthe same GET {usage.PATH} off loopback (the pod network\'s view; docs/security.md, "Who reads per-pod data"):'
+    )
+    print("\n".join(answers))
 
 
 def skipping_the_scheduler(cluster: Cluster, namespace: str) -> None:
