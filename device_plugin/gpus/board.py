@@ -206,15 +206,20 @@ class HealthMonitor:
         self._apply(board, flipped)
 
     def _check_all(self) -> dict[str, str | None]:
+        """The probe's checks (blocking: run in a thread)."""
         results: dict[str, str | None] = {}
         for gpu in self._board.gpus():
             try:
                 results[gpu.uuid] = self._probe.check(gpu.uuid)
             except Exception as exc:  # a probe that cannot even ask is itself a fault
                 results[gpu.uuid] = f"health check failed: {exc}"
-            if results[gpu.uuid] is None and self._extra is not None:
-                results[gpu.uuid] = self._extra(gpu.uuid)
         return results
+
+    def _with_extra(self, results: Mapping[str, str | None]) -> dict[str, str | None]:
+        """``extra``'s verdicts added on the event loop, when the results are applied: asked from the probe's
+        thread, a verdict could predate a fault the loop applied meanwhile, and heal the GPU it faulted."""
+        extra = self._extra
+        return {u: r if r is not None or extra is None else extra(u) for u, r in results.items()}
 
     async def run(self) -> None:
         next_check = self._clock()
@@ -230,7 +235,7 @@ class HealthMonitor:
                 board, flipped = self._board.health.xid(event.uuid, event.xid, self._clock())
                 self._apply(board, flipped)
             if self._clock() >= next_check:
-                results = await asyncio.to_thread(self._check_all)
+                results = self._with_extra(await asyncio.to_thread(self._check_all))
                 board, flipped = self._board.health.checked(results, self._clock())
                 self._apply(board, flipped)
                 next_check = self._clock() + self._interval
