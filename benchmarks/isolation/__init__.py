@@ -23,5 +23,7 @@ source for soft, as for benchmarks.gpu_check), never in the tests; everything in
     scripts/isolation-bench [--out DIR] [--budget SECONDS] [--modes shared,soft,hard,partitioned]
                             [--hami-src .gpu/hami-core] [--dry-run]
 
-Writes ``isolation.json``, ``isolation.md`` (one table per mode) and ``runs.log`` to ``--out``.
+Writes ``isolation.json``, ``isolation.md`` (one table per mode) and ``runs.log`` to ``--out``, and for soft
+``hami-watcher.log``: HAMi-core's utilisation watcher at info level (what it measured and the share it set),
+to read why its cap holds or not.
 """

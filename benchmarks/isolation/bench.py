@@ -34,6 +34,9 @@ from vgpu.names import IsolationMode
 
 HERE = Path(__file__).resolve().parent
 WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's folders, each tenant's limits
+HAMI_LOG = Path("/tmp/vgpulog")  # where HAMi-core writes its info-level lines
+HAMI_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+WATCHER_LOG_KEPT = 8 << 20
 WITHIN_MIB = 1024  # an allocation inside the VRAM limit: refused only if something else is wrong
 OVER_MIB = VRAM_LIMIT // MIB + 1024  # past it
 
@@ -57,9 +60,12 @@ class Bench:
         live = WORK / "tenants" / f"{self.started:03d}-{mode}-{name}"
         shutil.rmtree(live, ignore_errors=True)
         live.mkdir(parents=True)
-        return tenant_env(
+        envs = tenant_env(
             mode, self.gpu, percent=percent, vram_limit=VRAM_LIMIT, paths=self.paths, live_dir=live, name=name
         )
+        # HAMi-core's utilisation watcher logs what it sees and does at info level (a log switch only), into
+        # HAMI_LOG: why its compute cap holds or not is read there (kept as hami-watcher.log).
+        return envs | {HAMI_LOG_LEVEL: "3"} if mode is IsolationMode.SOFT else envs
 
     def start(self, envs: dict[str, str], *args: str) -> Reader:
         cmd = [str(self.binary), *args]
@@ -222,6 +228,7 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> No
     binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
     lib = build_hami(hami_src, out) if IsolationMode.SOFT in made.modes else None
     Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
+    HAMI_LOG.unlink(missing_ok=True)  # this run's lines only
     bench = Bench(binary, gpu, paths_for(lib), result)
     runs = [s for s in made.steps if s.scenario != "setup"]
     try:
@@ -248,6 +255,8 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> No
                 bench.steps(mode, steps, figures)
     finally:
         (out / "runs.log").write_text("\n".join(bench.log))
+        if HAMI_LOG.exists():  # its newest lines: a long run logs every 120 ms per process
+            (out / "hami-watcher.log").write_bytes(HAMI_LOG.read_bytes()[-WATCHER_LOG_KEPT:])
 
 
 def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...]) -> int:

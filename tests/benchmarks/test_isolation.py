@@ -408,6 +408,9 @@ def test_run_all_without_a_gpu_reports_every_mode_not_measured(
 ) -> None:
     monkeypatch.setenv("PATH", str(fake_bin(tmp_path / "empty")))
     monkeypatch.setattr(bench, "WORK", tmp_path / "work")
+    monkeypatch.setattr(bench, "HAMI_LOG", tmp_path / "vgpulog")
+    monkeypatch.setenv("FAKE_HAMI_LOG", str(tmp_path / "vgpulog"))
+    (tmp_path / "vgpulog").write_text("an earlier run's line\n")
     monkeypatch.setattr(bench, "measure", lambda *a: pytest.fail("measured without a GPU"))
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
@@ -566,6 +569,9 @@ for line in open(held).read().splitlines() if mps and os.path.isfile(held) else 
         pct = min(pct, float(words[1]))
     if words[:2] == ["set_default_device_pinned_mem_limit", "0"]:
         mib = min(mib, float(words[2].rstrip("M")))
+if hami and os.environ.get("LIBCUDA_LOG_LEVEL") == "3":  # HAMi-core's watcher, at info level
+    with open(os.environ["FAKE_HAMI_LOG"], "a") as log:
+        log.write(f"device 0: userutil=50 limit={{int(pct)}} {{sys.argv[1]}}\\n")
 emit = lambda **row: print(json.dumps(row), flush=True)
 kind, t0 = sys.argv[1], time.time()
 if kind == "alloc":
@@ -619,6 +625,9 @@ def test_a_whole_run_on_fake_gpu_commands(
     monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.log"))
     monkeypatch.setenv("FAKE_MODE", str(tmp_path / "mode"))
     monkeypatch.setattr(bench, "WORK", tmp_path / "work")
+    monkeypatch.setattr(bench, "HAMI_LOG", tmp_path / "vgpulog")
+    monkeypatch.setenv("FAKE_HAMI_LOG", str(tmp_path / "vgpulog"))
+    (tmp_path / "vgpulog").write_text("an earlier run's line\n")
     source = hami_source(tmp_path)
     monkeypatch.setattr(bench, "build_hami", lambda src, out: lib if src == source else None)
     monkeypatch.setattr(bench, "check", lambda modes, src: check(modes, src, euid=lambda: 0))
@@ -672,3 +681,7 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert "| compute, one tenant | 25 % | 25.0 % of uncapped (250.0 kernels/s) | +0.0 points |" in out
     assert "| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81559 MiB | NOT held |" in out
     assert "started PID" in (tmp_path / "out" / "runs.log").read_text()
+    # HAMi-core's watcher lines, of this run's soft tenants only (the tampering tenant raised its limit to 100).
+    watcher = (tmp_path / "out" / "hami-watcher.log").read_text().splitlines()
+    # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation)
+    assert len(watcher) == 9 + 4 + 3 + 1 + 2 and all(line.startswith("device 0: userutil=50") for line in watcher)
