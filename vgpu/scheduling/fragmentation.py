@@ -118,6 +118,9 @@ class Learned:
     memo: dict[tuple[object, ...], float] = field(default_factory=dict)  # node state → fragmentation
     scores: dict[str, _Entry] = field(default_factory=dict)  # node name → its state and scores by shape
     eligible: dict[tuple[object, ...], tuple[float, ...]] = field(default_factory=dict)  # node labels → shares
+    # node name → (its GPU tuple object, free CPU/memory, its fragmentation terms, its fragmentation): what a
+    # single-GPU pod's scoring reads of a node whatever the pod, kept while the node's state object lasts
+    terms: dict[str, tuple[object, tuple[int | None, int | None], _Tally, float]] = field(default_factory=dict)
     demand: tuple[tuple[Eligibility, float], ...] = ()  # each eligibility class's share of the GPU demand
     pods: int = 0  # GPU pods those shares were counted from
     pod_cpu_per_gpu: float = 0.0  # GPU pods' own CPU (memory) per GPU: what the cluster view counts as room
@@ -531,12 +534,6 @@ class FragmentationPolicy:
         return after < before
 
     # --- fragmentation -------------------------------------------------------------------------
-    def _fits(self, s: Shape, node: NodeState) -> bool:
-        """Whether the node's free CPU and memory admit the shape at all."""
-        if node.cpu_free is not None and node.cpu_free < s.cpu:
-            return False
-        return node.memory_free is None or node.memory_free >= s.memory
-
     def _eligible(self, learned: Learned, mix: tuple[_Weighted, ...], node: NodeState) -> tuple[float, ...]:
         """Per mix entry, the share of its pods that the node's GPU model and labels admit."""
         models = {g.model for g in node.gpus}
@@ -585,53 +582,38 @@ class FragmentationPolicy:
 
     def _fragmentation(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> float:
         key: tuple[object, ...] = ()
-        shares: tuple[float, ...] | None = None
         if mix is None:
-            mix = learned.mix
-            shares = self._eligible(learned, mix, node)
-            key = _state_key(node, shares)
+            key = _state_key(node, self._eligible(learned, learned.mix, node))
             hit = learned.memo.get(key)
             if hit is not None:
                 return hit
-        groups, total = _groups(node)
-        value = 0.0
-        if total > 0.0:
-            mass = 0.0
-            if shares is None:
-                shares = self._eligible(learned, mix, node)
-            for w, share in zip(mix, shares, strict=True):
-                if share <= 0.0:
-                    continue
-                weight = w.weight * share
-                mass += weight
-                s = w.shape
-                if not self._fits(s, node):
-                    value += weight * total
-                    continue
-                usable = 0
-                stranded = 0.0
-                for t, v, fresh, n, x in groups:
-                    if fresh if s.whole else t >= s.tflops and v >= s.vram:
-                        usable += n
-                    else:
-                        stranded += x
-                value += weight * (stranded if usable >= s.gpu_count else total)
-            value = value / mass if mass > 0.0 else total  # no pod of the mix may use it: all idle is stranded
-            value += self._starved(learned, node, total)
+        value = _value(learned, self._terms_of(learned, node, mix), node.cpu_free, node.memory_free)
         if key:
             if len(learned.memo) >= MEMO_LIMIT:
                 learned.memo.clear()  # a long-lived extender sees unboundedly many states
             learned.memo[key] = value
         return value
 
-    def _starved(self, learned: Learned, node: NodeState, total: float) -> float:
-        """Idle GPUs that the node's free CPU (or memory) cannot feed at the mix's CPU (memory) per GPU."""
-        worst = 0.0
-        if learned.cpu_per_gpu > 0 and node.cpu_free is not None:
-            worst = max(worst, total - node.cpu_free / learned.cpu_per_gpu)
-        if learned.memory_per_gpu > 0 and node.memory_free is not None:
-            worst = max(worst, total - node.memory_free / learned.memory_per_gpu)
-        return worst
+    def _terms_of(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> _Tally:
+        """What :meth:`_fragmentation` sums for ``node``, kept per mix entry, so that the fragmentation after one
+        GPU changes is found without another pass over the node's GPUs (:func:`_after_one`)."""
+        mix = learned.mix if mix is None else mix
+        shares = self._eligible(learned, mix, node)
+        groups, total = _groups(node)
+        entries: list[tuple[Shape, float, int, float]] = []
+        for w, share in zip(mix, shares, strict=True):
+            if share <= 0.0:
+                continue
+            shape = w.shape
+            usable = 0
+            stranded = 0.0
+            for t, v, fresh, n, x in groups:
+                if fresh if shape.whole else t >= shape.tflops and v >= shape.vram:
+                    usable += n
+                else:
+                    stranded += x
+            entries.append((shape, w.weight * share, usable, stranded))
+        return _Tally(tuple(entries), total)
 
     def _mix_for(self, learned: Learned, demand: Demand) -> tuple[_Weighted, ...] | None:
         """The mix to weigh ``demand``'s placement by: None for the learned one (memoised by node state)."""
@@ -673,20 +655,53 @@ class FragmentationPolicy:
         if len(fitting) < demand.gpu_count:
             return None
         mix = self._mix_for(learned, demand)
+        if demand.gpu_count == 1 and not demand.whole_gpu:
+            if mix is None:
+                return self._best_one(learned, demand, node, fitting)
+            tally = self._terms_of(learned, node, mix)  # the pod stands for the mix: nothing to keep
+            return self._least(learned, demand, node, fitting, tally, _value(learned, tally, *_free(node)))
         before = self._fragmentation(learned, node, mix)
-        if demand.gpu_count == 0:
-            return self._delta(learned, demand, node, (), mix, before), ()
-        if demand.gpu_count > 1 or demand.whole_gpu:
-            gpus = tuple(fitting[: demand.gpu_count])
-            return self._delta(learned, demand, node, gpus, mix, before), gpus
+        gpus = tuple(fitting[: demand.gpu_count])  # several GPUs, whole ones, or none (a CPU-only pod)
+        return self._delta(learned, demand, node, gpus, mix, before), gpus
+
+    def _best_one(
+        self, learned: Learned, demand: Demand, node: NodeState, fitting: list[GpuState]
+    ) -> tuple[float, tuple[GpuState, ...]] | None:
+        """:meth:`_best` for a one-GPU share at the learned mix, from the node's terms and fragmentation, which
+        no pod changes: kept per node while its state object lasts, so a pod of a new size costs per node only
+        the few distinct GPUs it could take."""
+        free = _free(node)
+        held = learned.terms.get(node.name)
+        if held is None or held[0] is not node.gpus or held[1] != free:
+            tally = self._terms_of(learned, node, None)
+            held = learned.terms[node.name] = (node.gpus, free, tally, _value(learned, tally, *free))
+        return self._least(learned, demand, node, fitting, held[2], held[3])
+
+    def _least(
+        self,
+        learned: Learned,
+        demand: Demand,
+        node: NodeState,
+        fitting: list[GpuState],
+        tally: _Tally,
+        before: float,
+    ) -> tuple[float, tuple[GpuState, ...]] | None:
+        """The least growth of one GPU's share among ``fitting`` (among equals, the first), from the node's
+        terms and fragmentation ``before``."""
         best: tuple[float, tuple[GpuState, ...]] | None = None
         tried: set[tuple[int, int, int]] = set()
+        cpu = None if node.cpu_free is None else node.cpu_free - demand.cpu
+        memory = None if node.memory_free is None else node.memory_free - demand.memory
+        shape = shape_of(demand)
         for g in fitting:
             state = (g.tflops_used, g.vram_used, g.pods)
             if state in tried:
                 continue  # an identical GPU earlier in the order gives the same growth
             tried.add(state)
-            d = self._delta(learned, demand, node, (g,), mix, before)
+            d = _after_one(learned, tally, g, demand, cpu, memory) - before
+            if learned.prices is not None:
+                d += learned.prices.loss(round(CAPACITY * gpu_demand(shape, g)), round(CAPACITY * idle(g)))
+            d = round(d, 9)  # sums taken in another order: equal growths stay equal, the first GPU wins
             if best is None or d < best[0]:
                 best = (d, (g,))
         return best
@@ -739,6 +754,81 @@ def _take(gpu: GpuState, demand: Demand) -> GpuState:
         slots=gpu.slots,
         slots_used=gpu.slots_used + demand.slots,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """A node's fragmentation terms: per mix entry it admits (shape, weight × share, usable GPUs, stranded
+    idle GPUs), and its total idle GPUs."""
+
+    entries: tuple[tuple[Shape, float, int, float], ...]
+    total: float
+
+
+def _admits_size(s: Shape, cpu_free: int | None, memory_free: int | None) -> bool:
+    """Whether a node's free CPU and memory admit the shape at all."""
+    if cpu_free is not None and cpu_free < s.cpu:
+        return False
+    return memory_free is None or memory_free >= s.memory
+
+
+def _starved_at(learned: Learned, cpu_free: int | None, memory_free: int | None, total: float) -> float:
+    """Idle GPUs that a node's free CPU (or memory) cannot feed at the mix's CPU (memory) per GPU."""
+    worst = 0.0
+    if learned.cpu_per_gpu > 0 and cpu_free is not None:
+        worst = max(worst, total - cpu_free / learned.cpu_per_gpu)
+    if learned.memory_per_gpu > 0 and memory_free is not None:
+        worst = max(worst, total - memory_free / learned.memory_per_gpu)
+    return worst
+
+
+def _free(node: NodeState) -> tuple[int | None, int | None]:
+    return node.cpu_free, node.memory_free
+
+
+def _value(learned: Learned, tally: _Tally, cpu_free: int | None, memory_free: int | None) -> float:
+    """The fragmentation the terms sum to, exactly as :meth:`FragmentationPolicy._fragmentation` sums it."""
+    total = tally.total
+    if total <= 0.0:
+        return 0.0
+    value = mass = 0.0
+    for s, weight, usable, stranded in tally.entries:
+        mass += weight
+        if not _admits_size(s, cpu_free, memory_free):
+            value += weight * total
+        else:
+            value += weight * (stranded if usable >= s.gpu_count else total)
+    value = value / mass if mass > 0.0 else total  # no pod of the mix may use it: all idle is stranded
+    return value + _starved_at(learned, cpu_free, memory_free, total)
+
+
+def _part(free_t: int, free_v: int, fresh: bool, x: float, s: Shape) -> tuple[int, float]:
+    """One GPU's part of a shape's (usable, stranded), from its free TFLOPS and VRAM and idle ``x``: nothing
+    when it has no idle capacity (as :func:`_groups` leaves such GPUs out)."""
+    if x <= 0.0:
+        return 0, 0.0
+    fits = fresh if s.whole else free_t >= s.tflops and free_v >= s.vram
+    return (1, 0.0) if fits else (0, x)
+
+
+def _after_one(
+    learned: Learned, tally: _Tally, gpu: GpuState, demand: Demand, cpu_free: int | None, memory_free: int | None
+) -> float:
+    """The node's fragmentation once ``gpu`` took one share of ``demand`` (as :func:`_take` would leave it) and
+    its free CPU and memory became these: the tally's terms, less the GPU's before, plus its after."""
+    x_old = idle(gpu)
+    free_t, free_v = gpu.tflops - gpu.tflops_used, gpu.vram - gpu.vram_used
+    new_t, new_v = free_t - demand.tflops, free_v - demand.vram_held
+    sized = gpu.healthy and not gpu.whole and gpu.tflops and gpu.vram  # as idle() reads a GPU
+    x_new = 0.5 * (new_t / gpu.tflops + new_v / gpu.vram) if sized else 0.0
+    fresh = gpu.pods == 0 and gpu.tflops_used == 0 and gpu.vram_used == 0
+    total = tally.total - max(x_old, 0.0) + max(x_new, 0.0)
+    moved = []
+    for s, weight, usable, stranded in tally.entries:
+        u_old, s_old = _part(free_t, free_v, fresh, x_old, s)
+        u_new, s_new = _part(new_t, new_v, False, x_new, s)
+        moved.append((s, weight, usable - u_old + u_new, stranded - s_old + s_new))
+    return _value(learned, _Tally(tuple(moved), total), cpu_free, memory_free)
 
 
 def _state_key(node: NodeState, shares: tuple[float, ...]) -> tuple[object, ...]:
