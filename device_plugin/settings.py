@@ -19,6 +19,7 @@ from device_plugin.enforcement.mps_plan import MpsConfig
 from device_plugin.gpus.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
+from tf_shell.access import TTL_S
 from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.errors import DomainError
 from vgpu.names import CDI_SPEC_DIR, DEFAULT_SLICES_PER_GPU, NVIDIA_TOOLKIT_CONFIG, DeviceDelivery, EnforcementBackend
@@ -169,10 +170,11 @@ class PluginSettings(BaseSettings):
     )
     metrics_address: str = Field("0.0.0.0", description="Address /metrics and /usage listen on.")
     access_review_ttl: float = Field(
-        10.0,
+        TTL_S,
         gt=0,
         description="Seconds a caller's token and its right to read /metrics or /usage (nodes/metrics, nodes/stats "
-        "of this node, asked of the API server for callers off loopback) are believed before they are asked again.",
+        "of this node, asked of the API server for callers off loopback) are believed before they are asked "
+        "again (a refusal: 30 s at most).",
     )
     usage_interval: float = Field(
         5.0,

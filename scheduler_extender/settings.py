@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scheduler_extender.deadline import max_gate_wait
+from tf_shell.access import TTL_S
 from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.names import (
     DEFAULT_POOL,
@@ -55,10 +56,11 @@ class Settings(BaseSettings):
         "that still run, reports them failed and schedules their pods again.",
     )
     access_review_ttl: float = Field(
-        10.0,
+        TTL_S,
         gt=0,
         description="Seconds a caller's token and its right to read explain (get or create pods in that "
-        "namespace, asked of the API server for callers off loopback) are believed before they are asked again.",
+        "namespace, asked of the API server for callers off loopback) are believed before they are asked "
+        "again (a refusal: 30 s at most).",
     )
     handoff_ttl: float = Field(
         60.0,

@@ -73,15 +73,20 @@ def test_off_loopback_a_caller_needs_a_token_the_api_server_knows_and_the_right(
     assert gate.check("10.0.0.7", "bearer tf-metrics", other_node) is not None  # the right names the node
 
 
-def test_verdicts_are_kept_ttl_seconds_per_token_and_attributes() -> None:
+def test_answers_are_kept_ttl_seconds_per_token_and_attributes_and_a_refusal_30_at_most() -> None:
     reviews, now = FakeReviews(), [0.0]
-    gate = Gate(reviews, ttl=10.0, clock=lambda: now[0])
+    gate = Gate(reviews, clock=lambda: now[0])  # 120 s, as the kubelet keeps its token reviews
     for _ in range(3):
         assert gate.check("10.0.0.7", "Bearer tf-metrics", STATS) is None
-    assert (len(reviews.tokens), len(reviews.reviews)) == (1, 1)
-    now[0] = 10.5
-    assert gate.check("10.0.0.7", "Bearer tf-metrics", STATS) is None
+        assert gate.check("10.0.0.7", "Bearer tenant", STATS) is not None
     assert (len(reviews.tokens), len(reviews.reviews)) == (2, 2)
+    now[0] = 31.0  # the tenant's refusal is asked again (a grant made meanwhile is seen), the reader's kept
+    assert gate.check("10.0.0.7", "Bearer tenant", STATS) is not None
+    assert gate.check("10.0.0.7", "Bearer tf-metrics", STATS) is None
+    assert (len(reviews.tokens), len(reviews.reviews)) == (2, 3)
+    now[0] = 120.5
+    assert gate.check("10.0.0.7", "Bearer tf-metrics", STATS) is None
+    assert (len(reviews.tokens), len(reviews.reviews)) == (3, 4)
 
 
 def test_an_api_server_that_cannot_be_asked_is_503_and_nothing_is_kept() -> None:
