@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -138,7 +138,7 @@ class MpsDaemon:
             grants = {u: alloc for u, (alloc, _) in self._admitted.items()} | dict(known or {})
             if known is not None:  # a pod the watch shows is its to decide from now on, its end included
                 self._admitted = {u: e for u, e in self._admitted.items() if u not in known}
-            wanted = ceiling(self.plan, self._hard(grants.values()))
+            wanted = ceiling(self.plan, grants.values())  # grants off its GPUs (a MIG unit's) do not count
             if wanted is None or wanted == self.held or self.pid is None:
                 return
             said, listing = await self._invoke(self.plan.command, f"{SERVER_LIST}\n".encode(), answer=True)
@@ -153,11 +153,6 @@ class MpsDaemon:
                 return
             log.info("MPS ceiling: %d%% of the SMs, device memory %s MiB", wanted.percent, list(wanted.mib))
             self.held = wanted
-
-    def _hard(self, grants: Iterable[PodAllocation]) -> Iterable[PodAllocation]:
-        """The grants on this daemon's GPUs (a MIG unit's is not: its parent is not served)."""
-        mine = frozenset(self.plan.gpus)
-        return (a for a in grants if any(g.uuid in mine for g in a.gpus))
 
     async def stop(self) -> None:
         """Tell the daemon ``quit`` and wait for it to go; kill it after :data:`STOP_WAIT_S`."""

@@ -53,9 +53,15 @@ class MpsPlan:
     env: Mapping[str, str]
     start: tuple[str, ...]
     command: tuple[str, ...]
-    defaults: tuple[str, ...]
     pipe_dir: str
     log_dir: str
+
+    @property
+    def defaults(self) -> tuple[str, ...]:
+        """The control commands sent after each start, until the :func:`ceiling` of the node's grants replaces
+        them (at once where the plugin knows its pods): NVIDIA's own ceiling, every SM and each GPU's whole
+        memory. Devices are numbered as the daemon's servers see them: their place in ``CUDA_VISIBLE_DEVICES``."""
+        return ceiling_commands(Ceiling(DEFAULT_THREAD_PERCENTAGE, self.memory_mib), ())
 
     @property
     def pid_file(self) -> str:
@@ -65,16 +71,6 @@ class MpsPlan:
 def served(gpus: Iterable[GpuInfo]) -> tuple[GpuInfo, ...]:
     """The GPUs the daemon serves: whole GPUs not in MIG mode (MPS on MIG instances is left out)."""
     return tuple(g for g in gpus if not g.mig and g.parent is None)
-
-
-def defaults(gpus: Iterable[GpuInfo]) -> tuple[str, ...]:
-    """The control commands sent after each start, until the :func:`ceiling` of the node's grants replaces
-    them (at once where the plugin knows its pods): every SM, and at most each GPU's memory. Devices are
-    numbered as the daemon's servers see them: their position in ``CUDA_VISIBLE_DEVICES``."""
-    return (
-        f"set_default_active_thread_percentage {DEFAULT_THREAD_PERCENTAGE}",
-        *(f"set_default_device_pinned_mem_limit {i} {g.vram // MIB}M" for i, g in enumerate(gpus)),
-    )
 
 
 def plan(gpus: Iterable[GpuInfo], config: MpsConfig) -> MpsPlan:
@@ -91,7 +87,6 @@ def plan(gpus: Iterable[GpuInfo], config: MpsConfig) -> MpsPlan:
         env=env,
         start=(config.control, "-d"),
         command=(config.control,),
-        defaults=defaults(mine),
         pipe_dir=config.pipe_dir,
         log_dir=config.log_dir,
     )
