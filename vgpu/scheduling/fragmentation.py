@@ -582,38 +582,22 @@ class FragmentationPolicy:
 
     def _fragmentation(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> float:
         key: tuple[object, ...] = ()
-        if mix is None:
-            key = _state_key(node, self._eligible(learned, learned.mix, node))
+        mix = learned.mix if mix is None else mix
+        shares = self._eligible(learned, mix, node)
+        if mix is learned.mix:
+            key = _state_key(node, shares)
             hit = learned.memo.get(key)
             if hit is not None:
                 return hit
-        value = _value(learned, self._terms_of(learned, node, mix), node.cpu_free, node.memory_free)
+        value = _value(learned, _terms_of(node, mix, shares), node.cpu_free, node.memory_free)
         if key:
             if len(learned.memo) >= MEMO_LIMIT:
                 learned.memo.clear()  # a long-lived extender sees unboundedly many states
             learned.memo[key] = value
         return value
 
-    def _terms_of(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...] | None) -> _Tally:
-        """What :meth:`_fragmentation` sums for ``node``, kept per mix entry, so that the fragmentation after one
-        GPU changes is found without another pass over the node's GPUs (:func:`_after_one`)."""
-        mix = learned.mix if mix is None else mix
-        shares = self._eligible(learned, mix, node)
-        groups, total = _groups(node)
-        entries: list[tuple[Shape, float, int, float]] = []
-        for w, share in zip(mix, shares, strict=True):
-            if share <= 0.0:
-                continue
-            shape = w.shape
-            usable = 0
-            stranded = 0.0
-            for t, v, fresh, n, x in groups:
-                if fresh if shape.whole else t >= shape.tflops and v >= shape.vram:
-                    usable += n
-                else:
-                    stranded += x
-            entries.append((shape, w.weight * share, usable, stranded))
-        return _Tally(tuple(entries), total)
+    def _terms(self, learned: Learned, node: NodeState, mix: tuple[_Weighted, ...]) -> _Tally:
+        return _terms_of(node, mix, self._eligible(learned, mix, node))
 
     def _mix_for(self, learned: Learned, demand: Demand) -> tuple[_Weighted, ...] | None:
         """The mix to weigh ``demand``'s placement by: None for the learned one (memoised by node state)."""
@@ -643,10 +627,10 @@ class FragmentationPolicy:
             slots_used=node.slots_used + demand.slots * len(gpus),
         )
         growth = self._fragmentation(learned, after, mix) - before
-        if learned.prices is not None and not demand.whole_gpu:
+        if not demand.whole_gpu:
+            shape = shape_of(demand)
             for g in gpus:
-                share = gpu_demand(shape_of(demand), g) / demand.gpu_count
-                growth += learned.prices.loss(round(CAPACITY * share), round(CAPACITY * idle(g)))
+                growth += _loss(learned, shape, g)
         return growth
 
     def _best(self, learned: Learned, demand: Demand, node: NodeState) -> tuple[float, tuple[GpuState, ...]] | None:
@@ -658,7 +642,7 @@ class FragmentationPolicy:
         if demand.gpu_count == 1 and not demand.whole_gpu:
             if mix is None:
                 return self._best_one(learned, demand, node, fitting)
-            tally = self._terms_of(learned, node, mix)  # the pod stands for the mix: nothing to keep
+            tally = self._terms(learned, node, mix)  # the pod stands for the mix: nothing to keep
             return self._least(learned, demand, node, fitting, tally, _value(learned, tally, *_free(node)))
         before = self._fragmentation(learned, node, mix)
         gpus = tuple(fitting[: demand.gpu_count])  # several GPUs, whole ones, or none (a CPU-only pod)
@@ -673,7 +657,7 @@ class FragmentationPolicy:
         free = _free(node)
         held = learned.terms.get(node.name)
         if held is None or held[0] is not node.gpus or held[1] != free:
-            tally = self._terms_of(learned, node, None)
+            tally = self._terms(learned, node, learned.mix)
             held = learned.terms[node.name] = (node.gpus, free, tally, _value(learned, tally, *free))
         return self._least(learned, demand, node, fitting, held[2], held[3])
 
@@ -698,9 +682,7 @@ class FragmentationPolicy:
             if state in tried:
                 continue  # an identical GPU earlier in the order gives the same growth
             tried.add(state)
-            d = _after_one(learned, tally, g, demand, cpu, memory) - before
-            if learned.prices is not None:
-                d += learned.prices.loss(round(CAPACITY * gpu_demand(shape, g)), round(CAPACITY * idle(g)))
+            d = _after_one(learned, tally, g, demand, cpu, memory) - before + _loss(learned, shape, g)
             d = round(d, 9)  # sums taken in another order: equal growths stay equal, the first GPU wins
             if best is None or d < best[0]:
                 best = (d, (g,))
@@ -802,13 +784,47 @@ def _value(learned: Learned, tally: _Tally, cpu_free: int | None, memory_free: i
     return value + _starved_at(learned, cpu_free, memory_free, total)
 
 
+def _holds(s: Shape, free_t: int, free_v: int, fresh: bool) -> bool:
+    """Whether a GPU with this much free (untouched: ``fresh``) can take one share of the shape."""
+    return fresh if s.whole else free_t >= s.tflops and free_v >= s.vram
+
+
+def _terms_of(node: NodeState, mix: tuple[_Weighted, ...], shares: tuple[float, ...]) -> _Tally:
+    """What :meth:`FragmentationPolicy._fragmentation` sums for ``node``, kept per mix entry the node admits
+    (``shares``), so that the fragmentation after one GPU changes is found without another pass over the
+    node's GPUs (:func:`_after_one`)."""
+    groups, total = _groups(node)
+    entries: list[tuple[Shape, float, int, float]] = []
+    for w, share in zip(mix, shares, strict=True):
+        if share <= 0.0:
+            continue
+        shape = w.shape
+        usable = 0
+        stranded = 0.0
+        for t, v, fresh, n, x in groups:
+            if _holds(shape, t, v, fresh):
+                usable += n
+            else:
+                stranded += x
+        entries.append((shape, w.weight * share, usable, stranded))
+    return _Tally(tuple(entries), total)
+
+
+def _loss(learned: Learned, shape: Shape, gpu: GpuState) -> float:
+    """The cutting-stock value lost by putting one GPU's share of the shape into ``gpu``'s hole (0 without
+    prices)."""
+    if learned.prices is None:
+        return 0.0
+    share = gpu_demand(shape, gpu) / shape.gpu_count
+    return learned.prices.loss(round(CAPACITY * share), round(CAPACITY * idle(gpu)))
+
+
 def _part(free_t: int, free_v: int, fresh: bool, x: float, s: Shape) -> tuple[int, float]:
     """One GPU's part of a shape's (usable, stranded), from its free TFLOPS and VRAM and idle ``x``: nothing
     when it has no idle capacity (as :func:`_groups` leaves such GPUs out)."""
     if x <= 0.0:
         return 0, 0.0
-    fits = fresh if s.whole else free_t >= s.tflops and free_v >= s.vram
-    return (1, 0.0) if fits else (0, x)
+    return (1, 0.0) if _holds(s, free_t, free_v, fresh) else (0, x)
 
 
 def _after_one(
