@@ -13,7 +13,6 @@ certificate, for the kubelet's probes and Prometheus.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
@@ -27,7 +26,7 @@ from tf_metrics import api
 from tf_metrics.api import Answer, Query
 from tf_metrics.auth import FrontProxy, Unauthenticated, access_review, authenticate, forbidden_message
 from tf_metrics.peer import peer_common_name
-from tf_shell.access import User, Verdict, verdict
+from tf_shell.access import Expiring, User, Verdict, verdict
 from tf_shell.kube.api import GatewayError, RawObject
 from vgpu.metric_names import METRICS_API
 from vgpu.names import CUSTOM_METRICS_GROUP
@@ -35,7 +34,6 @@ from vgpu.usage_samples import Snapshot
 
 log = logging.getLogger(__name__)
 PREFIX: Final = f"/apis/{CUSTOM_METRICS_GROUP}"
-CACHE_LIMIT: Final = 10_000  # verdicts kept at most; all are dropped when it is reached
 
 
 class MetricsReads(Protocol):
@@ -51,21 +49,16 @@ class Verdicts:
 
     def __init__(self, cluster: MetricsReads, ttl: float, clock: Callable[[], float]) -> None:
         self._cluster, self._ttl, self._clock = cluster, ttl, clock
-        self._held: dict[tuple[User, Query], tuple[float, Verdict]] = {}
-        self._lock = threading.Lock()
+        self._held: Expiring[tuple[User, Query], Verdict] = Expiring()
 
     def judge(self, user: User, query: Query) -> Verdict:
         """The verdict (GatewayError when the API server cannot be asked)."""
         now = self._clock()
-        with self._lock:
-            held = self._held.get((user, query))
-        if held is not None and held[0] > now:
-            return held[1]
+        held = self._held.get((user, query), now)
+        if held is not None:
+            return held[0]
         answered = verdict(self._cluster.review(access_review(user, query)))
-        with self._lock:
-            if len(self._held) >= CACHE_LIMIT:
-                self._held.clear()
-            self._held[(user, query)] = (now + self._ttl, answered)
+        self._held.keep((user, query), answered, now + self._ttl)
         return answered
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from tf_shell.kube.api import GatewayError, RawObject
 
@@ -156,15 +156,35 @@ class Reviews(Protocol):
     def review(self, body: RawObject) -> RawObject: ...
 
 
+class Expiring(Generic[K, V]):
+    """Answers kept until a time each, thread-safe; all are dropped once :data:`CACHE_LIMIT` are held (a
+    long-lived server meets unboundedly many callers). The reviews' cache here and tf-metrics'."""
+
+    def __init__(self) -> None:
+        self._held: dict[K, tuple[float, V]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, now: float) -> tuple[V] | None:
+        """The answer kept for ``key`` (in a 1-tuple: it may be None itself), unless it expired by ``now``."""
+        with self._lock:
+            held = self._held.get(key)
+        return (held[1],) if held is not None and held[0] > now else None
+
+    def keep(self, key: K, value: V, until: float) -> None:
+        with self._lock:
+            if len(self._held) >= CACHE_LIMIT:
+                self._held.clear()
+            self._held[key] = (until, value)
+
+
 class Gate:
     """Judges each request off loopback; thread-safe (the HTTP servers' threads share one)."""
 
     def __init__(self, reviews: Reviews, ttl: float = TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._reviews, self._ttl, self._clock = reviews, ttl, clock
         self._denied_ttl = min(ttl, DENIED_TTL_S)
-        self._users: dict[bytes, tuple[float, User | None]] = {}
-        self._verdicts: dict[tuple[User, Access], tuple[float, Verdict]] = {}
-        self._lock = threading.Lock()
+        self._users: Expiring[bytes, User | None] = Expiring()
+        self._verdicts: Expiring[tuple[User, Access], Verdict] = Expiring()
 
     def check(self, peer: str | None, authorization: str | None, access: Access) -> Refusal | None:
         """None when the caller at ``peer`` with that ``Authorization`` header may do ``access``."""
@@ -187,28 +207,18 @@ class Gate:
 
     def _user(self, token: str) -> User | None:
         key = hashlib.sha256(token.encode()).digest()  # the token itself is not kept
-        held = self._held(self._users, key)
+        held = self._users.get(key, self._clock())
         if held is not None:
-            return held[1]
+            return held[0]
         user = reviewed_user(self._reviews.token_review(token_review(token)))
-        self._keep(self._users, key, user, self._ttl if user is not None else self._denied_ttl)
+        self._users.keep(key, user, self._clock() + (self._ttl if user is not None else self._denied_ttl))
         return user
 
     def _verdict(self, user: User, access: Access) -> Verdict:
-        held = self._held(self._verdicts, (user, access))
+        held = self._verdicts.get((user, access), self._clock())
         if held is not None:
-            return held[1]
+            return held[0]
         judged = verdict(self._reviews.review(access_review(user, access)))
-        self._keep(self._verdicts, (user, access), judged, self._ttl if judged.allowed else self._denied_ttl)
+        ttl = self._ttl if judged.allowed else self._denied_ttl
+        self._verdicts.keep((user, access), judged, self._clock() + ttl)
         return judged
-
-    def _held(self, cache: dict[K, tuple[float, V]], key: K) -> tuple[float, V] | None:
-        with self._lock:
-            held = cache.get(key)
-        return held if held is not None and held[0] > self._clock() else None
-
-    def _keep(self, cache: dict[K, tuple[float, V]], key: K, value: V, ttl: float) -> None:
-        with self._lock:
-            if len(cache) >= CACHE_LIMIT:
-                cache.clear()
-            cache[key] = (self._clock() + ttl, value)
