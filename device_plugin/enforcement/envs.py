@@ -1,7 +1,8 @@
 """The Allocate answer for one container: environment and mounts, as a pure function of the grant.
 
-Every container gets its granted GPUs the way the node's toolkit reads them (:class:`~vgpu.names.DeviceDelivery`:
-``NVIDIA_VISIBLE_DEVICES`` with their UUIDs, ``/dev/null`` mounted under
+Every container gets its granted GPUs (its own share of the pod's, where the pod asked for GPUs per
+container: :meth:`~vgpu.contract.allocation.PodAllocation.gpus_of`) the way the node's toolkit reads them
+(:class:`~vgpu.names.DeviceDelivery`: ``NVIDIA_VISIBLE_DEVICES`` with their UUIDs, ``/dev/null`` mounted under
 :data:`~vgpu.names.NVIDIA_DEVICE_MOUNT_ROOT` per UUID, or NVIDIA's CDI device per UUID) and
 TensorFusion-style per-UUID JSON limits; the node's enforcement backend adds its own knobs
 (HAMi-core's limits and preload mounts, or NVIDIA MPS client limits and the pipe directory), and a
@@ -136,7 +137,7 @@ def build(
     live: LiveMount | None = None,
     delivery: DeviceDelivery = DeviceDelivery.ENVVAR,
 ) -> ContainerGrant:
-    gpus = alloc.gpus
+    gpus = alloc.gpus_of(target.container)
     percent = granted_percents(alloc)
     envs: dict[str, str] = {
         Env.NVIDIA_VISIBLE_DEVICES: _visible(delivery, gpus),
@@ -149,7 +150,7 @@ def build(
         Env.TF_POOL_NAME: alloc.pool,
     }
     mounts = _device_mounts(delivery, gpus)
-    widest = max(percent.values(), default=100)
+    widest = max((percent[g.uuid] for g in gpus), default=100)
     if backend is EnforcementBackend.HAMI_CORE:
         for i, g in enumerate(gpus):
             # HAMi reads 0 as "no limit", so a sub-MiB limit still caps at 1 MiB.

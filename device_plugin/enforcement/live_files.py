@@ -188,7 +188,7 @@ class LiveLimits:
             for d in (path.parent, path):
                 d.mkdir(mode=0o755, exist_ok=True)
                 os.chmod(d, 0o755)  # whatever the umask
-            self._keep(key, Wanted(target.namespace, target.pod, limits_of(alloc)))
+            self._keep(key, Wanted(target.namespace, target.pod, limits_of(alloc, target.container)))
             if self._backend is EnforcementBackend.HAMI_CORE:
                 region = path / HAMI_REGION_FILE
                 flags = os.O_WRONLY | os.O_CREAT | _FLAGS

@@ -58,10 +58,11 @@ class SlotWrite:
 ContainerKey = tuple[str, str]  # (pod UID, container name)
 
 
-def limits_of(alloc: PodAllocation) -> tuple[GpuLimit, ...]:
-    """Every container of the pod holds every GPU of the grant, with the grant's limits."""
+def limits_of(alloc: PodAllocation, container: str) -> tuple[GpuLimit, ...]:
+    """The GPUs ``container`` holds (every GPU of the grant, unless the pod split them per container), with the
+    grant's limits."""
     percent = granted_percents(alloc)
-    return tuple(GpuLimit(g.uuid, g.tflops_limit, percent[g.uuid], g.vram_limit) for g in alloc.gpus)
+    return tuple(GpuLimit(g.uuid, g.tflops_limit, percent[g.uuid], g.vram_limit) for g in alloc.gpus_of(container))
 
 
 def wanted(pods: Iterable[PodRecord], node: str) -> dict[ContainerKey, Wanted]:
@@ -79,9 +80,8 @@ def wanted(pods: Iterable[PodRecord], node: str) -> dict[ContainerKey, Wanted]:
             continue
         if alloc.pod_uid != pod.uid or alloc.node != node:
             continue
-        gpus = limits_of(alloc)
         for container in alloc.containers:
-            out[(pod.uid, container)] = Wanted(pod.namespace, pod.name, gpus)
+            out[(pod.uid, container)] = Wanted(pod.namespace, pod.name, limits_of(alloc, container))
     return out
 
 

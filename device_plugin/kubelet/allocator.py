@@ -31,7 +31,7 @@ from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.gpus.board import DeviceBoard
 from device_plugin.kubelet.fresh_read import FreshRead
 from device_plugin.kubelet.kubelet_api import PodDevices
-from device_plugin.kubelet.lookup import AllocateError, Match, awaiting, choose, validate
+from device_plugin.kubelet.lookup import AllocateError, Match, awaiting, choose, next_container, validate
 from device_plugin.kubelet.proof import Answer, Outcome, holders, refusal, settle
 from device_plugin.metrics import PluginMetrics
 from vgpu import isolation
@@ -134,7 +134,7 @@ class Allocator:
             self._pending[frozenset(ids)] = Answer(pod.uid, pod.namespace, pod.name, found.container, ids)
             self._background.spawn(self._confirm(frozenset(ids)))
         target = Target(namespace=found.pod.namespace, pod=found.pod.name, container=found.container)
-        gpus = [g.uuid for g in alloc.gpus]
+        gpus = [g.uuid for g in alloc.gpus_of(found.container)]
         log.info(
             "Allocate %s: pod %s container %s, GPUs %s%s",
             list(ids),
@@ -290,11 +290,14 @@ class Allocator:
                 del self._stolen[key]
 
     def preferred_gpus(self, size: int) -> tuple[str, ...]:
-        """GPUs granted to the one pod whose next container wants ``size`` devices (a hint), else ()."""
-        found = awaiting(self._cache.pods(), self._config.node, size, self.served())
-        if len(found) != 1 or found[0].allocation is None:
+        """GPUs granted to the next container of the one pod whose next container wants ``size`` devices (a hint),
+        else ()."""
+        served = self.served()
+        found = awaiting(self._cache.pods(), self._config.node, size, served)
+        nxt = next_container(found[0], served.get(found[0].uid, ())) if len(found) == 1 else None
+        if nxt is None or found[0].allocation is None:
             return ()
         try:
-            return tuple(g.uuid for g in decode(found[0].allocation).gpus)
+            return tuple(g.uuid for g in decode(found[0].allocation).gpus_of(nxt[0]))
         except DomainError:
             return ()

@@ -140,10 +140,10 @@ def validate(pod: PodRecord, node: str, gpus: Mapping[str, GpuInfo], backend: En
             f"{RESOURCE_VGPU} are {sorted(wanted)}"
         )
     for container, count in pod.vgpu_containers:
-        if count != len(alloc.gpus):
+        if count != len(alloc.gpus_of(container)):
             raise AllocateError(
                 f"{where}: container {container} requests {count} {RESOURCE_VGPU} but the allocation "
-                f"grants {len(alloc.gpus)} GPU(s)"
+                f"grants it {len(alloc.gpus_of(container))} GPU(s)"
             )
     for grant in alloc.gpus:
         gpu = gpus.get(grant.uuid)

@@ -3,8 +3,9 @@
 Allocate carries device IDs and no pod, so a pod that reached the node without the extender may be
 the one being admitted, and an answer is only *provisional*. The kubelet records ``(pod, container)
 → device IDs`` as soon as Allocate returns, and PodResources ``List`` shows it: an answer is
-**confirmed** when the record gives its IDs to the grant's pod, **stolen** when it gives them to
-another pod, **pending** while it shows them nowhere yet. A container starts only on proof:
+**confirmed** when the record gives its IDs to the very container it answered for (containers of one pod
+may be granted different GPUs: ``container-gpu-count``), **stolen** when it gives them to another pod,
+**pending** while it shows them nowhere else yet. A container starts only on proof:
 :func:`refusal` is PreStartContainer's reason to refuse one whose IDs the record does not tie to a
 grant confirmed for that very pod. See docs/architecture.md, section "The hand-off".
 
@@ -74,14 +75,17 @@ def holders(truth: PodDevices, ids: tuple[str, ...]) -> Iterator[Holder]:
 
 
 def settle(answer: Answer, truth: PodDevices) -> Settled:
-    """Where the kubelet's record put the IDs of one provisional answer."""
+    """Where the kubelet's record put the IDs of one provisional answer. Recorded only for another container of
+    the answer's pod, it stays pending: that container was answered with its sibling's GPUs, so it is never
+    proven and never starts (the kubelet and the plugin serve a pod's containers in the same order, so this
+    does not happen)."""
     found = list(holders(truth, answer.ids))
-    mine = [h for h in found if (h.namespace, h.pod) == (answer.namespace, answer.pod)]
-    if mine:
-        exact = [h for h in mine if h.container == answer.container]
-        return Settled(Outcome.CONFIRMED, (exact or mine)[0])
-    if found:
-        return Settled(Outcome.STOLEN, found[0])
+    exact = Holder(answer.namespace, answer.pod, answer.container)
+    if exact in found:
+        return Settled(Outcome.CONFIRMED, exact)
+    others = [h for h in found if (h.namespace, h.pod) != (answer.namespace, answer.pod)]
+    if others:
+        return Settled(Outcome.STOLEN, others[0])
     return Settled(Outcome.PENDING)
 
 

@@ -108,7 +108,8 @@ def _attribute(owner: ProcessOwner | None, pods: _Pods, gpu: str) -> tuple[PodRe
     if not container:
         return Skip.CONTAINER_UNKNOWN
     alloc = grant_of(pod.allocation) if pod.allocation else None
-    grant = next((g for g in alloc.gpus if g.uuid == gpu), None) if alloc and container in alloc.containers else None
+    grants = alloc.gpus_of(container) if alloc and container in alloc.containers else ()
+    grant = next((g for g in grants if g.uuid == gpu), None)
     return Skip.NO_GRANT if grant is None else (pod, container, grant)
 
 

@@ -80,6 +80,7 @@ def allocation(
     containers: Sequence[str] = ("main",),
     gpus: Sequence[GpuGrant] = (),
     isolation: IsolationMode | None = None,
+    container_gpus: Sequence[tuple[str, tuple[str, ...]]] | None = None,
 ) -> str:
     return encode(
         PodAllocation(
@@ -91,6 +92,7 @@ def allocation(
             gpus=tuple(gpus) or (grant(),),
             bound_at="2026-11-22T03:05:46Z",
             isolation=isolation,
+            container_gpus=None if container_gpus is None else tuple(container_gpus),
         )
     )
 

@@ -7,6 +7,7 @@ import copy
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -564,5 +565,61 @@ def test_prestart_proves_a_grant_from_the_receipt_after_a_plugin_restart_and_ref
                 await kubelet.prestart(slice_id(GPU1, 3))
             assert "PodResources shows no container holding devices" in (err.value.details() or "")
         await kubelet.stop()
+
+    run(scenario())
+
+
+def _split_pod() -> dict[str, Any]:
+    """container-gpu-count {"pre": 1, "inference": 1}: the grant's GPU1 is pre's, GPU0 inference's."""
+    pod = make_pod("split", containers=[("pre", 1), ("inference", 1)])
+    pod["metadata"]["annotations"][ALLOC] = allocation(
+        uid_of(pod),
+        containers=("pre", "inference"),
+        gpus=[grant(GPU0), grant(GPU1, index=1, tflops=20_000)],
+        container_gpus=(("pre", (GPU1,)), ("inference", (GPU0,))),
+    )
+    return pod
+
+
+def test_each_container_of_a_split_grant_is_steered_to_served_with_and_proven_on_its_own_gpu(tmp_path: Path) -> None:
+    split = _split_pod()
+    kube = FakeKube([split])
+    available = [slice_id(gpu, n) for gpu in (GPU0, GPU1) for n in range(4)]
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            await until(lambda: daemon.cache.get(uid_of(split)) is not None)
+            got = {}
+            for container, gpu, tflops in (("pre", GPU1, 20), ("inference", GPU0, 10)):
+                [device] = await kubelet.preferred(available, [], 1)
+                assert gpu_of(device) == gpu, container  # the kubelet is steered to the container's own GPU
+                envs = (await kubelet.allocate(device, pod="split", container=container)).container_responses[0].envs
+                assert json.loads(envs[Env.TF_UP_LIMIT_TFLOPS]) == {gpu: tflops}, container
+                assert envs[Env.TF_CONTAINER_NAME] == container
+                got[container] = (device,)
+            assert await receipt(kube, uid_of(split)) == got
+            for (device,) in got.values():
+                await kubelet.prestart(device)
+
+    run(scenario())
+
+
+def test_an_answer_the_kubelet_gave_another_container_of_the_pod_never_starts(tmp_path: Path) -> None:
+    """The answer for pre (GPU1, its own) recorded by the kubelet for inference, whose GPU is GPU0: inference
+    would run on its sibling's GPU, so it is never proven, never starts, and the pod gets no receipt."""
+    split = _split_pod()
+    kube = FakeKube([split])
+
+    async def scenario() -> None:
+        async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
+            await until(lambda: daemon.cache.get(uid_of(split)) is not None)
+            response = await kubelet.allocate(slice_id(GPU1, 0), pod="split", container="inference")
+            assert response.container_responses[0].envs[Env.TF_CONTAINER_NAME] == "pre"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await kubelet.prestart(slice_id(GPU1, 0))
+            assert "no tensor-fusion grant is proven for pod default/split (container inference)" in (
+                err.value.details() or ""
+            )
+            assert kube.annotation(uid_of(split), HANDOFF) is None
 
     run(scenario())

@@ -105,9 +105,20 @@ def test_wanted_limits_per_container_follow_the_current_allocation(pod, expected
     assert wanted([pod], NODE) == expected
 
 
+def test_each_container_of_a_split_grant_is_limited_on_its_own_gpus_only() -> None:
+    gpus = [grant(GPU0, tflops=31_200, vram=2 * GIB), grant(GPU1, index=1, tflops=156_000, vram=GIB)]
+    text = allocation(
+        UID, containers=("main", "side"), gpus=gpus, container_gpus=(("main", (GPU1,)), ("side", (GPU0,)))
+    )
+    assert wanted([record(alloc=text)], NODE) == {
+        (UID, "main"): Wanted("default", "p", (GpuLimit(GPU1, 156_000, 50, GIB),)),
+        (UID, "side"): Wanted("default", "p", (A_GPU,)),
+    }
+
+
 def test_limits_carry_tflops_sm_percent_and_vram_per_gpu_in_device_order() -> None:
     text = allocation(UID, gpus=[grant(GPU1, index=1, tflops=156_000, vram=GIB), grant(GPU0, tflops=1, vram=5)])
-    assert limits_of(decode(text)) == (GpuLimit(GPU1, 156_000, 50, GIB), GpuLimit(GPU0, 1, 1, 5))
+    assert limits_of(decode(text), "main") == (GpuLimit(GPU1, 156_000, 50, GIB), GpuLimit(GPU0, 1, 1, 5))
 
 
 def test_resident_pods_are_those_not_finished_even_while_being_deleted() -> None:

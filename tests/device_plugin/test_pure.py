@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,6 +74,11 @@ def test_sm_percent_is_ceil_clamped(limit: int, capacity: int, percent: int) -> 
 
 TARGET = Target(namespace="ns", pod="p", container="c")
 TWO = decode(allocation("u", gpus=[grant(GPU0, tflops=31_200, vram=4 * GIB), grant(GPU1, index=1, vram=GIB + 1)]))
+SPLIT_GPUS = [grant(GPU0, tflops=31_200, vram=4 * GIB), grant(GPU1, index=1, vram=GIB + 1)]
+# container-gpu-count {"pre": 1, "c": 1}: the pod's two GPUs, one each.
+SPLIT = decode(
+    allocation("u", containers=("pre", "c"), gpus=SPLIT_GPUS, container_gpus=(("pre", (GPU1,)), ("c", (GPU0,))))
+)
 
 
 def test_common_env_for_every_backend() -> None:
@@ -125,6 +131,18 @@ def test_backend_specific_env_and_mounts(
     backend_keys = {k for k in grant_.envs if k.startswith(("CUDA_DEVICE", "CUDA_MPS"))}
     assert {k: grant_.envs[k] for k in backend_keys} == extra
     assert [(m.container_path, m.host_path, m.read_only) for m in grant_.mounts] == mounts
+
+
+def test_a_container_of_a_split_grant_gets_its_own_gpus_and_their_limits_only() -> None:
+    for container, uuid, tflops, mib, percent in (("c", GPU0, 31.2, 4096, 10), ("pre", GPU1, 10, 1024, 4)):
+        env = build(SPLIT, replace(TARGET, container=container), EnforcementBackend.HAMI_CORE, EnforcementPaths()).envs
+        assert env[Env.NVIDIA_VISIBLE_DEVICES] == uuid
+        assert json.loads(env[Env.TF_UP_LIMIT_TFLOPS]) == {uuid: tflops}
+        assert json.loads(env[Env.TF_UP_LIMIT]) == {uuid: percent}
+        assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == (f"{mib}m", str(percent))
+        assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env
+        assert [g.uuid for g in limits_of(SPLIT, container)] == [uuid]
+    assert [g.uuid for g in limits_of(TWO, "c")] == [GPU0, GPU1]  # no split: every container every GPU
 
 
 def test_each_gpu_gets_its_own_sm_limit_and_the_shared_ones_the_largest() -> None:
@@ -186,6 +204,18 @@ def test_choose_serves_the_next_unserved_container_and_rejects_ambiguity() -> No
     assert isinstance(result, AllocateError) and not result.waitable and "a" in str(result) and "twin" in str(result)
 
 
+def test_choose_serves_containers_of_unequal_counts_in_the_kubelets_order() -> None:
+    """container-gpu-count {"pre": 1, "inf": 2}: the kubelet's Allocates carry 1 then 2 device IDs; a 3-GPU pod
+    beside it (sizes disjoint: both may be in hand-off) takes only the 3."""
+    split = from_json(make_pod("split", alloc="{}", containers=[("pre", 1), ("inf", 2)]))
+    three = from_json(make_pod("three", alloc="{}", containers=[("main", 3)]))
+    pods = [split, three]
+    assert isinstance(choose(pods, "node-a", ("d1", "d2"), {}), AllocateError)  # pre comes first
+    assert choose(pods, "node-a", ("d1",), {}) == Match(split, "pre", again=False)
+    assert choose(pods, "node-a", ("d1", "d2"), {split.uid: {"pre"}}) == Match(split, "inf", again=False)
+    assert choose(pods, "node-a", ("d1", "d2", "d3"), {split.uid: {"pre"}}) == Match(three, "main", again=False)
+
+
 def test_choose_serves_a_recorded_container_again_only_with_the_same_ids() -> None:
     uid = "00000000-0000-4000-8000-0000000000aa"
     receipt = encode_handoff(Handoff(pod_uid=uid, node="node-a", devices=(("main", ("d1", "d2")),), at="t"))
@@ -200,7 +230,16 @@ def test_choose_serves_a_recorded_container_again_only_with_the_same_ids() -> No
     [
         ("not json", [("main", 1)], "allocation annotation is invalid"),
         (allocation("U", containers=("other",)), [("main", 1)], "allocation is for containers ['other']"),
-        (allocation("U"), [("main", 2)], "container main requests 2 tensor-fusion.ai/vgpu but the allocation grants 1"),
+        (
+            allocation("U"),
+            [("main", 2)],
+            "container main requests 2 tensor-fusion.ai/vgpu but the allocation grants it 1",
+        ),
+        (
+            allocation("U", containers=("a", "b"), gpus=SPLIT_GPUS, container_gpus=(("a", (GPU0,)), ("b", (GPU1,)))),
+            [("a", 1), ("b", 2)],
+            "container b requests 2 tensor-fusion.ai/vgpu but the allocation grants it 1",
+        ),
         (
             allocation("U", gpus=[grant(GPU0, tflops_request=20_000)]),
             [("main", 1)],
@@ -232,6 +271,19 @@ def test_validate_rejects_an_unhealthy_gpu_and_accepts_a_sound_allocation() -> N
         validate(pod, "node-a", mig, EnforcementBackend.HAMI_CORE)
 
 
+def test_validate_holds_each_container_to_its_own_share_of_a_split_grant() -> None:
+    gpus = {**GPUS, GPU1: GpuInfo(uuid=GPU1, index=1, model="A100", tflops=A100_TFLOPS, vram=A100_VRAM)}
+    split = allocation("U", containers=("a", "b"), gpus=SPLIT_GPUS, container_gpus=(("a", (GPU0,)), ("b", (GPU1,))))
+    pod = from_json(make_pod("p", uid="U", alloc=split, containers=[("a", 1), ("b", 1)]))
+    assert validate(pod, "node-a", gpus, EnforcementBackend.HAMI_CORE).gpus_of("b") == (SPLIT_GPUS[1],)
+    # The same grant without the split gives each container both GPUs: a container asking for 1 is refused.
+    unsplit = allocation("U", containers=("a", "b"), gpus=SPLIT_GPUS)
+    whole = from_json(make_pod("p", uid="U", alloc=unsplit, containers=[("a", 1), ("b", 1)]))
+    with pytest.raises(AllocateError) as err:
+        validate(whole, "node-a", gpus, EnforcementBackend.HAMI_CORE)
+    assert "container a requests 1 tensor-fusion.ai/vgpu but the allocation grants it 2" in str(err.value)
+
+
 def test_a_named_isolation_mode_is_checked_against_the_node_and_shared_is_uncapped() -> None:
     """hard on a HAMi-core node is refused, naming what the GPU serves; shared there passes and its answer caps
     no compute (every percent 100) while its VRAM stays limited; soft gets the TFLOPS limit's share."""
@@ -253,7 +305,7 @@ def test_a_named_isolation_mode_is_checked_against_the_node_and_shared_is_uncapp
     assert soft[Env.HAMI_SM_LIMIT] == "4"  # 10 of 312 TFLOPS, rounded up
     assert shared[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0"] == soft[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0"] == "4096m"
     # Live limits (limits.json, HAMi-core's region) follow the same rule when the grant changes in place.
-    assert [g.sm_percent for g in limits_of(decode(allocation("U", isolation=IsolationMode.SHARED)))] == [100]
+    assert [g.sm_percent for g in limits_of(decode(allocation("U", isolation=IsolationMode.SHARED)), "main")] == [100]
 
 
 def test_a_mig_instance_is_granted_by_its_own_uuid_and_the_parent_has_no_slices() -> None:
@@ -280,7 +332,9 @@ ANSWER = Answer("uid-p", "ns-a", "p", "main", ("d1",))
     [
         ({}, Settled(Outcome.PENDING)),
         ({("ns-a", "p"): {"main": ("d1",)}}, Settled(Outcome.CONFIRMED, Holder("ns-a", "p", "main"))),
-        ({("ns-a", "p"): {"side": ("d1",)}}, Settled(Outcome.CONFIRMED, Holder("ns-a", "p", "side"))),
+        # Another container of the pod got the IDs answered for main: it would run on main's GPUs, which a pod
+        # asking for GPUs per container does not share; never confirmed, so that container never starts.
+        ({("ns-a", "p"): {"side": ("d1",)}}, Settled(Outcome.PENDING)),
         ({("ns-b", "p"): {"main": ("d1",)}}, Settled(Outcome.STOLEN, Holder("ns-b", "p", "main"))),
         ({("ns-a", "t"): {"main": ("d1",)}}, Settled(Outcome.STOLEN, Holder("ns-a", "t", "main"))),
         ({("ns-a", "p"): {"main": ("d1", "d2")}}, Settled(Outcome.PENDING)),  # not these IDs exactly

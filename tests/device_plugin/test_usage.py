@@ -224,6 +224,7 @@ def test_a_mig_instance_has_tflops_of_its_own_and_a_memory_only_gpu_says_its_tfl
         pytest.param(ProcessOwner(pod="{other}", container="main"), Skip.NO_GRANT, id="pod-without-allocation"),
         pytest.param(ProcessOwner(pod="{broken}", container="main"), Skip.NO_GRANT, id="allocation-not-decodable"),
         pytest.param(ProcessOwner(pod="{elsewhere}", container="main"), Skip.NO_GRANT, id="grant-of-another-gpu"),
+        pytest.param(ProcessOwner(pod="{split}", container="pre"), Skip.NO_GRANT, id="gpu-of-a-sibling-container"),
     ],
 )
 def test_a_process_no_granted_container_is_found_for_is_counted_unattributed_with_the_reason(
@@ -234,7 +235,12 @@ def test_a_process_no_granted_container_is_found_for_is_counted_unattributed_wit
         "other": record("plain", alloc=None),
         "broken": record("broken", alloc='{"version": "v1"}'),
         "elsewhere": record("elsewhere", grants=(grant(GPU1, index=1),)),
-    }
+        # container-gpu-count: GPU0 is inf's, pre's is GPU1
+        "split": record("split", containers=("pre", "inf"), alloc=allocation(
+            "u", containers=("pre", "inf"), gpus=(grant(GPU0), grant(GPU1, index=1)),
+            container_gpus=(("pre", (GPU1,)), ("inf", (GPU0,))),
+        )),
+    }  # fmt: skip
     if owner is not None:
         owner = ProcessOwner(
             pod=owner.pod.format(**{k: p.uid for k, p in pods.items()}),

@@ -2,8 +2,10 @@
 
 The extender grants :class:`PodAllocation` at bind (annotation ``allocation``), carried by the Binding
 itself, so that it lands in the same write as ``spec.nodeName`` (pods bound before that got it by a patch
-first; both read the same). The device plugin reads it at Allocate, checks it belongs to this pod and node,
-and, once every container got its devices, writes :class:`Handoff` (annotation ``handoff``) with
+first; both read the same). Every container gets every granted GPU, unless the pod asked for GPUs per
+container (``container-gpu-count``): then ``containerGpus`` says which GPUs each one gets, disjoint. The
+device plugin reads it at Allocate, checks it belongs to this pod and node, and, once every container got
+its devices, writes :class:`Handoff` (annotation ``handoff``) with
 the device IDs the kubelet chose, which releases the extender's per-node hand-off gate.
 Only the extender may write the allocation; only the device plugin the hand-off (deploy/ policy).
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from vgpu.contract.strict import Reader, dump, load
+from vgpu.errors import DomainError
 from vgpu.names import IsolationMode, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops, parse_bytes, parse_milli
 
@@ -47,6 +50,16 @@ class PodAllocation:
     # The mode the pod named (docs/isolation.md); None: it named none, and the node's own mode holds. Written
     # only when set, so allocations read as before for every plugin version where it is not.
     isolation: IsolationMode | None = None
+    # Which GPUs (UUIDs) each container gets, in ``containers`` order, when the pod asked for GPUs per container:
+    # disjoint, together every GPU. None: every container gets every GPU (and allocations read as before).
+    container_gpus: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+
+    def gpus_of(self, container: str) -> tuple[GpuGrant, ...]:
+        """The grants ``container`` gets: its own share of the GPUs, or all of them when the pod splits none."""
+        if self.container_gpus is None:
+            return self.gpus
+        by_uuid = {g.uuid: g for g in self.gpus}
+        return tuple(by_uuid[u] for c, uuids in self.container_gpus if c == container for u in uuids)
 
     def describe(self) -> str:
         """One line for the pod's GpuGranted event: each GPU's reserved share and limits, the node, the pool."""
@@ -57,7 +70,9 @@ class PodAllocation:
             for g in self.gpus
         )
         mode = f", isolation {self.isolation.value}" if self.isolation else ""
-        return f"granted on node {self.node} (pool {self.pool}, qos {self.qos.value}{mode}): {shares}"
+        split = "; ".join(f"{c}: {', '.join(uuids)}" for c, uuids in self.container_gpus or ())
+        split = f"; GPUs per container: {split}" if split else ""
+        return f"granted on node {self.node} (pool {self.pool}, qos {self.qos.value}{mode}): {shares}{split}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +97,11 @@ def encode(alloc: PodAllocation) -> str:
             "boundAt": alloc.bound_at,
             **({"isolation": alloc.isolation.value} if alloc.isolation else {}),
             "gpus": [grant_fields(g) for g in alloc.gpus],
+            **(
+                {"containerGpus": [{"container": c, "uuids": list(u)} for c, u in alloc.container_gpus]}
+                if alloc.container_gpus is not None
+                else {}
+            ),
         }
     )
 
@@ -111,9 +131,34 @@ def decode(text: str) -> PodAllocation:
         gpus=r.items("gpus", read_grant),
         bound_at=r.text("boundAt"),
         isolation=None if mode is None else IsolationMode(mode),
+        container_gpus=r.added_items("containerGpus", _container_gpus),
     )
     r.done()
+    _check_split(alloc)
     return alloc
+
+
+def _container_gpus(r: Reader) -> tuple[str, tuple[str, ...]]:
+    entry = (r.text("container"), r.strings("uuids"))
+    r.done()
+    return entry
+
+
+def _check_split(alloc: PodAllocation) -> None:
+    """A split names the allocation's containers in order and gives each GPU to exactly one of them."""
+    if alloc.container_gpus is None:
+        return
+    where = f"{KEY}.containerGpus"
+    named = tuple(c for c, _ in alloc.container_gpus)
+    if named != alloc.containers:
+        raise DomainError.one(
+            where, ", ".join(named), f"must name the containers {', '.join(alloc.containers)}, in order"
+        )
+    given = [u for _, uuids in alloc.container_gpus for u in uuids]
+    if sorted(given) != sorted(g.uuid for g in alloc.gpus) or any(not uuids for _, uuids in alloc.container_gpus):
+        raise DomainError.one(
+            where, ", ".join(given), "must give each granted GPU to exactly one container, and each container a GPU"
+        )
 
 
 def read_grant(r: Reader) -> GpuGrant:

@@ -82,6 +82,13 @@ class Reader:
             return False
         return self.flag(key)
 
+    def added_items(self, key: str, parse: Callable[[Reader], T]) -> tuple[T, ...] | None:
+        """A list of objects added to a version after it shipped: absent in what older writers wrote (None)."""
+        if key not in self.raw:
+            self.seen.add(key)
+            return None
+        return self.items(key, parse)
+
     def positive_number(self, key: str) -> float:
         value: int | float = self._get(key, (int, float), "a number above 0", False)
         if not 0 < value < math.inf:  # JSON's NaN and Infinity are refused too
