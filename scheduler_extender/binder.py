@@ -36,6 +36,7 @@ from scheduler_extender.shown import ShownPods
 from scheduler_extender.wire import ExtenderBindingArgs
 from tf_shell.kube.api import GatewayError, RawObject
 from vgpu.catalog import Catalog
+from vgpu.container_gpus import split
 from vgpu.contract import allocation as allocation_contract
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.contract.claims import Claim
@@ -206,6 +207,7 @@ class Binder:
         except BindError:
             self._undo(ref, node)
             raise
+        counts = wanted.request.container_gpu_counts  # each container its own GPUs (vgpu/container_gpus.py)
         allocation = PodAllocation(
             pod_uid=ref.uid,
             node=node,
@@ -215,6 +217,7 @@ class Binder:
             gpus=placement.grants,
             bound_at=rfc3339(self.clock()),
             isolation=wanted.request.isolation,
+            container_gpus=None if counts is None else split(counts, placement.grants, wanted.request.gpu_indices),
         )
         grant = Grant(text=allocation_contract.encode(allocation), node=node, version=version)
         self._post_binding(ref, node, deadline, grant=grant, undo=lambda: self._undo(ref, node))
@@ -234,7 +237,7 @@ class Binder:
                 return
             view = self.cache.node(node)
             if view is not None:
-                self.policies.for_demand(demand).observe(demand, view, placement.gpus)
+                self.policies.for_demand(demand).observe(placement.demand, view, placement.gpus)
         except Exception:  # the pod is bound: a bookkeeping bug must not tell the scheduler otherwise
             log.exception("bind %s -> %s: the Binding is made, but recording it failed", ref.key, node)
 

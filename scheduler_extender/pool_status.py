@@ -4,8 +4,8 @@ Pools are a name on nodes, and only the extender's cache has every node's GPU in
 pod's allocation, so only it can say what a pool offers right now. A node's pool is the one the cache
 places it by; CPU-only nodes are in no pool. The status counts nodes, GPUs and healthy GPUs, the
 healthy GPUs' capacity and what pods reserve there, how many healthy GPUs serve each isolation mode
-(docs/isolation.md), and one condition, ``Ready``. The fields and
-rules: deploy/README.md, section "Workload and pool status".
+(docs/isolation.md), each GPU product's TFLOPS (what admission charges a compute-percent pod against),
+and one condition, ``Ready``. The fields and rules: deploy/README.md, section "Workload and pool status".
 
 Pure; ``status.py`` lists the pools, compares and patches (the leader only).
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 from scheduler_extender.objects import PodRecord
 from scheduler_extender.status import NOTHING, READY, Condition, ObjectRef, Status, StatusOf, reserved_by
+from vgpu import compute_percent
 from vgpu.names import LABEL_NODE_POOL
 from vgpu.quantity import format_bytes, format_milli
 from vgpu.scheduling.model import NodeState
@@ -34,6 +35,9 @@ class PoolTotals:
     tflops_milli: int = 0
     vram_bytes: int = 0
     modes: tuple[tuple[str, int], ...] = ()  # (isolation mode, healthy GPUs serving it), by mode
+    # (product, its largest TFLOPS in milli) of the healthy GPUs, by product: what the webhook charges a
+    # compute-percent pod against (vgpu.compute_percent.charge_base)
+    sizes: tuple[tuple[str, int], ...] = ()
 
 
 EMPTY_POOL = PoolTotals()
@@ -61,6 +65,7 @@ def pool_totals(nodes: Iterable[NodeState]) -> dict[str, PoolTotals]:
             tflops_milli=old.tflops_milli + sum(g.tflops for g in healthy),
             vram_bytes=old.vram_bytes + sum(g.vram for g in healthy),
             modes=tuple(sorted(modes.items())),
+            sizes=tuple(sorted(compute_percent.largest((*old.sizes, *((g.model, g.tflops) for g in healthy))).items())),
         )
     return totals
 
@@ -99,6 +104,7 @@ def pool_statuses(nodes: Iterable[NodeState], records: Iterable[PodRecord]) -> S
             "capacityTflops": format_milli(pool.tflops_milli),
             "capacityVram": format_bytes(pool.vram_bytes),
             "isolationModes": dict(pool.modes),
+            "gpuTflops": {product: format_milli(tflops) for product, tflops in pool.sizes},
             **held.allocated_fields(),
         }
         return Status(fields, (pool_ready(name, pool),))

@@ -187,7 +187,7 @@ class Preemptor:
                 self.gateway.evict_pod(victim.namespace, victim.name, victim.uid)
             except GatewayError as exc:
                 return self._refusal(ref, victim, exc)
-            self.events.warn(victim, REASON_PREEMPTED, _victim_message(ref, demand, chosen.node))
+            self.events.warn(victim, REASON_PREEMPTED, _victim_message(ref, demand, chosen))
         self._nominate(ref, demand, chosen)
         return "evicted" if chosen.victims else "nominated"
 
@@ -219,9 +219,11 @@ class Preemptor:
             log.warning("preemption for pod %s: nominating %s failed: %s", ref.key, chosen.node, exc)
 
 
-def _victim_message(preemptor: PodRef, demand: Demand, node: str) -> str:
-    share = f"{format_milli(demand.tflops)} TFLOPS and {format_bytes(demand.vram)} VRAM"
+def _victim_message(preemptor: PodRef, demand: Demand, chosen: Plan) -> str:
+    # The share the pod takes there, from its grants (a compute percent is in that node's TFLOPS).
+    tflops = chosen.grants[0].tflops_request if chosen.grants else demand.tflops
+    share = f"{format_milli(tflops)} TFLOPS and {format_bytes(demand.vram)} VRAM"
     return (
-        f"preempted by tensor-fusion for pod {preemptor.key} (qos {demand.qos}) on node {node}: no single GPU "
+        f"preempted by tensor-fusion for pod {preemptor.key} (qos {demand.qos}) on node {chosen.node}: no single GPU "
         f"there had room for {share} per GPU, and this pod's QoS is lower"
     )

@@ -23,7 +23,8 @@ from tf_webhook.pod_patch import SYSTEM_KEYS, Op, pod_patch
 from tf_webhook.review import Denial, ReviewRequest, Verdict, allow, deny
 from tf_webhook.unkept import unkept, unserved
 from tf_webhook.workload import WorkloadUpsert, spec_of
-from vgpu import fields
+from vgpu import compute_percent, fields
+from vgpu.catalog import builtin
 from vgpu.errors import DomainError, FieldError
 from vgpu.names import (
     DEFAULT_POOL,
@@ -36,7 +37,11 @@ from vgpu.names import (
     Qos,
 )
 from vgpu.profile import ProfileSpec, parse_spec
-from vgpu.request import GpuRequest, PodView, is_enabled, referenced_profile, referenced_workload, resolve
+from vgpu.quantity import parse_milli
+from vgpu.request import GpuRequest, PodView, charged, is_enabled, referenced_profile, referenced_workload, resolve
+
+# The GPU catalog a percent pod's gpu-model is matched against, to find its size in the pool's status.
+_CATALOG = builtin()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,7 @@ class _Pools:
     specs: Mapping[str, ProfileSpec]
     broken: Mapping[str, DomainError]
     defaults: tuple[str, ...]
+    sizes: Mapping[str, Mapping[str, int]]  # pool -> its GPU products' TFLOPS (milli), from its status
 
 
 def decide(
@@ -152,6 +158,8 @@ def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:
         raise DomainError.one(
             Annotation.GENERATE_WORKLOAD, "true", f"needs {Annotation.WORKLOAD} naming the workload to create or update"
         )
+    if req.compute_percent_request is not None:
+        req = _charged(req, pools.sizes.get(req.pool, {}))
     absent = [c for c in req.containers if c not in view.containers]
     if absent or not req.containers:
         raise DomainError.one(
@@ -160,6 +168,20 @@ def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:
             f"no such container in the pod; it has {', '.join(view.containers) or 'no containers'}",
         )
     return req
+
+
+def _charged(req: GpuRequest, sizes: Mapping[str, int]) -> GpuRequest:
+    """A compute-percent request with the TFLOPS it is charged: its share of the largest GPU it may land on."""
+    base = compute_percent.charge_base(sizes, req.gpu_model, _CATALOG)
+    if base is None:
+        raise DomainError.one(
+            Annotation.COMPUTE_PERCENT_REQUEST,
+            None,
+            f"the pod is charged its percent of the largest GPU it may land on, and nothing says which: "
+            f"{KIND_GPU_POOL} {req.pool} lists no GPU yet (status.gpuTflops) and {Annotation.GPU_MODEL} names no "
+            "model the GPU catalog knows; retry once the pool has GPU nodes, name the model, or ask in TFLOPS",
+        )
+    return charged(req, base)
 
 
 def _layer(
@@ -188,6 +210,7 @@ def _pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
     specs: dict[str, ProfileSpec] = {}
     broken: dict[str, DomainError] = {}
     defaults: list[str] = []
+    sizes: dict[str, dict[str, int]] = {}
     for pool in raw:
         meta = pool.get("metadata")
         name = meta.get("name") if isinstance(meta, Mapping) else None
@@ -200,7 +223,20 @@ def _pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
             specs[name], broken[name] = ProfileSpec(), exc
         if spec.get("default") is True:
             defaults.append(name)
-    return _Pools(specs, broken, tuple(sorted(defaults)))
+        sizes[name] = _sizes(pool.get("status"))
+    return _Pools(specs, broken, tuple(sorted(defaults)), sizes)
+
+
+def _sizes(status: object) -> dict[str, int]:
+    """A pool status's ``gpuTflops`` (the extender's); an entry that does not parse is left out."""
+    listed = status.get("gpuTflops") if isinstance(status, Mapping) else None
+    out: dict[str, int] = {}
+    for product, tflops in (listed or {}).items() if isinstance(listed, Mapping) else ():
+        try:
+            out[str(product)] = parse_milli(str(tflops))
+        except DomainError:
+            continue
+    return out
 
 
 def _malformed(pod: Mapping[str, Any]) -> str | None:

@@ -1,7 +1,8 @@
 """The JSONPatch that turns an opted-in pod into one our scheduler and device plugin can serve.
 
-Each inject container gets ``tensor-fusion.ai/vgpu`` (= gpu-count) in requests and limits, so
-kube-scheduler sends the pod to the extender (managedResources) and kubelet asks the device plugin;
+Each inject container gets ``tensor-fusion.ai/vgpu`` (its GPUs: gpu-count, or its own count from
+container-gpu-count) in requests and limits, so kube-scheduler sends the pod to the extender
+(managedResources) and kubelet asks the device plugin, once per container with that many device IDs;
 the first one also gets the pod's GPU shares as node resources (``vgpu/node_resources.py``), which
 kube-scheduler's fit and preemption and ResourceQuota count. Every other container loses any copy of
 these a tenant wrote. The pod is handed to our scheduler, gets the
@@ -56,10 +57,11 @@ def pod_patch(
     spec: Mapping[str, Any] = pod["spec"]
     shares = {k: v for k, v in pod_requests(req).items() if v != "0"}
     first = next((c.get("name") for c in spec.get("containers") or () if c.get("name") in req.containers), None)
+    counts = dict(req.container_gpu_counts or ((c, req.gpu_count) for c in req.containers))
     for field in ("containers", "initContainers"):
         for index, container in enumerate(spec.get(field) or ()):
             inject = field == "containers" and container.get("name") in req.containers
-            wanted = {RESOURCE_VGPU: str(req.gpu_count)} if inject else {}
+            wanted = {RESOURCE_VGPU: str(counts[container.get("name")])} if inject else {}
             if inject and container.get("name") == first:
                 wanted |= shares
             current = container.get("resources")

@@ -34,11 +34,14 @@ class WorkloadUpsert:
 
 def spec_of(req: GpuRequest) -> dict[str, Any]:
     """The workload spec (WorkloadProfile shape) holding a pod's resolved request."""
+    percent = req.compute_percent_request
     return to_crd(
         ProfileSpec(
-            resources=Resources(
-                tflops_request=req.tflops_request,
-                tflops_limit=req.tflops_limit,
+            resources=Resources(  # compute in the form it was asked: a percent is a share of each GPU
+                tflops_request=req.tflops_request if percent is None else None,
+                tflops_limit=req.tflops_limit if percent is None else None,
+                percent_request=percent,
+                percent_limit=req.compute_percent_limit,
                 vram_request=req.vram_request,
                 vram_limit=req.vram_limit,
             ),

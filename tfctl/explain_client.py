@@ -85,6 +85,8 @@ def render(answer: dict[str, Any]) -> str:
     ):
         if answer.get(key):
             lines.append(f"  {label:<9} {answer[key]}")
+    split = (answer.get("allocation") or {}).get("containerGpus") or []
+    lines += [f"  gpus of   {s.get('container')}: {', '.join(s.get('uuids') or [])}" for s in split]
     lines += [f"  error     {e}" for e in answer.get("errors", [])]
     lines += [f"  note      {n}" for n in answer.get("notes", [])]
     for node, verdict in (answer.get("nodes") or {}).items():

@@ -20,12 +20,13 @@ import yaml
 from tf_shell.catalog_file import CatalogFileError
 from tf_shell.catalog_file import load as load_catalog
 from tfctl import autoscale_view, explain_client, nodes, planning, top
+from vgpu import compute_percent
 from vgpu.contract import resolved
 from vgpu.errors import DomainError
 from vgpu.names import DISTRIBUTION
 from vgpu.profile import ProfileSpec, parse_spec
 from vgpu.quantity import humanize_bytes, humanize_tflops
-from vgpu.request import PodView, is_enabled, resolve
+from vgpu.request import GpuRequest, PodView, is_enabled, resolve
 
 # Manifests ``tfctl resolve`` reads a pod from: a Pod, or a workload whose spec.template is one.
 POD_KINDS: Final = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
@@ -126,8 +127,8 @@ def _resolve(args: argparse.Namespace) -> int:
     print(f"pod {pod.namespace}/{pod.name}: {request.describe()}")
     r = request
     rows = [
-        ("pool", r.pool), ("containers", ", ".join(r.containers)), ("gpu count", str(r.gpu_count)),
-        ("tflops request/limit", f"{humanize_tflops(r.tflops_request)} / {humanize_tflops(r.tflops_limit)}"),
+        ("pool", r.pool), ("containers", ", ".join(r.containers)), ("gpu count", _gpu_count(r)),
+        _compute_row(r),
         ("vram request/limit", f"{humanize_bytes(r.vram_request)} / {humanize_bytes(r.vram_limit)}"),
         ("qos", r.qos.value), ("gpu model", r.gpu_model or "any"), ("local gpu", str(r.is_local_gpu).lower()),
         ("workload", r.workload or "-"), ("auto-scaling", ", ".join(sorted(r.auto_scaling)) or "-"),
@@ -135,6 +136,21 @@ def _resolve(args: argparse.Namespace) -> int:
     for label, value in rows:
         print(f"  {label:<22} {value}")
     return 0
+
+
+def _compute_row(r: GpuRequest) -> tuple[str, str]:
+    if r.compute_percent_request is None or r.compute_percent_limit is None:
+        return ("tflops request/limit", f"{humanize_tflops(r.tflops_request)} / {humanize_tflops(r.tflops_limit)}")
+    shares = f"{compute_percent.show(r.compute_percent_request)} / {compute_percent.show(r.compute_percent_limit)}"
+    return ("compute request/limit", f"{shares} of each granted GPU (admission charges the largest it may land on)")
+
+
+def _gpu_count(r: GpuRequest) -> str:
+    """The pod's GPUs, and each container's own where it asked for GPUs per container (container-gpu-count)."""
+    if r.container_gpu_counts is None:
+        return str(r.gpu_count)
+    split = ", ".join(f"{c} {n}" for c, n in r.container_gpu_counts)
+    return f"{r.gpu_count} ({split}: each container its own GPUs)"
 
 
 def _catalog(args: argparse.Namespace) -> int:

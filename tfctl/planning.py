@@ -28,6 +28,7 @@ from vgpu.catalog import Catalog
 from vgpu.names import LABEL_NODE_GPU_MODEL
 from vgpu.quantity import MIB, parse_bytes, parse_milli
 from vgpu.scheduling.affinity import REQUIRED
+from vgpu.scheduling.compute_share import on_node
 from vgpu.scheduling.fit import ModelMatcher, check_node, gpu_fits
 from vgpu.scheduling.model import Demand, GpuState, NodeState
 from vgpu.scheduling.policy import REGISTRY
@@ -127,13 +128,16 @@ def fragmented(nodes: Iterable[NodeState], demands: Sequence[Demand], catalog: C
     shapes: dict[tuple[object, ...], Demand] = {}
     for d in demands:
         if d.gpu_count > 0:
-            shapes.setdefault((d.gpu_count, d.tflops, d.vram, d.whole_gpu, d.cpu, d.memory, d.gpu_model), d)
+            shape = (d.gpu_count, d.tflops, d.compute_percent, d.vram, d.whole_gpu, d.cpu, d.memory, d.gpu_model)
+            shapes.setdefault(shape, d)
     idle_total = stranded = 0.0
     for node in nodes:
         usable: set[str] = set()
         for d in shapes.values():
-            if check_node(d, node, ModelMatcher(catalog, d.gpu_model)) is None:
-                usable.update(g.uuid for g in node.gpus if gpu_fits(d, g))
+            match = ModelMatcher(catalog, d.gpu_model)
+            if check_node(d, node, match) is None:
+                share = on_node(d, node, match)  # a compute percent in this node's TFLOPS
+                usable.update(g.uuid for g in node.gpus if gpu_fits(share, g))
         for g in node.gpus:
             x = 0.0 if g.whole else 0.5 * ((g.tflops - g.tflops_used) / g.tflops + (g.vram - g.vram_used) / g.vram)
             idle_total += x

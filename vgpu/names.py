@@ -74,6 +74,13 @@ class Annotation(StrEnum):
     GPU_INDICES = f"{DOMAIN}/gpu-indices"
     # TensorFusion v2: a duration (30m) from the pod's grant during which no preemption takes it.
     EVICTION_PROTECTION = f"{DOMAIN}/eviction-protection"
+    # TensorFusion v2: GPUs per inject container, a JSON object ({"pre-process": 1, "inference": 1}); the pod's
+    # count is their sum, and each container gets GPUs of its own (vgpu/container_gpus.py).
+    CONTAINER_GPU_COUNT = f"{DOMAIN}/container-gpu-count"
+    # TensorFusion v2: compute as a percentage of one GPU (50: half of whichever GPU the pod is granted),
+    # instead of TFLOPS; converted on each GPU at placement (vgpu/compute_percent.py).
+    COMPUTE_PERCENT_REQUEST = f"{DOMAIN}/compute-percent-request"
+    COMPUTE_PERCENT_LIMIT = f"{DOMAIN}/compute-percent-limit"
 
 
 class SystemAnnotation(StrEnum):
@@ -116,11 +123,6 @@ TF_UNSERVED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
 # and what to write instead (admitting the pod without them would grant something else than asked).
 TF_UNSUPPORTED_KEYS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        f"{DOMAIN}/compute-percent-request": "not supported yet: ask for compute in TFLOPS "
-        "(tensor-fusion.ai/tflops-request; each GPU model's TFLOPS: tfctl catalog)",
-        f"{DOMAIN}/compute-percent-limit": "not supported yet: cap compute in TFLOPS (tensor-fusion.ai/tflops-limit)",
-        f"{DOMAIN}/container-gpu-count": "not supported yet: every container named by "
-        "tensor-fusion.ai/inject-container gets tensor-fusion.ai/gpu-count GPUs",
         f"{DOMAIN}/partition-template-id": "not supported: a MIG unit is asked for by its profile in "
         "tensor-fusion.ai/gpu-model, e.g. 1g.10gb (docs/isolation.md)",
     }

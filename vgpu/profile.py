@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from vgpu import fields
+from vgpu import compute_percent, fields
 from vgpu.autoscale import config as autoscale_config
 from vgpu.errors import DomainError, FieldError
 from vgpu.names import IsolationMode, Qos
@@ -24,12 +24,15 @@ AutoScaling = Mapping[str, Mapping[str, Any]]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resources:
-    """Per-GPU TFLOPS (milli) and VRAM (bytes); None means "not set at this layer"."""
+    """Per-GPU TFLOPS (milli), compute percent (thousandths, vgpu.compute_percent) and VRAM (bytes); None
+    means "not set at this layer". TFLOPS and percent are two forms of one field: a layer sets one."""
 
     tflops_request: int | None = None
     tflops_limit: int | None = None
     vram_request: int | None = None
     vram_limit: int | None = None
+    percent_request: int | None = None
+    percent_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,8 +131,8 @@ def to_crd(spec: ProfileSpec) -> dict[str, Any]:
     """The CRD JSON form of a spec (the inverse of :func:`parse_spec` for the fields that are set)."""
     out: dict[str, Any] = {}
     res = spec.resources
-    requests = {k: v for k, v in (("tflops", _m(res.tflops_request)), ("vram", _b(res.vram_request))) if v}
-    limits = {k: v for k, v in (("tflops", _m(res.tflops_limit)), ("vram", _b(res.vram_limit))) if v}
+    requests = _side(tflops=_m(res.tflops_request), computePercent=_p(res.percent_request), vram=_b(res.vram_request))
+    limits = _side(tflops=_m(res.tflops_limit), computePercent=_p(res.percent_limit), vram=_b(res.vram_limit))
     if requests or limits:
         out["resources"] = {"requests": requests, "limits": limits}
     for key, value in (
@@ -148,6 +151,14 @@ def to_crd(spec: ProfileSpec) -> dict[str, Any]:
     if spec.auto_scaling:
         out["autoScalingConfig"] = {k: dict(v) for k, v in spec.auto_scaling.items()}
     return out
+
+
+def _side(**values: str | None) -> dict[str, str]:
+    return {k: v for k, v in values.items() if v}
+
+
+def _p(value: int | None) -> str | None:
+    return None if value is None else compute_percent.show(value).removesuffix("%")
 
 
 def _m(value: int | None) -> str | None:
@@ -170,16 +181,34 @@ def _resources(raw: object, where: str, errors: list[FieldError]) -> Resources:
         if block is None:
             continue
         if not isinstance(block, Mapping):
-            errors.append(FieldError(f"{where}.{side}", fields.shown(block), "must be an object with tflops and vram"))
+            errors.append(
+                FieldError(
+                    f"{where}.{side}", fields.shown(block), "must be an object with tflops (or computePercent) and vram"
+                )
+            )
             continue
-        for name, parse in (("tflops", fields.milli), ("vram", fields.byte_count)):
-            if block.get(name) is not None:
-                values[f"{name}_{suffix}"] = parse(f"{where}.{side}.{name}", str(block[name]), errors)
+        for name, field_name, parse in (
+            ("tflops", "tflops", fields.milli),
+            ("percent", "computePercent", compute_percent.parse),
+            ("vram", "vram", fields.byte_count),
+        ):
+            if block.get(field_name) is not None:
+                values[f"{name}_{suffix}"] = parse(f"{where}.{side}.{field_name}", str(block[field_name]), errors)
+        if block.get("tflops") is not None and block.get("computePercent") is not None:
+            errors.append(
+                FieldError(
+                    f"{where}.{side}.computePercent",
+                    fields.shown(block["computePercent"]),
+                    f"not with {side}.tflops: compute is asked in TFLOPS or in percent of a GPU, one of the two",
+                )
+            )
     return Resources(
         tflops_request=values.get("tflops_request"),
         tflops_limit=values.get("tflops_limit"),
         vram_request=values.get("vram_request"),
         vram_limit=values.get("vram_limit"),
+        percent_request=values.get("percent_request"),
+        percent_limit=values.get("percent_limit"),
     )
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vgpu import fields, mig
+from vgpu import compute_percent, container_gpus, fields, mig
 from vgpu.errors import DomainError, FieldError
 from vgpu.names import (
     DEFAULT_POOL,
@@ -45,7 +45,19 @@ _AUTO_FLAGS = {A.AUTO_REQUESTS: "autoSetRequests", A.AUTO_LIMITS: "autoSetLimits
 _SHORT_FORM = ("autoSetRequests", "autoSetLimits")  # what tensor-fusion.ai/autoscale switches on
 _AUTOSCALE_TARGETS = {"compute": "tflops", "vram": "vram", "all": "all"}  # TensorFusion's words -> targetResource
 # The annotations that size a share of a GPU, which a dedicated (whole) GPU has no use for.
-SHARE_KEYS = (A.TFLOPS_REQUEST, A.TFLOPS_LIMIT, A.VRAM_REQUEST, A.VRAM_LIMIT)
+SHARE_KEYS = (
+    A.TFLOPS_REQUEST,
+    A.TFLOPS_LIMIT,
+    A.COMPUTE_PERCENT_REQUEST,
+    A.COMPUTE_PERCENT_LIMIT,
+    A.VRAM_REQUEST,
+    A.VRAM_LIMIT,
+)
+# The two forms of compute, by side: (TFLOPS field, percent field, TFLOPS key, percent key).
+_COMPUTE_SIDES = (
+    ("tflops_request", "percent_request", A.TFLOPS_REQUEST, A.COMPUTE_PERCENT_REQUEST),
+    ("tflops_limit", "percent_limit", A.TFLOPS_LIMIT, A.COMPUTE_PERCENT_LIMIT),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,20 +118,46 @@ class GpuRequest:
     isolation: IsolationMode | None = None
     # Seconds from its grant during which no preemption takes the pod (eviction-protection); None: none.
     eviction_protection_s: int | None = None
+    # GPUs per inject container (container-gpu-count), in ``containers`` order, summing to gpu_count: each
+    # container gets GPUs of its own. None: every container gets all gpu_count GPUs.
+    container_gpu_counts: container_gpus.Counts | None = None
     # The node's GPUs, by index, the pod must be granted (gpu-indices; gpu_count of them); None: any.
     gpu_indices: tuple[int, ...] | None = None
+    # Compute asked as a percentage of each granted GPU (thousandths, vgpu.compute_percent), both set or
+    # neither. When set, the TFLOPS fields are the admission charge (:func:`charged`): the share of the
+    # largest GPU the pod may land on; the grant is the share of the GPU it lands on.
+    compute_percent_request: int | None = None
+    compute_percent_limit: int | None = None
 
     def describe(self) -> str:
         """One line for events and the CLI: ``2× 10 TFLOPS / 4Gi per GPU (limit 20 / 4Gi), A100``, or
         ``2× whole GPU, A100``."""
         count = f"{self.gpu_count}× " if self.gpu_count > 1 else ""
         model = f", {self.gpu_model}" if self.gpu_model else ""
+        if self.container_gpu_counts is not None:
+            model += ", GPUs per container: " + ", ".join(f"{c} {n}" for c, n in self.container_gpu_counts)
         if self.dedicated_gpu:
             return f"{count}whole GPU{model}"
+        request, limit = humanize_tflops(self.tflops_request) + " TFLOPS", humanize_tflops(self.tflops_limit)
+        if self.compute_percent_request is not None and self.compute_percent_limit is not None:
+            request = f"{compute_percent.show(self.compute_percent_request)} of the GPU"
+            limit = compute_percent.show(self.compute_percent_limit)
         return (
-            f"{count}{humanize_tflops(self.tflops_request)} TFLOPS / {humanize_bytes(self.vram_request)} per GPU "
-            f"(limit {humanize_tflops(self.tflops_limit)} / {humanize_bytes(self.vram_limit)}){model}"
+            f"{count}{request} / {humanize_bytes(self.vram_request)} per GPU "
+            f"(limit {limit} / {humanize_bytes(self.vram_limit)}){model}"
         )
+
+
+def charged(req: GpuRequest, base: int) -> GpuRequest:
+    """A percent request with its TFLOPS set to its share of a GPU of ``base`` milli-TFLOPS (the largest it
+    may land on: :func:`vgpu.compute_percent.charge_base`); any other request as it is."""
+    if req.compute_percent_request is None or req.compute_percent_limit is None:
+        return req
+    return replace(
+        req,
+        tflops_request=compute_percent.tflops_on(req.compute_percent_request, base),
+        tflops_limit=compute_percent.tflops_on(req.compute_percent_limit, base),
+    )
 
 
 def is_enabled(labels: Mapping[str, str]) -> bool:
@@ -182,10 +220,11 @@ def resolve(
             if k in ann
         ]
         tflops = vram = (0, 0)
+        percent = None
     else:
-        tflops = _pair("tflops", pick_res("tflops_request"), pick_res("tflops_limit"), humanize_tflops, errors)
+        tflops, percent = _compute(layers, errors)
         vram = _pair("vram", pick_res("vram_request"), pick_res("vram_limit"), humanize_bytes, errors)
-    if tflops == (0, 0) and vram == (0, 0) and not dedicated and not errors:
+    if tflops == (0, 0) and percent is None and vram == (0, 0) and not dedicated and not errors:
         errors.append(
             FieldError(
                 A.TFLOPS_REQUEST,
@@ -204,7 +243,7 @@ def resolve(
         errors.append(
             FieldError(A.GENERATE_WORKLOAD, "false", f"needs {A.WORKLOAD} naming the existing workload to use")
         )
-    containers = _containers(ann.get(A.INJECT_CONTAINER), pod.containers, errors)
+    containers, split = _containers_and_split(ann, pod.containers, top.gpu_count, errors)
     policy = None
     if A.PLACEMENT_POLICY in ann:
         chosen = fields.choice(A.PLACEMENT_POLICY, ann[A.PLACEMENT_POLICY], tuple(PlacementPolicy), errors)
@@ -212,17 +251,20 @@ def resolve(
     auto = _auto(ann, pick_auto(layers), errors)
     protection = _protection(ann.get(A.EVICTION_PROTECTION), errors)
     indices = _indices(ann.get(A.GPU_INDICES), errors)
-    count = pick("gpu_count") or (len(indices) if indices else 1)
+    count = sum(n for _, n in split or ()) or pick("gpu_count") or (len(indices) if indices else 1)
     if indices and len(indices) != count:
+        source = f"the sum of {A.CONTAINER_GPU_COUNT}" if split else A.GPU_COUNT
         errors.append(
             FieldError(
                 A.GPU_INDICES,
                 ann[A.GPU_INDICES],
-                f"names {len(indices)} GPUs but the pod asks for {count} ({A.GPU_COUNT}); give as many indices as GPUs",
+                f"names {len(indices)} GPUs but the pod asks for {count} ({source}); give as many indices as GPUs",
             )
         )
     isolation, isolation_from = pick_from("isolation")
     _isolation_fits_model(isolation, isolation_from, pick("gpu_model"), errors)
+    if percent is not None:
+        _percent_fits(pick("gpu_model"), auto, errors)
     if errors:
         raise DomainError(errors)
     return GpuRequest(
@@ -247,7 +289,10 @@ def resolve(
         auto_scaling=auto,
         isolation=isolation,
         eviction_protection_s=protection,
+        container_gpu_counts=split,
         gpu_indices=indices,
+        compute_percent_request=None if percent is None else percent[0],
+        compute_percent_limit=None if percent is None else percent[1],
     )
 
 
@@ -280,7 +325,25 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         tflops_limit=_opt(get(A.TFLOPS_LIMIT), lambda v: fields.milli(A.TFLOPS_LIMIT, v, errors)),
         vram_request=_opt(get(A.VRAM_REQUEST), lambda v: fields.byte_count(A.VRAM_REQUEST, v, errors)),
         vram_limit=_opt(get(A.VRAM_LIMIT), lambda v: fields.byte_count(A.VRAM_LIMIT, v, errors)),
+        percent_request=_opt(
+            get(A.COMPUTE_PERCENT_REQUEST), lambda v: compute_percent.parse(A.COMPUTE_PERCENT_REQUEST, v, errors)
+        ),
+        percent_limit=_opt(
+            get(A.COMPUTE_PERCENT_LIMIT), lambda v: compute_percent.parse(A.COMPUTE_PERCENT_LIMIT, v, errors)
+        ),
     )
+    for tflops_key, percent_key in (
+        (A.TFLOPS_REQUEST, A.COMPUTE_PERCENT_REQUEST),
+        (A.TFLOPS_LIMIT, A.COMPUTE_PERCENT_LIMIT),
+    ):
+        if tflops_key in ann and percent_key in ann:
+            errors.append(
+                FieldError(
+                    percent_key,
+                    fields.shown(ann[percent_key]),
+                    f"not with {tflops_key}: compute is asked in TFLOPS or in percent of a GPU, one of the two",
+                )
+            )
     qos = _opt(get(A.QOS), lambda v: fields.choice(A.QOS, v, tuple(Qos), errors))
     isolation = _opt(get(A.ISOLATION), lambda v: fields.choice(A.ISOLATION, v, tuple(IsolationMode), errors))
     model = get(A.GPU_MODEL)
@@ -308,6 +371,76 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
         gpu_count=_opt(get(A.GPU_COUNT), lambda v: fields.integer(A.GPU_COUNT, v, 1, fields.MAX_GPU_COUNT, errors)),
         isolation=IsolationMode(isolation) if isolation else None,
     )
+
+
+def _compute(
+    layers: Sequence[tuple[str, ProfileSpec]], errors: list[FieldError]
+) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The compute request and limit: (TFLOPS pair, None), or ((0, 0), percent pair).
+
+    Each side comes from the highest layer that sets it in either form (TFLOPS or percent), so a pod's
+    percent overrides its profile's TFLOPS and the other way round; the two sides must then agree on the
+    form (a percent request under a TFLOPS limit compares nothing), and the missing side defaults to the other.
+    """
+    sides = [_compute_side(layers, tflops_field, percent_field) for tflops_field, percent_field, *_ in _COMPUTE_SIDES]
+    request, limit = sides
+    if request is not None and limit is not None and request.percent != limit.percent:
+        percent, tflops = (request, limit) if request.percent else (limit, request)
+        key = _COMPUTE_SIDES[0 if request.percent else 1][3]
+        errors.append(
+            FieldError(
+                key,
+                compute_percent.show(percent.value),
+                f"from {percent.source}, not with a TFLOPS {'limit' if request.percent else 'request'} from "
+                f"{tflops.source}: a request and a limit in different forms compare nothing; ask both in TFLOPS or "
+                "both in percent of a GPU",
+            )
+        )
+        return (0, 0), None
+    ends = [(None, "") if side is None else (side.value, side.source) for side in sides]
+    if any(side is not None and side.percent for side in sides):
+        return (0, 0), _pair("compute-percent", ends[0], ends[1], compute_percent.show, errors)
+    return _pair("tflops", ends[0], ends[1], humanize_tflops, errors), None
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    percent: bool
+    value: int
+    source: str
+
+
+def _compute_side(layers: Sequence[tuple[str, ProfileSpec]], tflops_field: str, percent_field: str) -> _Side | None:
+    for name, spec in layers:
+        percent, tflops = getattr(spec.resources, percent_field), getattr(spec.resources, tflops_field)
+        if percent is not None:
+            return _Side(True, percent, name)
+        if tflops is not None:
+            return _Side(False, tflops, name)
+    return None
+
+
+def _percent_fits(model: str | None, auto: AutoScaling, errors: list[FieldError]) -> None:
+    """What a compute percent cannot go with: a MIG unit (granted whole) and autoscaling that moves compute
+    (its recommendations are TFLOPS, of the GPU the pod runs on)."""
+    key = A.COMPUTE_PERCENT_REQUEST
+    if model is not None and mig.split_request(model) is not None:
+        errors.append(
+            FieldError(
+                key, model, f"{A.GPU_MODEL} names a MIG unit, granted whole: its size is its share; remove the percent"
+            )
+        )
+    for block in _SHORT_FORM:
+        config = auto.get(block) or {}
+        if config.get("enable") is True and config.get("targetResource", "all") in ("all", "tflops"):
+            errors.append(
+                FieldError(
+                    key,
+                    None,
+                    f"{block} moves compute in TFLOPS, not in percent: ask compute in TFLOPS (tflops-request), "
+                    "or aim the layer at vram only (targetResource: vram, autoscale-target: vram)",
+                )
+            )
 
 
 def _indices(raw: str | None, errors: list[FieldError]) -> tuple[int, ...] | None:
@@ -406,6 +539,22 @@ def _pair(
             )
         )
     return (req, lim)
+
+
+def _containers_and_split(
+    ann: Mapping[str, str], names: tuple[str, ...], gpu_count: int | None, errors: list[FieldError]
+) -> tuple[tuple[str, ...], container_gpus.Counts | None]:
+    """The inject containers and, with container-gpu-count, each one's GPUs (vgpu/container_gpus.py): where
+    inject-container is absent, the map names the inject containers. ``gpu_count``: the pod's own gpu-count."""
+    raw = ann.get(A.CONTAINER_GPU_COUNT)
+    if raw is None:
+        return _containers(ann.get(A.INJECT_CONTAINER), names, errors), None
+    counts = container_gpus.parse(raw, names, errors)
+    if A.INJECT_CONTAINER in ann:
+        containers = _containers(ann[A.INJECT_CONTAINER], names, errors)
+    else:
+        containers = container_gpus.named(counts or (), names)
+    return containers, None if counts is None else container_gpus.matched(counts, raw, containers, gpu_count, errors)
 
 
 def _containers(raw: str | None, names: tuple[str, ...], errors: list[FieldError]) -> tuple[str, ...]:

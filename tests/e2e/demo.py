@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CustomObjectsApi
+from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
 from device_plugin.cluster.receipts import ReceiptFile
 from scheduler_extender.claim_board import lease_name
@@ -46,12 +46,13 @@ from vgpu.names import (
     LABEL_NODE_DEVICE_DELIVERY,
     LABEL_NODE_ENVVAR_GUARD,
     PLURAL_WORKLOAD,
+    RESOURCE_MILLI_TFLOPS,
     Annotation,
     Env,
     Qos,
     SystemAnnotation,
 )
-from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops
+from vgpu.quantity import format_bytes, format_milli, humanize_bytes, humanize_tflops, parse_milli
 
 from . import deploy
 from .autoscaling import (
@@ -70,8 +71,17 @@ from .autoscaling import (
 )
 from .cluster import REAL_NODE, Cluster
 from .fake_nodes import fake_nvml_yaml, gpus
-from .kube import apply, bind_by_hand, events_for, eventually, service_account_token, wait_running
-from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod
+from .kube import (
+    api_client,
+    apply,
+    bind_by_hand,
+    events_for,
+    eventually,
+    service_account_token,
+    wait_bound,
+    wait_running,
+)
+from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod, hand_over
 from .procs import non_loopback_ipv4
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
@@ -158,6 +168,7 @@ def run(keep: bool) -> None:
         print(table(eventually("workload status", workload_statuses, timeout=30)))
         skipping_the_scheduler(cluster, namespace)
         isolation_modes(cluster, namespace)
+        compute_percent(cluster, namespace)
         preemption(cluster)
         autoscaling(cluster)
         print("\nstopping the cluster")
@@ -198,6 +209,31 @@ def isolation_modes(cluster: Cluster, namespace: str) -> None:
         return lines[0] if lines else None
 
     print(f"  pod/isolation-hard Pending: {eventually('the hard pod explained', waiting, timeout=30)}")
+
+
+def compute_percent(cluster: Cluster, namespace: str) -> None:
+    """compute-percent-request 50 (TensorFusion v2): the same share is half of an A100 on the kubelet node and half
+    of an H100 in the demo pool, converted on the GPU each lands on; each is charged (its resource requests, what
+    quota counts) the share of the largest GPU of its model in its pool."""
+    print('\ncompute in percent of a GPU (docs/architecture.md, "Compute in percent"): two pods asking for 50')
+    plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
+    hand_over(plugin, cluster.core.read_namespaced_pod("inference-h100", namespace))  # its node has no kubelet
+    half = {Annotation.COMPUTE_PERCENT_REQUEST: "50", Annotation.VRAM_REQUEST: "2Gi"}
+    a100 = gpu_pod("half-of-an-a100", {**half, Annotation.GPU_MODEL: "A100"})
+    a100["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    h100 = gpu_pod("half-of-an-h100", {**half, Annotation.GPUPOOL: DEMO_POOL, Annotation.GPU_MODEL: "H100"})
+    for pod in (a100, h100):
+        cluster.core.create_namespaced_pod(namespace, pod)
+    for pod in (
+        wait_running(cluster.core, namespace, "half-of-an-a100"),
+        wait_bound(cluster.core, namespace, "half-of-an-h100"),
+    ):
+        (grant,) = allocation_of(pod).gpus
+        charged = parse_milli(pod.spec.containers[0].resources.requests[RESOURCE_MILLI_TFLOPS]) // 1000
+        print(
+            f"  pod/{pod.metadata.name} on {pod.spec.node_name}: granted {humanize_tflops(grant.tflops_request)} of "
+            f"{humanize_tflops(grant.gpu_tflops)} TFLOPS; charged {humanize_tflops(charged)} ({RESOURCE_MILLI_TFLOPS})"
+        )
 
 
 def preemption(cluster: Cluster) -> None:

@@ -86,6 +86,11 @@ def test_a_namespace_quota_admits_up_to_its_tflops_and_refuses_the_next_until_on
     with pytest.raises(ApiException) as too_big:  # a quota that cannot hold even one such pod: the same denial
         core.create_namespaced_pod(ns, parked_gpu_pod("q-big", share("30", "4Gi")))
     assert too_big.value.status == 403 and "exceeded quota: gpu-shares" in too_big.value.body, too_big.value.body
+    # Asking in percent buys no more: 10 % of whichever A100 the pod gets is charged 31.2 TFLOPS, over the 25.
+    tenth = {Annotation.COMPUTE_PERCENT_REQUEST: "10", Annotation.GPU_MODEL: "A100", Annotation.VRAM_REQUEST: "4Gi"}
+    with pytest.raises(ApiException) as percent:
+        core.create_namespaced_pod(ns, parked_gpu_pod("q-percent", tenth))
+    assert percent.value.status == 403 and "exceeded quota: gpu-shares" in percent.value.body, percent.value.body
     for name in ("q-1", "q-2"):
         core.create_namespaced_pod(ns, parked_gpu_pod(name, share("10", "4Gi")))
     with pytest.raises(ApiException) as denied:

@@ -7,14 +7,20 @@ pool ``e2e-models`` with an H100 node and a T4 node, and pool ``e2e-small`` with
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
-from kubernetes.client import CoreV1Api
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 
+from device_plugin.cluster.receipts import ReceiptFile
+from device_plugin.gpus.slices import gpu_of
+from vgpu.contract.allocation import decode_handoff
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
     KIND_WORKLOAD_PROFILE,
+    PLURAL_GPU_POOL,
+    RESOURCE_MILLI_TFLOPS,
     RESOURCE_VGPU,
     Annotation,
 )
@@ -125,6 +131,50 @@ def test_gpu_indices_pin_the_pod_to_those_gpus_of_its_node(cluster: Cluster, cor
     assert created(cluster.node, running, "main")["gpus"] == [third.uuid]
 
 
+def test_container_gpu_count_gives_each_container_its_own_gpus_in_the_kubelets_record(
+    cluster: Cluster, core: CoreV1Api, ns: str
+) -> None:
+    """tensor-fusion.ai/container-gpu-count {"pre": 1, "inference": 2} on the kubelet node: the pod is granted 3
+    GPUs, the kubelet allocates each container its own count (1 and 2 device IDs, on its own GPUs), and the
+    runtime creates each container with exactly its GPUs and their limits: distinct, together the grant."""
+    split = {
+        Annotation.CONTAINER_GPU_COUNT: '{"pre": 1, "inference": 2}',
+        Annotation.TFLOPS_REQUEST: "10",
+        Annotation.TFLOPS_LIMIT: "20",
+        Annotation.VRAM_REQUEST: "2Gi",
+    }
+    pod = gpu_pod("split", split, containers=("pre", "inference"))
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    core.create_namespaced_pod(ns, pod)
+    running = wait_running(core, ns, "split")
+    alloc = allocation_of(running)
+    assert len({g.uuid for g in alloc.gpus}) == 3 and alloc.container_gpus is not None
+    assert [(c, len(uuids)) for c, uuids in alloc.container_gpus] == [("pre", 1), ("inference", 2)]
+    limits = {c.name: c.resources.limits[RESOURCE_VGPU] for c in running.spec.containers}
+    assert limits == {"pre": "1", "inference": "2"}
+    seen = {}
+    for container, uuids in alloc.container_gpus:
+        record = created(cluster.node, running, container)
+        own = replace(alloc, gpus=alloc.gpus_of(container), container_gpus=None)
+        assert_grant_matches_allocation(record, own, sm_percent=7)  # 20 of 312 TFLOPS, rounded up
+        seen[container] = tuple(record["gpus"])
+        assert seen[container] == uuids
+    assert set(seen["pre"]).isdisjoint(seen["inference"])
+    assert sorted(seen["pre"] + seen["inference"]) == sorted(g.uuid for g in alloc.gpus)
+
+    def receipt() -> dict[str, tuple[str, ...]] | None:
+        receipts = ReceiptFile(cluster.root / "handoff" / "receipts.json").load()
+        text = receipts.get(running.metadata.uid)
+        return None if text is None else dict(decode_handoff(text).devices)
+
+    devices = eventually("the plugin's hand-off receipt", receipt, timeout=30)
+    # The kubelet's device IDs: 1 for pre, 2 for inference, each on the container's own GPUs (the plugin's
+    # preferred allocation steers it there).
+    assert {c: tuple(sorted(gpu_of(d) for d in ids)) for c, ids in devices.items()} == {
+        c: tuple(sorted(uuids)) for c, uuids in alloc.container_gpus
+    }
+
+
 def test_a_profiles_preferred_node_affinity_picks_among_nodes_the_gpu_policy_scores_alike(
     cluster: Cluster, core: CoreV1Api, ns: str
 ) -> None:
@@ -163,3 +213,44 @@ def test_a_profiles_preferred_node_affinity_picks_among_nodes_the_gpu_policy_sco
     finally:
         for name in ("e2e-prefer-a", "e2e-prefer-b"):
             core.delete_node(name)
+
+
+def test_compute_percent_is_half_of_an_a100_there_and_half_of_an_l4_there(
+    cluster: Cluster, core: CoreV1Api, ns: str
+) -> None:
+    """compute-percent-request 50 (TensorFusion v2): the same pod spec granted 156 TFLOPS on the kubelet node's
+    A100 (whose container runs capped at 50 % of its SMs) and 60.5 on the L4 node of pool e2e-small; admission
+    charges each the share of the largest GPU its pool lists, which is what its resource requests (quota,
+    kube-scheduler's node totals) count."""
+    plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
+    pools = CustomObjectsApi(cluster.admin)
+
+    def listed(pool: str) -> dict[str, str] | None:
+        status = pools.get_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, pool).get("status") or {}
+        sizes: dict[str, str] | None = status.get("gpuTflops") or None
+        return sizes
+
+    assert list(eventually("pool e2e-small's GPU sizes", lambda: listed("e2e-small")).values()) == ["121"]  # L4
+    default = eventually("the default pool's GPU sizes", lambda: listed("default-pool"))
+    assert "312" in default.values()  # the kubelet node's A100s
+    largest = max(parse_milli(t) for t in default.values())  # other modules may add bigger GPUs to the pool
+    half = {Annotation.COMPUTE_PERCENT_REQUEST: "50", Annotation.VRAM_REQUEST: "2Gi"}
+    a100 = gpu_pod("half-a100", half)
+    a100["spec"]["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    core.create_namespaced_pod(ns, a100)
+    core.create_namespaced_pod(ns, gpu_pod("half-l4", {**half, Annotation.GPUPOOL: "e2e-small"}))
+    running = wait_running(core, ns, "half-a100")
+    on_l4 = wait_bound(core, ns, "half-l4")
+    hand_over(plugin, on_l4)  # a kubelet-less node: the receipt the plugin would write opens its gate
+    (a100_grant,) = allocation_of(running).gpus
+    (l4_grant,) = allocation_of(on_l4).gpus
+    assert (a100_grant.tflops_request, a100_grant.tflops_limit, a100_grant.gpu_tflops) == (156_000, 156_000, 312_000)
+    assert (l4_grant.tflops_request, l4_grant.tflops_limit, l4_grant.gpu_tflops) == (60_500, 60_500, 121_000)
+    assert on_l4.spec.node_name == "e2e-small-0"
+    # the resource counts milli-TFLOPS, a plain number (the API server writes 156000 as 156k)
+    charged = {p.metadata.name: parse_milli(p.spec.containers[0].resources.requests[RESOURCE_MILLI_TFLOPS]) // 1000
+               for p in (running, on_l4)}  # fmt: skip
+    assert charged == {"half-a100": -(-largest // 2), "half-l4": l4_grant.tflops_request}
+    assert_grant_matches_allocation(created(cluster.node, running, "main"), allocation_of(running), sm_percent=50)
+    for name in ("half-a100", "half-l4"):
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -222,6 +223,24 @@ def test_bad_bind_requests_are_errors(
     app = run()
     assert message in app.post("/bind", body)["Error"]
     assert cluster.bindings == [] and app.ext.cache.entries() == {}
+
+
+@pytest.mark.parametrize("indices", [None, (3, 1, 0)], ids=["by index", "in gpu-indices order"])
+def test_a_pod_asking_gpus_per_container_is_granted_their_sum_split_among_them(
+    run: Callable[..., Running], fake: FakeGateway, indices: tuple[int, ...] | None
+) -> None:
+    """container-gpu-count {"pre": 1, "inference": 2}: 3 GPUs, the first of them (by index, or as gpu-indices
+    lists them) to pre, the next two to inference."""
+    fake.put(Kind.NODE, make_node("n1", gpus=4))
+    counts = (("pre", 1), ("inference", 2))
+    request = replace(gpu_request(count=3, gpu_indices=indices), containers=("pre", "inference"))
+    fake.put(Kind.POD, make_pod("split", replace(request, container_gpu_counts=counts)))
+    assert run().post("/bind", bind_body("split", "n1")) == {"Error": ""}
+    alloc = allocation(fake, "split")
+    assert alloc is not None and len(alloc.gpus) == 3
+    order = indices or sorted(g.index for g in alloc.gpus)
+    uuid = {g.index: g.uuid for g in alloc.gpus}
+    assert alloc.container_gpus == (("pre", (uuid[order[0]],)), ("inference", (uuid[order[1]], uuid[order[2]])))
 
 
 def test_pod_without_gpu_request_is_bound_plainly(run: Callable[..., Running], cluster: FakeGateway) -> None:

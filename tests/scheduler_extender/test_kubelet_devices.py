@@ -85,6 +85,7 @@ SIZES = [
     ("one GPU", [], [c("main", "1")], {1}),
     ("two GPUs", [], [c("main", "2")], {2}),
     ("two one-GPU containers: one size", [], [c("a", "1"), c("b", "1")], {1}),
+    ("container-gpu-count: containers of 1 and 2 GPUs", [], [c("pre", "1"), c("inference", "2")], {1, 2}),
     ("an init container is allocated too", [c("i", "2")], [c("a", "1")], {1, 2}),
     ("a zero or no resource makes no call", [], [c("a", "0"), c("log"), c("b", "2")], {2}),
     ("quantities round up as the kubelet's count", [], [c("main", "1500m")], {2}),

@@ -34,10 +34,22 @@ def test_pools_count_their_gpu_nodes_and_the_capacity_of_healthy_gpus() -> None:
     hami = (("shared", 1), ("soft", 1))  # the healthy A100, under HAMi-core
     assert pool_totals(nodes()) == {
         "default-pool": PoolTotals(
-            nodes=2, gpus=2, healthy_gpus=1, tflops_milli=312_000, vram_bytes=80 * GI, modes=hami
+            nodes=2,
+            gpus=2,
+            healthy_gpus=1,
+            tflops_milli=312_000,
+            vram_bytes=80 * GI,
+            modes=hami,
+            sizes=(("NVIDIA A100-SXM4-80GB", 312_000),),
         ),
         "small": PoolTotals(
-            nodes=2, gpus=2, healthy_gpus=2, tflops_milli=242_000, vram_bytes=48 * GI, modes=(("hard", 2),)
+            nodes=2,
+            gpus=2,
+            healthy_gpus=2,
+            tflops_milli=242_000,
+            vram_bytes=48 * GI,
+            modes=(("hard", 2),),
+            sizes=(("NVIDIA L4", 121_000),),
         ),
     }
 
@@ -67,6 +79,7 @@ def test_a_pool_status_sums_what_pods_hold_on_its_nodes() -> None:
         "capacityTflops": "312",
         "capacityVram": "80Gi",
         "isolationModes": {"shared": 1, "soft": 1},
+        "gpuTflops": {"NVIDIA A100-SXM4-80GB": "312"},  # the healthy GPUs' products: what a percent is charged by
         "allocatedTflops": "10",
         "allocatedVram": "4Gi",
     }

@@ -304,6 +304,22 @@ def test_multi_container_pod_without_inject_container_is_denied() -> None:
     assert f"{A.INJECT_CONTAINER}: required when the pod has several containers; choose from a, b" in message
 
 
+def test_container_gpu_count_gives_each_container_its_count_and_the_pod_their_sum() -> None:
+    """TensorFusion v2's map, without inject-container: it names the inject containers, each gets its own count
+    of vgpu devices (what the kubelet's Allocate for it carries), the pod their sum of GPU shares."""
+    split = {**BASIC, A.CONTAINER_GPU_COUNT.value: '{"inference": 2, "pre": 1}'}
+    doc = review_of(split, containers=("pre", "inference", "log"))
+    before = doc["request"]["object"]["spec"]["containers"][2].get("resources")
+    pod = patched_pod(doc)
+    pre, inference, log = pod["spec"]["containers"]
+    shares = {RESOURCE_MILLI_TFLOPS: "30000", RESOURCE_VRAM: str(12 * GI)}  # 3 GPUs of 10 TFLOPS / 4Gi each
+    assert pre["resources"]["limits"] == pre["resources"]["requests"] == {RESOURCE_VGPU: "1", **shares}
+    assert inference["resources"]["limits"] == inference["resources"]["requests"] == {RESOURCE_VGPU: "2"}
+    assert log.get("resources") == before
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.gpu_count, got.container_gpu_counts) == (3, (("pre", 1), ("inference", 2)))
+
+
 def test_pod_without_containers_is_denied() -> None:
     assert "no containers" in denial(review_of(BASIC, containers=()))
 
@@ -411,8 +427,7 @@ def test_tensorfusions_own_keys_that_mean_nothing_here_are_admitted_with_a_warni
 @pytest.mark.parametrize(
     ("key", "value", "instead"),
     [
-        ("compute-percent-request", "50", "ask for compute in TFLOPS"),
-        ("container-gpu-count", '{"a": 1}', "gets tensor-fusion.ai/gpu-count GPUs"),
+        ("partition-template-id", "mig-1g", "a MIG unit is asked for by its profile in tensor-fusion.ai/gpu-model"),
     ],
 )
 def test_tensorfusions_keys_that_would_change_the_grant_are_refused_saying_what_to_write(
@@ -421,6 +436,32 @@ def test_tensorfusions_keys_that_would_change_the_grant_are_refused_saying_what_
     message = denial(review_of({**BASIC, f"tensor-fusion.ai/{key}": value}))
     assert f"tensor-fusion.ai/{key} '{value}': TensorFusion's tensor-fusion.ai/{key} is not supported" in message
     assert instead in message and "unknown" not in message
+
+
+def _pool_of(sizes: dict[str, str], name: str = "default-pool") -> dict[str, Any]:
+    return {**default_pool(name), "status": {"gpuTflops": sizes}}
+
+
+def test_a_compute_percent_is_charged_its_share_of_the_largest_gpu_it_may_land_on() -> None:
+    cluster = FakeCluster(pools=[_pool_of({"NVIDIA A100-SXM4-80GB": "312", "NVIDIA L4": "121"})])
+    half = {A.COMPUTE_PERCENT_REQUEST.value: "50", A.VRAM_REQUEST.value: "4Gi"}
+    pod = patched_pod(review_of(half), cluster)
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.compute_percent_request, got.tflops_request, got.tflops_limit) == (50_000, 156_000, 156_000)
+    assert pod["spec"]["containers"][0]["resources"]["requests"][RESOURCE_MILLI_TFLOPS] == "156000"
+    # a model narrows the charge to that model's GPUs in the pool
+    pinned = patched_pod(review_of({**half, A.GPU_MODEL.value: "L4"}), cluster)
+    got = resolved.decode(pinned["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.tflops_request, got.gpu_model) == (60_500, "L4")
+    # a pool that lists no GPU yet charges a known model by the catalog, and refuses when nothing says
+    empty = FakeCluster(pools=[default_pool()])
+    got = resolved.decode(
+        patched_pod(review_of({**half, A.GPU_MODEL.value: "A100"}), empty)["metadata"]["annotations"][
+            SystemAnnotation.RESOLVED_REQUEST
+        ]
+    )
+    assert got.tflops_request == 156_000
+    assert "GPUPool default-pool lists no GPU yet (status.gpuTflops)" in denial(review_of(half), empty)
 
 
 def test_autoscale_is_the_requests_and_limits_layers_on_its_target() -> None:

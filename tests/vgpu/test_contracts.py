@@ -43,7 +43,7 @@ HANDOFFS = st.builds(
     Handoff, pod_uid=NAME, node=NAME, at=st.just("2026-11-22T04:00:01Z"),
     devices=st.lists(st.tuples(NAME, st.lists(NAME, max_size=3).map(tuple)), max_size=3).map(tuple),
 )  # fmt: skip
-REQUESTS = st.builds(
+_REQUESTS = st.builds(
     GpuRequest, pool=NAME, containers=st.lists(NAME, min_size=1, max_size=3).map(tuple), gpu_count=st.integers(1, 128),
     tflops_request=MILLI, tflops_limit=MILLI, vram_request=BYTES, vram_limit=BYTES, qos=st.sampled_from(Qos),
     gpu_model=st.none() | NAME, dedicated_gpu=st.booleans(), is_local_gpu=st.booleans(),
@@ -53,6 +53,10 @@ REQUESTS = st.builds(
     node_affinity=st.none() | st.just({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}),
     auto_scaling=st.sampled_from([{}, {"autoSetLimits": {"enable": True, "scaleUpStep": "0.2"}}]),
 )  # fmt: skip
+PERCENTS = st.none() | st.tuples(st.integers(1, 100_000), st.integers(1, 100_000))  # thousandths, both or neither
+REQUESTS = st.tuples(_REQUESTS, PERCENTS).map(
+    lambda r: r[0] if r[1] is None else replace(r[0], compute_percent_request=r[1][0], compute_percent_limit=r[1][1])
+)
 
 # Fields added to a version after it shipped: absent in what older writers wrote, so absent is their default.
 ADDED: dict[str, dict[str, Any]] = {".dedicatedGpu": {"dedicated_gpu": False}}

@@ -52,6 +52,41 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("inject empty", {**OK, f"{P}inject-container": " , "}, ("python",),
      "tensor-fusion.ai/inject-container ' , ': must name at least one container (comma-separated)"),
     ("inject required", dict(OK), ("a", "b"), "tensor-fusion.ai/inject-container: required when the pod has several containers; choose from a, b"),
+    ("container counts not JSON", {**OK, f"{P}container-gpu-count": "{a: 1}"}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{a: 1}': not JSON; must be a JSON object of inject containers to GPU "
+     'counts, such as {"pre-process": 1, "inference": 1}'),
+    ("container counts not an object", {**OK, f"{P}container-gpu-count": '[["a", 1]]'}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '[[\"a\", 1]]': must be a JSON object of inject containers to GPU counts"),
+    ("container counts empty", {**OK, f"{P}container-gpu-count": "{}"}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{}': must be a JSON object of inject containers to GPU counts"),
+    ("container counts, no such container", {**OK, f"{P}container-gpu-count": '{"a": 1, "x": 1}'}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 1, \"x\": 1}': no container named x; the pod has a, b"),
+    ("container counts, a name twice", {**OK, f"{P}container-gpu-count": '{"a": 1, "a": 2}'}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 1, \"a\": 2}': names container a more than once"),
+    ("container counts not whole", {**OK, f"{P}container-gpu-count": '{"a": 0, "b": 1.5, "c": "1", "d": true}'},
+     ("a", "b", "c", "d"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 0, \"b\": 1.5, \"c\": \"1\", \"d\": true}': counts must "
+     'be whole numbers from 1 to 128 (a: 0; b: 1.5; c: "1"; d: true)'),
+    ("container counts over 128", {**OK, f"{P}container-gpu-count": '{"a": 100, "b": 29}'}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 100, \"b\": 29}': asks for 129 GPUs in all; a pod gets at "
+     "most 128, on one node"),
+    ("container counts miss an inject container",
+     {**OK, f"{P}container-gpu-count": '{"a": 1}', f"{P}inject-container": "a,b"}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 1}': gives no count to b, which tensor-fusion.ai/inject-container "
+     "names; every inject container needs its count"),
+    ("container counts beyond the inject containers",
+     {**OK, f"{P}container-gpu-count": '{"a": 1, "b": 1}', f"{P}inject-container": "a"}, ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 1, \"b\": 1}': gives a count to b, which "
+     "tensor-fusion.ai/inject-container does not name; name it there too, or drop it here"),
+    ("container counts against gpu-count", {**OK, f"{P}container-gpu-count": '{"a": 1, "b": 2}', f"{P}gpu-count": "2"},
+     ("a", "b"),
+     "tensor-fusion.ai/container-gpu-count '{\"a\": 1, \"b\": 2}': asks for 3 GPUs in all but "
+     "tensor-fusion.ai/gpu-count is 2: the pod's GPUs are the sum of its containers'; remove "
+     "tensor-fusion.ai/gpu-count, or make it 3"),
+    ("container counts against gpu-indices", {**OK, f"{P}container-gpu-count": '{"a": 1, "b": 1}', f"{P}gpu-indices": "0"},
+     ("a", "b"),
+     "tensor-fusion.ai/gpu-indices '0': names 1 GPUs but the pod asks for 2 (the sum of "
+     "tensor-fusion.ai/container-gpu-count); give as many indices as GPUs"),
     ("pool name", {**OK, f"{P}gpupool": "Pool_1"}, ("python",),
      "tensor-fusion.ai/gpupool 'Pool_1': must be a Kubernetes name (a DNS-1123 subdomain: lower-case a-z, 0-9, '-')"),
     ("workload name", {**OK, f"{P}workload": "my workload"}, ("python",), "tensor-fusion.ai/workload 'my workload': must be a Kubernetes name"),
@@ -64,7 +99,8 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("unknown key, nothing close", {**OK, f"{P}colour": "blue"}, ("python",),
      "tensor-fusion.ai/colour: unknown tensor-fusion.ai/ annotation; accepted keys: tensor-fusion.ai/auto-limits, "
      "tensor-fusion.ai/auto-replicas, tensor-fusion.ai/auto-requests, tensor-fusion.ai/autoscale, "
-     "tensor-fusion.ai/autoscale-target, tensor-fusion.ai/dedicated-gpu, "
+     "tensor-fusion.ai/autoscale-target, tensor-fusion.ai/compute-percent-limit, "
+     "tensor-fusion.ai/compute-percent-request, tensor-fusion.ai/container-gpu-count, tensor-fusion.ai/dedicated-gpu, "
      "tensor-fusion.ai/eviction-protection, tensor-fusion.ai/generate-workload, "
      "tensor-fusion.ai/gpu-count, tensor-fusion.ai/gpu-indices, tensor-fusion.ai/gpu-model, tensor-fusion.ai/gpupool, tensor-fusion.ai/inject-container, "
      "tensor-fusion.ai/is-local-gpu, tensor-fusion.ai/isolation, tensor-fusion.ai/no-standalone-worker-mode, "
@@ -105,6 +141,37 @@ CASES: list[tuple[str, dict[str, str], tuple[str, ...], str]] = [
     ("dedicated-gpu with a share", {f"{P}dedicated-gpu": "true", f"{P}tflops-request": "10"}, ("python",),
      "tensor-fusion.ai/tflops-request '10': not allowed with tensor-fusion.ai/dedicated-gpu: \"true\" (whole GPUs); "
      "remove one"),
+    ("percent not a number", {**OK, f"{P}compute-percent-request": "half"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request 'half': must be a percentage of one GPU's compute above 0 and at most "
+     "100, such as 50 or 12.5"),
+    ("percent over 100", {**OK, f"{P}compute-percent-limit": "150"}, ("python",),
+     "tensor-fusion.ai/compute-percent-limit '150': must be a percentage of one GPU's compute above 0 and at most 100"),
+    ("percent zero", {**OK, f"{P}compute-percent-request": "0"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '0': must be a percentage"),
+    ("percent too fine", {**OK, f"{P}compute-percent-request": "12.3456"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '12.3456': must be a percentage"),
+    ("percent beside TFLOPS", {f"{P}compute-percent-request": "50", f"{P}tflops-request": "10"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '50': not with tensor-fusion.ai/tflops-request: compute is asked in "
+     "TFLOPS or in percent of a GPU, one of the two"),
+    ("percent request, TFLOPS limit", {f"{P}compute-percent-request": "50", f"{P}tflops-limit": "100"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '50%': from the pod's annotations, not with a TFLOPS limit from the "
+     "pod's annotations: a request and a limit in different forms compare nothing; ask both in TFLOPS or both in "
+     "percent of a GPU"),
+    ("percent request over its limit", {f"{P}compute-percent-request": "60", f"{P}compute-percent-limit": "50"},
+     ("python",),
+     "tensor-fusion.ai/compute-percent-request '60%': must not exceed the compute-percent limit 50% (request from the "
+     "pod's annotations, limit from the pod's annotations)"),
+    ("percent with whole GPUs", {f"{P}dedicated-gpu": "true", f"{P}compute-percent-request": "50"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '50': not allowed with tensor-fusion.ai/dedicated-gpu: \"true\" (whole "
+     "GPUs); remove one"),
+    ("percent of a MIG unit", {**OK, f"{P}compute-percent-request": "50", f"{P}gpu-model": "1g.10gb",
+                               f"{P}isolation": "partitioned"}, ("python",),
+     "tensor-fusion.ai/compute-percent-request '1g.10gb': tensor-fusion.ai/gpu-model names a MIG unit, granted whole: "
+     "its size is its share; remove the percent"),
+    ("percent under compute autoscaling", {**OK, f"{P}compute-percent-request": "50", f"{P}autoscale": "true"},
+     ("python",),
+     "tensor-fusion.ai/compute-percent-request: autoSetRequests moves compute in TFLOPS, not in percent: ask compute in "
+     "TFLOPS (tflops-request), or aim the layer at vram only (targetResource: vram, autoscale-target: vram)"),
 ]  # fmt: skip
 
 
@@ -140,9 +207,9 @@ PROFILE_CASES: list[tuple[dict[str, object], str]] = [
     ({"standaloneWorkerMode": 1}, "spec.standaloneWorkerMode '1': must be true or false"),
     ({"resources": {"requests": {"tflops": "lots"}}}, "spec.resources.requests.tflops 'lots': not a Kubernetes quantity"),
     ({"resources": []}, "spec.resources '[]': must be an object with requests and limits"),
-    ({"resources": {"requests": "lots"}}, "spec.resources.requests 'lots': must be an object with tflops and vram"),
-    ({"resources": {"requests": []}}, "spec.resources.requests '[]': must be an object with tflops and vram"),
-    ({"resources": {"limits": 4}}, "spec.resources.limits '4': must be an object with tflops and vram"),
+    ({"resources": {"requests": "lots"}}, "spec.resources.requests 'lots': must be an object with tflops (or computePercent) and vram"),
+    ({"resources": {"requests": []}}, "spec.resources.requests '[]': must be an object with tflops (or computePercent) and vram"),
+    ({"resources": {"limits": 4}}, "spec.resources.limits '4': must be an object with tflops (or computePercent) and vram"),
     ({"poolName": "Bad Pool"}, "spec.poolName 'Bad Pool': must be a Kubernetes name"),
     ({"gpuModel": ""}, "spec.gpuModel '': must be a non-empty string"),
     ({"nodeAffinity": "zone-a"}, "spec.nodeAffinity 'zone-a': must be a core/v1 NodeAffinity object"),

@@ -8,7 +8,7 @@ from vgpu.contract import resolved
 from vgpu.errors import DomainError
 from vgpu.names import IsolationMode, Qos
 from vgpu.profile import ProfileSpec, Resources, parse_spec, to_crd
-from vgpu.request import referenced_profile, referenced_workload, resolve
+from vgpu.request import charged, referenced_profile, referenced_workload, resolve
 
 from .builders import pod
 
@@ -195,3 +195,47 @@ def test_gpu_indices_set_the_count_and_survive_the_resolved_contract() -> None:
     assert (got.gpu_indices, got.gpu_count) == ((2, 0), 2)
     assert resolved.decode(resolved.encode(got)).gpu_indices == (2, 0)
     assert "gpuIndices" not in resolved.encode(resolve(pod({"tensor-fusion.ai/vram-request": "1Gi"})))
+
+
+def test_compute_percent_from_the_pod_or_a_lower_layer() -> None:
+    asked = resolve(pod({"tensor-fusion.ai/compute-percent-request": "12.5", "tensor-fusion.ai/vram-request": "1Gi"}))
+    assert (asked.compute_percent_request, asked.compute_percent_limit) == (12_500, 12_500)  # the limit defaults
+    assert (asked.tflops_request, asked.tflops_limit) == (0, 0)  # charged by the webhook, which knows the pool
+    assert asked.describe() == "12.5% of the GPU / 1Gi per GPU (limit 12.5% / 1Gi)"
+    percent_profile = ProfileSpec(resources=Resources(percent_request=25_000, percent_limit=50_000, vram_request=GI))
+    inherited = resolve(pod({}), profile=percent_profile)
+    assert (inherited.compute_percent_request, inherited.compute_percent_limit) == (25_000, 50_000)
+    # the pod's TFLOPS replace the profile's percent, side by side (both sides here)
+    own = resolve(
+        pod({"tensor-fusion.ai/tflops-request": "10", "tensor-fusion.ai/tflops-limit": "20"}), profile=percent_profile
+    )
+    assert (own.compute_percent_request, own.tflops_request, own.tflops_limit) == (None, 10_000, 20_000)
+    # and the pod's percent replaces the profile's TFLOPS, side by side
+    over = resolve(
+        pod({"tensor-fusion.ai/compute-percent-request": "40", "tensor-fusion.ai/compute-percent-limit": "60"}),
+        profile=PROFILE,
+    )
+    assert (over.compute_percent_request, over.compute_percent_limit, over.tflops_request) == (40_000, 60_000, 0)
+    # one side only leaves the sides in two forms: refused, naming both origins
+    with pytest.raises(DomainError, match="from the pod's annotations, not with a TFLOPS request from the WorkloadP"):
+        resolve(pod({"tensor-fusion.ai/compute-percent-limit": "40"}), profile=PROFILE)
+
+
+def test_a_percent_is_charged_as_its_share_of_the_base_gpu() -> None:
+    req = resolve(
+        pod({"tensor-fusion.ai/compute-percent-request": "50", "tensor-fusion.ai/compute-percent-limit": "75"})
+    )
+    got = charged(req, 312_000)
+    assert (got.tflops_request, got.tflops_limit) == (156_000, 234_000)
+    assert charged(resolve(pod({"tensor-fusion.ai/tflops-request": "10"})), 312_000).tflops_request == 10_000
+    assert resolved.decode(resolved.encode(got)) == got
+
+
+def test_the_profile_crd_carries_compute_percent() -> None:
+    spec = parse_spec(
+        {"resources": {"requests": {"computePercent": 25}, "limits": {"computePercent": "50"}}}, where="s"
+    )
+    assert (spec.resources.percent_request, spec.resources.percent_limit) == (25_000, 50_000)
+    assert parse_spec(to_crd(spec), where="s") == spec
+    with pytest.raises(DomainError, match="compute is asked in TFLOPS or in percent of a GPU, one of the two"):
+        parse_spec({"resources": {"requests": {"computePercent": 25, "tflops": "10"}}}, where="s")

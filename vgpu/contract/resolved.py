@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from vgpu.contract.strict import dump, load
+from vgpu import compute_percent
+from vgpu.contract.strict import Reader, dump, load
+from vgpu.errors import DomainError
 from vgpu.fields import MAX_GPU_COUNT, MAX_REPLICAS
 from vgpu.names import MAX_EVICTION_PROTECTION_S, IsolationMode, PlacementPolicy, Qos, SystemAnnotation
 from vgpu.quantity import format_bytes, format_milli, parse_bytes, parse_milli
@@ -44,7 +46,21 @@ def encode(req: GpuRequest) -> str:
         **({"autoRequests": req.auto_requests} if req.auto_requests else {}),
         **({"isolation": req.isolation.value} if req.isolation else {}),
         **({"evictionProtectionSeconds": req.eviction_protection_s} if req.eviction_protection_s else {}),
+        **(
+            {"containerGpuCount": [{"container": c, "count": n} for c, n in req.container_gpu_counts]}
+            if req.container_gpu_counts
+            else {}
+        ),
         **({"gpuIndices": list(req.gpu_indices)} if req.gpu_indices else {}),
+        # Thousandths of a percent (vgpu.compute_percent); the TFLOPS above are then the admission charge.
+        **(
+            {
+                "computePercentRequestMilli": req.compute_percent_request,
+                "computePercentLimitMilli": req.compute_percent_limit,
+            }
+            if req.compute_percent_request is not None
+            else {}
+        ),
     }
     return dump(doc)
 
@@ -76,7 +92,34 @@ def decode(text: str) -> GpuRequest:
         auto_requests=r.added_text("autoRequests"),
         isolation=None if isolation is None else IsolationMode(isolation),
         eviction_protection_s=r.added_integer("evictionProtectionSeconds", 1, MAX_EVICTION_PROTECTION_S),
+        container_gpu_counts=r.added_items("containerGpuCount", _container_count),
         gpu_indices=r.added_integers("gpuIndices", 0, MAX_GPU_COUNT - 1),
+        compute_percent_request=r.added_integer("computePercentRequestMilli", 1, compute_percent.WHOLE),
+        compute_percent_limit=r.added_integer("computePercentLimitMilli", 1, compute_percent.WHOLE),
     )
     r.done()
+    _check_counts(req)
+    if (req.compute_percent_request is None) != (req.compute_percent_limit is None):
+        raise DomainError.one(f"{KEY}.computePercentLimitMilli", None, "missing: set both compute percents, or neither")
     return req
+
+
+def _container_count(r: Reader) -> tuple[str, int]:
+    entry = (r.text("container"), r.integer("count", 1, MAX_GPU_COUNT))
+    r.done()
+    return entry
+
+
+def _check_counts(req: GpuRequest) -> None:
+    """GPUs per container name the request's containers in order and sum to its GPU count."""
+    if req.container_gpu_counts is None:
+        return
+    named = tuple(c for c, _ in req.container_gpu_counts)
+    total = sum(n for _, n in req.container_gpu_counts)
+    if named != req.containers or total != req.gpu_count:
+        raise DomainError.one(
+            f"{KEY}.containerGpuCount",
+            ", ".join(f"{c}: {n}" for c, n in req.container_gpu_counts),
+            f"must give each of the containers {', '.join(req.containers)} its count, in order, "
+            f"summing to gpuCount {req.gpu_count}",
+        )

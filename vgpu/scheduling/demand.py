@@ -22,9 +22,9 @@ def gpu_slots(device_ids: int | None, *, containers: int, gpu_count: int) -> int
 
     ``device_ids``: the ``tensor-fusion.ai/vgpu`` device IDs its spec makes the kubelet hold, spread
     over its ``gpu_count`` GPUs and rounded up (the webhook gives each GPU container ``gpu_count``,
-    so this is its number of GPU containers). None: no container of the spec asks for any yet (a
-    manifest before the webhook, e.g. ``tfctl explain``): what the webhook will inject, one per
-    container of ``containers``.
+    so this is its number of GPU containers; with ``container-gpu-count`` each GPU is one container's,
+    so 1). None: no container of the spec asks for any yet (a manifest before the webhook, e.g.
+    ``tfctl explain``): what the webhook will inject, one per container of ``containers``.
     """
     if device_ids is None:
         return containers
@@ -67,16 +67,20 @@ def demand_from_request(
         whole_gpu=req.dedicated_gpu,
         isolation=req.isolation,
         gpu_indices=None if req.gpu_indices is None else frozenset(req.gpu_indices),
-        slots=gpu_slots(device_ids, containers=len(req.containers), gpu_count=req.gpu_count),
+        slots=gpu_slots(
+            device_ids, containers=1 if req.container_gpu_counts else len(req.containers), gpu_count=req.gpu_count
+        ),
         cpu=cpu,
         memory=memory,
+        compute_percent=req.compute_percent_request,
+        compute_percent_limit=req.compute_percent_limit,
     )
 
 
 def decision_key(demand: Demand) -> tuple[Hashable, ...]:
     """What a node's verdict and score read of a demand: equal keys, equal answers on the same node state.
 
-    The pod, its workload, QoS and TFLOPS limit are left out: the fit checks TFLOPS requests and the VRAM
+    The pod, its workload, QoS and TFLOPS limit (a percent one too) are left out: the fit checks TFLOPS and the VRAM
     a pod holds (the larger of its VRAM request and limit, so the VRAM limit is in the key), and scores
     read the shape and where it may run (locality, which reads the workload, is never remembered). So the
     first pod of a new workload whose shape an earlier one had is judged from what is remembered for it.
@@ -97,4 +101,5 @@ def decision_key(demand: Demand) -> tuple[Hashable, ...]:
         affinity,
         demand.isolation,
         demand.gpu_indices,
+        demand.compute_percent,
     )

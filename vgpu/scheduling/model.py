@@ -220,6 +220,10 @@ class Demand:
     slots: int = 1  # vGPU device IDs per granted GPU: one per GPU container (demand.gpu_slots)
     cpu: int = 0
     memory: int = 0
+    # Compute in thousandths of a percent of each GPU (both or neither): then ``tflops``/``tflops_limit`` are
+    # the admission charge until compute_share.on_node converts them for one node's GPUs.
+    compute_percent: int | None = None
+    compute_percent_limit: int | None = None
 
     @property
     def vram_held(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from vgpu import mig
 from vgpu.catalog import Catalog
 from vgpu.contract.allocation import GpuGrant
+from vgpu.scheduling.compute_share import on_node
 from vgpu.scheduling.fit import ModelMatcher, check_node, eligible_node, gpu_fits
 from vgpu.scheduling.model import Demand, GpuState, NodeState
 from vgpu.scheduling.policy import Policy
@@ -20,13 +21,15 @@ from vgpu.scheduling.policy import Policy
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Where one pod goes: its node, its GPUs (as seen before placing) and the grants on them."""
+    """Where one pod goes: its node, its GPUs (as seen before placing) and the grants on them; ``demand`` is
+    the pod's as placed there (a compute percent in TFLOPS of those GPUs: what the policy observes)."""
 
     pod_key: str
     node: str
     gpus: tuple[GpuState, ...]
     grants: tuple[GpuGrant, ...]
     whole: bool
+    demand: Demand
 
 
 def grants_for(demand: Demand, gpus: tuple[GpuState, ...]) -> tuple[GpuGrant, ...]:
@@ -64,6 +67,7 @@ def place(demand: Demand, node: NodeState, policy: Policy, catalog: Catalog) -> 
     if check_node(demand, node, match) is not None:
         return None
     view = eligible_node(demand, node, match)
+    demand = on_node(demand, view)
     gpus = policy.choose_gpus(demand, view)
     chosen = {g.uuid for g in gpus}
     allowed = {g.uuid for g in view.gpus}
@@ -73,5 +77,10 @@ def place(demand: Demand, node: NodeState, policy: Policy, catalog: Catalog) -> 
     if not all(gpu_fits(demand, g) for g in gpus):
         return None
     return Placement(
-        pod_key=demand.pod_key, node=node.name, gpus=gpus, grants=grants_for(demand, gpus), whole=demand.whole_gpu
+        pod_key=demand.pod_key,
+        node=node.name,
+        gpus=gpus,
+        grants=grants_for(demand, gpus),
+        whole=demand.whole_gpu,
+        demand=demand,
     )

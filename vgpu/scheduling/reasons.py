@@ -25,6 +25,7 @@ class ReasonCode(StrEnum):
     GPU_MODEL = "gpu-model"
     ISOLATION = "isolation"  # no GPU of the node serves the pod's isolation mode
     GPU_INDICES = "gpu-indices"  # the node lacks a GPU index the pod pins
+    GPU_SIZES_DIFFER = "gpu-sizes-differ"  # a compute-percent pod's GPUs there are not all of one size
     TOO_FEW_GPUS = "too-few-gpus"
     GPU_TOO_SMALL = "gpu-too-small"
     # Capacity: freeing room (preemption, pods finishing) could help (FailedNodes).
@@ -55,6 +56,7 @@ UNRESOLVABLE: frozenset[ReasonCode] = frozenset(
         ReasonCode.GPU_MODEL,
         ReasonCode.ISOLATION,
         ReasonCode.GPU_INDICES,
+        ReasonCode.GPU_SIZES_DIFFER,
         ReasonCode.TOO_FEW_GPUS,
         ReasonCode.GPU_TOO_SMALL,
     }

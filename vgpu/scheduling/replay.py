@@ -296,8 +296,8 @@ class Replay:
         placement = place(demand, node, self.policy, self.catalog)
         if placement is None:  # the policy refused at bind: kube-scheduler would retry; the replay drops
             return Outcome(demand, None)
-        self.cluster.commit(i, demand, placement.gpus, placement.whole)
-        self.policy.observe(demand, node, placement.gpus)
+        self.cluster.commit(i, placement.demand, placement.gpus, placement.whole)
+        self.policy.observe(placement.demand, node, placement.gpus)
         return Outcome(demand, node.name, tuple(g.index for g in placement.gpus))
 
 

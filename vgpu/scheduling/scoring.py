@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import floor
 
 from vgpu.catalog import Catalog
+from vgpu.scheduling.compute_share import on_node
 from vgpu.scheduling.fit import ModelMatcher, check_node, eligible_node
 from vgpu.scheduling.model import Demand, Snapshot
 from vgpu.scheduling.policy import Policy, scores_by_state
@@ -79,7 +80,7 @@ def score_nodes(
                 and demand.gpu_indices is None
             )
             view = node if every else eligible_node(demand, node, match)
-            score = policy_score(demand, view)
+            score = policy_score(demand if demand.compute_percent is None else on_node(demand, view), view)
             if by_state is not None:
                 by_state[node.state()] = score
         if local and name in local:

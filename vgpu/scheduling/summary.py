@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vgpu import compute_percent
 from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.scheduling.filter import FilterResult
@@ -47,14 +48,21 @@ def _groups(result: FilterResult) -> list[tuple[ReasonCode, list[Reason]]]:
 def _phrase(code: ReasonCode, d: Demand, rs: Sequence[Reason]) -> str:
     best = max(rs, key=lambda r: r.free)
     where = f" on {best.gpu_model}" if best.gpu_model else ""
-    share = f"{humanize_tflops(d.tflops)} TFLOPS / {humanize_bytes(d.vram_held)}"
+    compute = f"{humanize_tflops(d.tflops)} TFLOPS"
+    if d.compute_percent is not None:  # a share of each node's GPUs: its TFLOPS differ by node
+        compute = f"{compute_percent.show(d.compute_percent)} of a GPU"
+    share = f"{compute} / {humanize_bytes(d.vram_held)}"
     match code:
         case R.INSUFFICIENT_VRAM:
             need, free = humanize_bytes(d.vram_held), humanize_bytes(best.free)
             return f"insufficient VRAM (need {need} per GPU, most free {free}{where})"
         case R.INSUFFICIENT_TFLOPS:
-            need, free = humanize_tflops(d.tflops), humanize_tflops(best.free)
+            need, free = humanize_tflops(best.requested), humanize_tflops(best.free)
+            if d.compute_percent is not None:
+                need = f"{compute} ({need} TFLOPS there)"
             return f"insufficient TFLOPS (need {need} per GPU, most free {free}{where})"
+        case R.GPU_SIZES_DIFFER:
+            return f"with GPUs of different sizes for a share in percent ({_distinct(rs)} TFLOPS)"
         case R.GPU_MODEL:
             return f"GPU model {_distinct(rs)} not in [{d.gpu_model}]"
         case R.POOL_MISMATCH:

@@ -107,7 +107,9 @@ def make_demand(
     slots: int = 1,
     isolation: IsolationMode | None = None,
     gpu_indices: Iterable[int] | None = None,
+    percent: int | None = None,
 ) -> Demand:
+    """``percent``: compute in thousandths of a percent of each GPU (``tflops`` is then the admission charge)."""
     t, v = parse_milli(tflops), parse_bytes(vram)
     return Demand(
         pod_key=pod_key,
@@ -129,6 +131,8 @@ def make_demand(
         slots=slots,
         isolation=isolation,
         gpu_indices=None if gpu_indices is None else frozenset(gpu_indices),
+        compute_percent=percent,
+        compute_percent_limit=percent,
     )
 
 

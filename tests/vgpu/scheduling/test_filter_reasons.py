@@ -181,6 +181,14 @@ CASES = [
         R.INSUFFICIENT_MEMORY,
         "insufficient memory: requested 8Gi, free 4Gi",
     ),
+    Case(
+        "percent over GPUs of two sizes",
+        make_node(gpus=[make_gpu("GPU-a", index=0), make_gpu("GPU-b", index=1, model=T4, tflops="65", vram="16Gi")]),
+        make_demand(percent=50_000),
+        R.GPU_SIZES_DIFFER,
+        "the node's GPUs differ in size (65, 312 TFLOPS) and the pod asks for compute in percent of a GPU, "
+        "which would differ between them; pin tensor-fusion.ai/gpu-model, or ask in TFLOPS",
+    ),
 ]
 
 
@@ -208,6 +216,7 @@ def test_every_filter_code_is_covered_by_the_table() -> None:
         (R.GPU_MODEL, True),
         (R.ISOLATION, True),
         (R.GPU_INDICES, True),
+        (R.GPU_SIZES_DIFFER, True),
         (R.POOL_MISMATCH, True),
         (R.NODE_AFFINITY, True),
         (R.TOO_FEW_GPUS, True),
