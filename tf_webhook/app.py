@@ -1,7 +1,8 @@
 """The webhook's HTTP shell: FastAPI app factory, lifespan-owned cluster client, one POST route.
 
 Thin on purpose: parse, ``decision.decide``, do the workload write the decision asked for, encode.
-One route per webhook entry: ``/mutate`` for pods labelled for us, and one per value of the namespace
+One route per webhook entry: ``/mutate`` for pods labelled for us and Jobs whose pod template is
+(``job_template.py``), and one per value of the namespace
 label that migrates NVIDIA GPU pods (the API server does not tell a webhook the namespace's labels,
 so the entry that called says which value selected the namespace).
 Every path answers HTTP 200 with a well-formed AdmissionReview, because anything else becomes the
@@ -25,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from tf_webhook import review
 from tf_webhook.cluster import AdmissionCluster, ClusterUnavailable
 from tf_webhook.decision import decide
+from tf_webhook.job_template import decide_job, is_job_create
 from tf_webhook.kube import KubeAdmission
 from tf_webhook.migration import Migration
 from tf_webhook.settings import WebhookSettings
@@ -56,7 +58,10 @@ def handle(
         admissions.labels("malformed").inc()
         return review.respond(exc.uid, review.deny(f"malformed AdmissionReview: {exc}"))
     try:
-        decision = decide(req, cluster, tolerations, migration)
+        if is_job_create(req):  # a Job whose pod template opts in (the entry's matchConditions)
+            decision = decide_job(req, lambda pod: decide(pod, cluster, tolerations))
+        else:
+            decision = decide(req, cluster, tolerations, migration)
         verdict = decision.verdict
         if decision.upsert is not None and verdict.allowed and not req.dry_run:
             try:

@@ -123,10 +123,26 @@ def test_webhook_fails_closed_for_opted_in_pods_only() -> None:
     assert hook["timeoutSeconds"] <= 10
 
 
+def test_jobs_whose_pod_template_opts_in_are_sent_as_pods_are() -> None:
+    """Kueue counts a Job's template (docs/kueue.md): the jobs entry calls the pods' path on Job creates, fails
+    as the pods entry does, and is asked only for Jobs whose template carries the label the pods entry selects."""
+    pods, jobs, *_ = one("MutatingWebhookConfiguration")["webhooks"]
+    assert jobs["name"] == "jobs.tensor-fusion.ai" and jobs["clientConfig"] == pods["clientConfig"]
+    same = ("failurePolicy", "sideEffects", "reinvocationPolicy", "timeoutSeconds", "namespaceSelector")
+    assert {k: jobs[k] for k in same} == {k: pods[k] for k in same}
+    assert jobs["rules"] == [{"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["jobs"], "scope": "Namespaced"}]  # fmt: skip
+    assert "objectSelector" not in jobs  # a Job's own labels say nothing of its pods
+    (condition,) = jobs["matchConditions"]
+    labels = "object.spec.template.metadata.labels"
+    assert f"'{LABEL_ENABLED}' in {labels}" in condition["expression"]
+    assert f"{labels}['{LABEL_ENABLED}'] != 'false'" in condition["expression"]  # as the pods' NotIn false
+
+
 def test_migration_entries_see_only_unlabelled_nvidia_gpu_pods_of_labelled_namespaces() -> None:
     """One entry per value of the namespace label, after the pods entry: the label they add must not send the
     pod there too (reinvocationPolicy Never). A pod of an unlabelled namespace never reaches them."""
-    pods, *migration = one("MutatingWebhookConfiguration")["webhooks"]
+    pods, _jobs, *migration = one("MutatingWebhookConfiguration")["webhooks"]
     assert [h["name"] for h in migration] == ["whole.migrate.tensor-fusion.ai", "time-sliced.migrate.tensor-fusion.ai"]
     for hook, mode in zip(migration, MigrationMode, strict=True):
         assert hook["clientConfig"]["service"]["path"] == MIGRATE_PATHS[mode]
@@ -157,13 +173,13 @@ def test_migration_entries_follow_an_external_url_and_can_be_left_out(tmp_path: 
     external = {"webhook": {"externalURL": "https://10.0.0.5:9443/mutate"}}
     (config,) = [d for d in render(external, tmp_path) if d["kind"] == "MutatingWebhookConfiguration"]
     urls = [h["clientConfig"]["url"] for h in config["webhooks"]]
-    assert urls == [f"https://10.0.0.5:9443{path}" for path in (MUTATE_PATH, *MIGRATE_PATHS.values())]
+    assert urls == [f"https://10.0.0.5:9443{path}" for path in (MUTATE_PATH, MUTATE_PATH, *MIGRATE_PATHS.values())]
     with pytest.raises(subprocess.CalledProcessError) as failed:
         render({"webhook": {"externalURL": "https://10.0.0.5:9443/hook"}}, tmp_path)
     assert "webhook.externalURL must end in /mutate" in failed.value.stderr
     off = {"webhook": {"migration": {"enabled": False}}}
     (config,) = [d for d in render(off, tmp_path) if d["kind"] == "MutatingWebhookConfiguration"]
-    assert [h["name"] for h in config["webhooks"]] == ["pods.tensor-fusion.ai"]
+    assert [h["name"] for h in config["webhooks"]] == ["pods.tensor-fusion.ai", "jobs.tensor-fusion.ai"]
 
 
 def test_priority_classes_match_qos() -> None:
