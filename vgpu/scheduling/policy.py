@@ -13,7 +13,7 @@ See vgpu/scheduling/README.md, section "Policies".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol, runtime_checkable
 
 from vgpu.names import PlacementPolicy
@@ -56,6 +56,14 @@ def scores_by_state(policy: Policy) -> bool:
     score serves every node in a state. A policy says so with a true ``scores_by_state`` attribute;
     one that reads a node's labels or remembers nodes by name (fragmentation) does not."""
     return getattr(policy, "scores_by_state", False) is True
+
+
+@runtime_checkable
+class ScoresMany(Protocol):
+    """A policy that scores many nodes at once for less than node by node, with the same scores
+    (:meth:`~vgpu.scheduling.fragmentation.FragmentationPolicy.score_many`)."""
+
+    def score_many(self, demand: Demand, nodes: Sequence[NodeState]) -> list[float]: ...
 
 
 @runtime_checkable

@@ -17,8 +17,8 @@ from math import floor
 from vgpu.catalog import Catalog
 from vgpu.scheduling.compute_share import on_node
 from vgpu.scheduling.fit import ModelMatcher, check_node, eligible_node
-from vgpu.scheduling.model import Demand, Snapshot
-from vgpu.scheduling.policy import Policy, scores_by_state
+from vgpu.scheduling.model import Demand, NodeState, Snapshot
+from vgpu.scheduling.policy import Policy, ScoresMany, scores_by_state
 
 MAX_EXTENDER_PRIORITY = 10
 
@@ -52,7 +52,8 @@ def score_nodes(
     ``passed``: the caller's filter already found each of these node states able to take the demand,
     so the fit check, the costliest part of a cold decision, is not run a second time. A policy that
     scores by state alone (:func:`~vgpu.scheduling.policy.scores_by_state`) scores each node
-    state once; the locality term, which depends on the node's name, is added per node.
+    state once; the locality term, which depends on the node's name, is added per node. One that
+    scores many nodes at once (:class:`~vgpu.scheduling.policy.ScoresMany`) gets them in one call.
     """
     match = ModelMatcher(catalog, demand.gpu_model)
     local: frozenset[str] = frozenset()
@@ -63,6 +64,8 @@ def score_nodes(
     largest: dict[str, int] = {}
     policy_score = policy.score
     by_state: dict[int, float] | None = {} if scores_by_state(policy) and not terms.smaller_model else None
+    many = policy.score_many if isinstance(policy, ScoresMany) and by_state is None else None
+    deferred: list[tuple[str, NodeState]] = []  # scored by ``many`` after the walk, in the offered order
     for name in node_names:  # every offered node on a cold decision: the common case inline
         node = nodes.get(name)
         if node is None or name in raw or (not passed and check_node(demand, node, match) is not None):
@@ -80,7 +83,12 @@ def score_nodes(
                 and demand.gpu_indices is None
             )
             view = node if every else eligible_node(demand, node, match)
-            score = policy_score(demand if demand.compute_percent is None else on_node(demand, view), view)
+            scored = demand if demand.compute_percent is None else on_node(demand, view)
+            if many is not None and scored is demand:
+                deferred.append((name, view))
+                score = 0.0  # its place in ``raw``: the policy's score is added below
+            else:
+                score = policy_score(scored, view)
             if by_state is not None:
                 by_state[node.state()] = score
         if local and name in local:
@@ -88,6 +96,9 @@ def score_nodes(
         raw[name] = score
         if terms.smaller_model:
             largest[name] = max(g.tflops for g in view.gpus)
+    if many is not None and deferred:
+        for (name, _), score in zip(deferred, many(demand, [view for _, view in deferred]), strict=True):
+            raw[name] += score
     if largest:
         top = max(largest.values())
         for name, tflops in largest.items():
