@@ -14,6 +14,7 @@ Pure: raw pod JSON, the label's value and the configured share in; the translati
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -191,7 +192,12 @@ def _annotations(found: tuple[Ask, ...], kind: _Kind, profile: str, share: Repli
         out |= {key.value: show(total * each) for key, each, show in sizes if each is not None}
     elif not sized:
         out[A.DEDICATED_GPU.value] = "true"
-    out[A.INJECT_CONTAINER.value] = ",".join(dict.fromkeys(a.container for a in found))
+    per_container: dict[str, int] = {}
+    for a in found:
+        per_container[a.container] = per_container.get(a.container, 0) + a.count
+    out[A.INJECT_CONTAINER.value] = ",".join(per_container)
+    if kind is not _Kind.REPLICA and len(per_container) > 1:  # as NVIDIA's plugin: each container its own GPUs
+        out[A.CONTAINER_GPU_COUNT.value] = json.dumps(per_container, separators=(",", ":"))
     return out
 
 
@@ -202,8 +208,11 @@ def _meaning(found: tuple[Ask, ...], kind: _Kind, profile: str, sized: bool) -> 
         what = "the GPU share the pod's own annotations size"
     else:
         what = f"{total} {kind.value}{'s' if total > 1 else ''}" + (f" of profile {profile}" if profile else "")
-    several = len({a.container for a in found}) > 1
-    return what + (", which every one of these containers sees" if several else "")
+    if len({a.container for a in found}) < 2:
+        return what
+    if kind is _Kind.REPLICA:
+        return what + ", which every one of these containers sees"
+    return what + ", each container its own, as it asked"
 
 
 def _kind(ask: Ask, mode: MigrationMode) -> tuple[_Kind, str]:

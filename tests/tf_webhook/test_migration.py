@@ -102,16 +102,26 @@ def test_one_gpu_becomes_one_whole_gpu_with_the_warning_naming_what_was_translat
     }
 
 
-def test_n_gpus_in_several_containers_add_up_and_every_one_of_them_is_injected() -> None:
+def test_n_gpus_in_several_containers_add_up_each_container_its_own() -> None:
+    """As NVIDIA's plugin gives them: the trainer 2 GPUs, the evaluator 1 other (container-gpu-count)."""
     doc = nvidia_review(("trainer", {NVIDIA_GPU: "2"}), ("logger", {}), ("evaluator", {NVIDIA_GPU: "1"}))
     assert annotations_of(doc) == {
         A.GPU_COUNT: "3",
         A.DEDICATED_GPU: "true",
         A.INJECT_CONTAINER: "trainer,evaluator",
+        A.CONTAINER_GPU_COUNT: '{"trainer":2,"evaluator":1}',
     }
     (warning,) = translate(pod_of(doc), WHOLE).warnings  # type: ignore[union-attr]
     assert warning.startswith(f'{LABEL} container "trainer" nvidia.com/gpu: 2, container "evaluator" nvidia.com/gpu: 1')
-    assert warning.endswith("(3 whole GPUs, which every one of these containers sees)")
+    assert warning.endswith("(3 whole GPUs, each container its own, as it asked)")
+    response = admit(doc)  # and the decision admits it: each container's vgpu devices are its own count
+    assert response["allowed"] is True, response
+    pod = apply_patch(pod_of(doc), decode_patch(response))
+    assert [(c.get("resources") or {}).get("limits", {}).get(RESOURCE_VGPU) for c in pod["spec"]["containers"]] == [
+        "2",
+        None,
+        "1",
+    ]
 
 
 REPLICAS_OF_A_QUARTER = {A.GPU_COUNT: "1", A.TFLOPS_REQUEST: "156", A.VRAM_REQUEST: "20Gi"}
