@@ -5,7 +5,8 @@ WHY: the extender, the webhook and the admission policies only mean something ag
 real API server and the real scheduler: admission order, the Binding subresource, events, RBAC
 and the scheduler's extender calls are what production runs. The controller-manager runs only
 the controllers a user's Deployment needs (Deployment, ReplicaSet, service accounts, the root
-CA ConfigMap, garbage collection, the aggregated edit/view roles) and the HorizontalPodAutoscaler's; no node-lifecycle controller, so nodes without a kubelet stay
+CA ConfigMap, garbage collection, the aggregated edit/view roles), the HorizontalPodAutoscaler's and the Job
+controller; no node-lifecycle controller, so nodes without a kubelet stay
 Ready and the fixture clears the kubelet's initial not-ready taint itself.
 """
 
@@ -43,6 +44,7 @@ CONTROLLERS = ",".join(
         "resourcequota-controller",  # a ResourceQuota admits nothing until it has counted its namespace
         # autoSetReplicas scales through the HPAs the autoscaler owns, on the custom metrics API (tf-metrics)
         "horizontal-pod-autoscaler-controller",
+        "job-controller",  # Kueue's scenario (test_kueue.py) queues Jobs, whose pods this controller creates
     ]
 )
 
