@@ -12,6 +12,9 @@ with no pod, and j4, which would fit, waits behind it (strict FIFO). Once j1's p
 admitted. The test plays the kubelet of the kubelet-less nodes: it writes each bound pod's hand-off receipt
 (pods.hand_over) and marks a finished Job's pods Succeeded. A watch on the namespace's pods sums the
 allocations of the bound, unfinished pods after every event: it never exceeds the quota.
+
+Then a ResourceFlavor per GPU model (an A100 node and an H100 node): the Job Kueue assigns the H100 flavor
+runs on the H100, and a Job whose pod template is refused at creation, naming the key.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from kubernetes.utils import parse_quantity
 from tf_shell.kube.client import api_client
 from vgpu.names import (
     LABEL_ENABLED,
+    LABEL_NODE_GPU_MODEL,
     LABEL_NODE_POOL,
     RESOURCE_MILLI_TFLOPS,
     RESOURCE_VGPU,
@@ -51,6 +55,7 @@ pytestmark = pytest.mark.timeout(300 if built() else COLD_BUILD_TIMEOUT)
 POOL = "e2e-kueue"
 NODES = ("e2e-kueue-0", "e2e-kueue-1")
 QUEUE, CLUSTER_QUEUE = "gpu-team", "e2e-gpu-share"
+MODELS_POOL, MODELS_QUEUE = "e2e-kueue-models", "e2e-gpu-models"
 GI = 1024**3
 QUOTA = {RESOURCE_MILLI_TFLOPS: 200_000, RESOURCE_VRAM: 40 * GI, RESOURCE_VGPU: 8}
 
@@ -70,10 +75,10 @@ class Ask:
 J1, J2, J3, J4 = Ask("j1", 2, 50, 10), Ask("j2", 2, 40, 8), Ask("j3", 3, 30, 6), Ask("j4", 1, 10, 2)
 
 
-def job(ask: Ask) -> dict[str, Any]:
+def job(ask: Ask, pool: str = POOL) -> dict[str, Any]:
     """A Job as a user writes it for Kueue: the queue's label on the Job, our label and annotations on its pods."""
     annotations = {Annotation.TFLOPS_REQUEST: str(ask.tflops), Annotation.VRAM_REQUEST: f"{ask.vram_gi}Gi",
-                   Annotation.GPUPOOL: POOL}  # fmt: skip
+                   Annotation.GPUPOOL: pool}  # fmt: skip
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -97,23 +102,46 @@ def job(ask: Ask) -> dict[str, Any]:
     }
 
 
-def queues(namespace: str) -> list[dict[str, Any]]:
-    flavor = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor", "metadata": {"name": POOL},
-              "spec": {"nodeLabels": {LABEL_NODE_POOL: POOL}}}  # fmt: skip
-    quotas = [{"name": name, "nominalQuota": str(value)} for name, value in QUOTA.items()]
-    cluster_queue = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ClusterQueue",
-        "metadata": {"name": CLUSTER_QUEUE},
-        "spec": {
-            "namespaceSelector": {},
-            "queueingStrategy": "StrictFIFO",
-            "resourceGroups": [{"coveredResources": list(QUOTA), "flavors": [{"name": POOL, "resources": quotas}]}],
-        },
+def queues(
+    namespace: str, name: str, flavors: dict[str, tuple[dict[str, str], dict[str, int]]]
+) -> list[dict[str, Any]]:
+    """ResourceFlavors (name: (nodeLabels, quota)), a StrictFIFO ClusterQueue ``name`` with one resource group of
+    them in that order, and the LocalQueue QUEUE of ``namespace`` pointing at it."""
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+         "spec": {"nodeLabels": labels}}
+        for flavor, (labels, _) in flavors.items()
+    ]  # fmt: skip
+    group = {
+        "coveredResources": list(QUOTA),
+        "flavors": [
+            {"name": flavor, "resources": [{"name": k, "nominalQuota": str(v)} for k, v in quota.items()]}
+            for flavor, (_, quota) in flavors.items()
+        ],
     }
-    local = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue",
-             "metadata": {"name": QUEUE, "namespace": namespace}, "spec": {"clusterQueue": CLUSTER_QUEUE}}  # fmt: skip
-    return [flavor, cluster_queue, local]
+    spec = {"namespaceSelector": {}, "queueingStrategy": "StrictFIFO", "resourceGroups": [group]}
+    docs.append({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec})
+    docs.append({"apiVersion": f"{GROUP}/{VERSION}", "kind": "LocalQueue",
+                 "metadata": {"name": QUEUE, "namespace": namespace}, "spec": {"clusterQueue": name}})  # fmt: skip
+    return docs
+
+
+def active(custom: CustomObjectsApi, name: str) -> None:
+    eventually(f"the ClusterQueue {name} Active", lambda: condition(custom.get_cluster_custom_object(
+        GROUP, VERSION, "clusterqueues", name), "Active").get("status") == "True")  # fmt: skip
+
+
+def cleaned(cluster: Cluster, namespace: str, nodes: tuple[str, ...], docs: list[dict[str, Any]]) -> None:
+    """The Jobs, their pods, the nodes and the cluster-scoped Kueue objects of a scenario, gone."""
+    BatchV1Api(cluster.admin).delete_collection_namespaced_job(namespace, propagation_policy="Background")
+    emptied(cluster.core, namespace)
+    for node in nodes:
+        cluster.core.delete_node(node)
+    custom = CustomObjectsApi(cluster.admin)
+    for doc in docs:
+        if doc["kind"] in ("ClusterQueue", "ResourceFlavor"):
+            plural = f"{doc['kind'].lower()}s"
+            custom.delete_cluster_custom_object(GROUP, VERSION, plural, doc["metadata"]["name"])
 
 
 @dataclass
@@ -261,9 +289,9 @@ def test_a_queue_of_gpu_share_jobs_is_admitted_whole_in_order_within_quota(
     plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
     for node in NODES:
         cluster.add_fake_node(node, gpus(node, 2), pool=POOL)
-    apply(cluster.admin, queues(fresh))
-    eventually("the ClusterQueue Active", lambda: condition(custom.get_cluster_custom_object(
-        GROUP, VERSION, "clusterqueues", CLUSTER_QUEUE), "Active").get("status") == "True")  # fmt: skip
+    docs = queues(fresh, CLUSTER_QUEUE, {POOL: ({LABEL_NODE_POOL: POOL}, QUOTA)})
+    apply(cluster.admin, docs)
+    active(custom, CLUSTER_QUEUE)
     ledger = Ledger(core, plugin, fresh)
     try:
         for ask in (J1, J2, J3, J4):
@@ -305,14 +333,42 @@ def test_a_queue_of_gpu_share_jobs_is_admitted_whole_in_order_within_quota(
         eventually("the ClusterQueue empty", lambda: all(v == 0 for v in reserved(custom).values()), 60)
     finally:
         ledger.stop()
-        batch.delete_collection_namespaced_job(fresh, propagation_policy="Background")
-        emptied(core, fresh)
-        for node in NODES:
-            core.delete_node(node)
-        for plural, name in (("clusterqueues", CLUSTER_QUEUE), ("resourceflavors", POOL)):
-            custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+        cleaned(cluster, fresh, NODES, docs)
 
     assert times == sorted(times), times  # admitted in the order they were queued (RFC 3339: ordered as text)
     print(f"\nKueue: peak held {ledger.peak[RESOURCE_MILLI_TFLOPS] / 1000:g} TFLOPS, "
           f"{ledger.peak[RESOURCE_VRAM] / GI:g} GiB of a 200 TFLOPS / 40 GiB quota; admitted at {times}")  # fmt: skip
     assert ledger.peak[RESOURCE_MILLI_TFLOPS] == 180_000 and ledger.peak[RESOURCE_VRAM] == 36 * GI, ledger.peak
+
+
+def test_a_job_lands_on_the_gpu_model_of_the_flavor_kueue_assigned(
+    kueue: Kueue, cluster: Cluster, core: CoreV1Api, fresh: str
+) -> None:
+    """A ResourceFlavor per GPU model, in one resource group: Kueue gives the first Job the A100 flavor and the
+    second, which no longer fits its quota, the H100 one; its nodeLabels become the pods' nodeSelector, which
+    kube-scheduler applies before our extender places the pods (the Jobs name no model)."""
+    batch, custom = BatchV1Api(cluster.admin), CustomObjectsApi(cluster.admin)
+    plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
+    nodes = {"a100": ("e2e-kueue-a100", "NVIDIA A100-SXM4-80GB"), "h100": ("e2e-kueue-h100", "NVIDIA H100 80GB HBM3")}
+    flavors = {}
+    for flavor, (node, product) in nodes.items():
+        cluster.add_fake_node(node, gpus(node, 1, product), pool=MODELS_POOL)
+        label = core.read_node(node).metadata.labels[LABEL_NODE_GPU_MODEL]  # the device plugin's label
+        flavors[flavor] = ({LABEL_NODE_GPU_MODEL: label}, {RESOURCE_MILLI_TFLOPS: 100_000, RESOURCE_VRAM: 20 * GI,
+                                                          RESOURCE_VGPU: 1})  # fmt: skip
+    docs = queues(fresh, MODELS_QUEUE, flavors)
+    apply(cluster.admin, docs)
+    active(custom, MODELS_QUEUE)
+    ledger = Ledger(core, plugin, fresh)
+    first, second = Ask("m1", 1, 80, 10), Ask("m2", 1, 80, 10)
+    try:
+        for ask, flavor in ((first, "a100"), (second, "h100")):
+            batch.create_namespaced_job(fresh, job(ask, MODELS_POOL))
+            (pod,) = eventually(f"{ask.name}'s pod bound", lambda ask=ask: all_bound(core, fresh, ask), 90)
+            (assigned,) = workload(custom, fresh, ask)["status"]["admission"]["podSetAssignments"]
+            assert set(assigned["flavors"].values()) == {flavor}, assigned
+            assert pod.spec.node_selector == flavors[flavor][0] and pod.spec.node_name == nodes[flavor][0]
+            assert [g.uuid for g in allocation_of(pod).gpus] == [gpus(nodes[flavor][0], 1)[0].uuid]
+    finally:
+        ledger.stop()
+        cleaned(cluster, fresh, tuple(node for node, _ in nodes.values()), docs)
