@@ -20,6 +20,7 @@ runs on the H100, and a Job whose pod template is refused at creation, naming th
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -27,15 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import watch
 from kubernetes.client import ApiException, BatchV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes.dynamic import DynamicClient
 from kubernetes.utils import parse_quantity
 
 from tf_shell.kube.client import api_client
 from vgpu.names import (
+    CRD_GROUP,
+    CRD_VERSION,
     LABEL_ENABLED,
     LABEL_NODE_GPU_MODEL,
     LABEL_NODE_POOL,
+    PLURAL_GPU_POOL,
     RESOURCE_MILLI_TFLOPS,
     RESOURCE_VGPU,
     RESOURCE_VRAM,
@@ -48,6 +54,7 @@ from .fake_nodes import gpus
 from .kube import apply, emptied, eventually
 from .kueue import GROUP, VERSION, Kueue, built
 from .pods import IMAGE, allocation_of, hand_over
+from .procs import REPO
 
 COLD_BUILD_TIMEOUT = 1800  # scripts/build-kueue.sh cold: about 8 minutes on 2 cores
 pytestmark = pytest.mark.timeout(300 if built() else COLD_BUILD_TIMEOUT)
@@ -372,3 +379,30 @@ def test_a_job_lands_on_the_gpu_model_of_the_flavor_kueue_assigned(
     finally:
         ledger.stop()
         cleaned(cluster, fresh, tuple(node for node, _ in nodes.values()), docs)
+
+
+def test_the_docs_example_is_accepted_as_written(kueue: Kueue, cluster: Cluster) -> None:
+    """docs/kueue.md's example, created as a dry run: through every admission step, Kueue's webhooks and ours,
+    with nothing stored; its Job's template comes back with the shares the page says Kueue counts."""
+    (block,) = re.findall(r"```yaml\n(.*?)```", (REPO / "docs" / "kueue.md").read_text(), re.DOTALL)
+    examples = [doc for doc in yaml.safe_load_all(block) if doc]
+    namespace, pool = "team-a", "training-pool"  # what the example names
+    cluster.namespace(namespace)
+    cluster.ensure_pool(pool)
+    dyn = DynamicClient(cluster.admin)
+    try:
+        answers = {}
+        for doc in examples:
+            resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            answer = resource.create(body=doc, namespace=doc["metadata"].get("namespace"), dry_run="All")
+            answers[doc["kind"]] = answer.to_dict()
+        assert set(answers) == {"ResourceFlavor", "ClusterQueue", "LocalQueue", "Job"}, set(answers)
+        job = answers["Job"]
+        assert job["spec"]["suspend"] is True  # Kueue's webhook
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        requests = {k: int(parse_quantity(v)) for k, v in container["resources"]["requests"].items()}
+        assert requests == {"cpu": 4, "memory": 16 * GI, RESOURCE_MILLI_TFLOPS: 50_000, RESOURCE_VRAM: 10 * GI,
+                            RESOURCE_VGPU: 1}  # fmt: skip
+    finally:
+        CustomObjectsApi(cluster.admin).delete_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, pool)
+        cluster.core.delete_namespace(namespace)
