@@ -99,7 +99,8 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
         Gauge(info.name, info.help, info.labels, registry=registry).labels("webhook", version(DISTRIBUTION)).set(1)
         admissions = Counter(
             f"{metric_names.WEBHOOK}_admissions",
-            "Pod admissions by result (patched, allowed untouched, denied, malformed)",
+            "Admissions of pods, and of Jobs whose pod template opts in, by result "
+            "(patched, allowed untouched, denied, malformed)",
             ["result"],
             registry=registry,
         )
