@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -54,11 +55,38 @@ class StartupError(RuntimeError):
     """A process died or never became ready; the message carries the tail of its log."""
 
 
+# Ports handed out by free_port in this process: each once.
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port free now for a child to listen on, chosen below the kernel's ephemeral range.
+
+    A port the kernel picks (bind to 0) is an ephemeral one, which any outgoing connection (etcd's, the API
+    server's, a client's) may take between this choice and the child's bind: the webhook once failed with
+    "address already in use" that way. Ports below the range are never given to outgoing connections.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randint(max(1025, low - 12000), low - 1)
+        if port in _GIVEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
         return port
+    raise RuntimeError(f"no free loopback port below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux default 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def tail(path: Path, lines: int = 40) -> str:
