@@ -77,13 +77,22 @@ def add_fake_node(
     pool: str,
     backend: EnforcementBackend = EnforcementBackend.HAMI_CORE,
 ) -> None:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    inv = inventory.NodeInventory(
+    inv = fake_inventory(name, fake, pool, backend)
+    labels = {"kubernetes.io/hostname": name, **node_labels(inv, FAKE_SETUP)}
+    CoreV1Api(admin).create_node({"metadata": {"name": name, "labels": labels}})
+    publish_gpu_node(admin, plugin, inv)
+
+
+def fake_inventory(
+    name: str, fake: tuple[FakeGpu, ...], pool: str, backend: EnforcementBackend = EnforcementBackend.HAMI_CORE
+) -> inventory.NodeInventory:
+    """The inventory the device plugin would publish for ``fake`` on node ``name``, heartbeat now."""
+    return inventory.NodeInventory(
         node=name,
         pool=pool,
         slices_per_gpu=SLICES_PER_GPU,
         backend=backend,
-        heartbeat=now,
+        heartbeat=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         gpus=tuple(
             inventory.GpuInfo(
                 uuid=g.uuid,
@@ -95,15 +104,24 @@ def add_fake_node(
             for g in fake
         ),
     )
+
+
+def publish_gpu_node(
+    admin: ApiClient, plugin: ApiClient, inv: inventory.NodeInventory, machine: Mapping[str, str] | None = None
+) -> None:
+    """What a GPU node's kubelet and device plugin write once the Node exists: the kubelet (played by
+    ``admin``) reports it Ready with ``machine``'s cpu/memory/pods and the plugin's vGPU slots, and the
+    node-lifecycle controller lifts the not-ready taint; the device plugin (its own identity, ``plugin``)
+    publishes its labels and the inventory in one patch, then the TFLOPS and VRAM node resources."""
+    name, now = inv.node, inv.heartbeat
     core = CoreV1Api(admin)
-    labels = {"kubernetes.io/hostname": name, **node_labels(inv, FAKE_SETUP)}
-    core.create_node({"metadata": {"name": name, "labels": labels}})
-    slots = str(len(fake) * SLICES_PER_GPU)
-    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", RESOURCE_VGPU: slots}
+    slots = str(len(inv.gpus) * inv.slices_per_gpu)
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", **(machine or {}), RESOURCE_VGPU: slots}
     ready = {"type": "Ready", "status": "True", "reason": "FakeGpuNode", "lastHeartbeatTime": now,
              "lastTransitionTime": now}  # fmt: skip
     core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}})
     untaint_not_ready(core, name)  # the API server adds it at create; the node is Ready
-    CoreV1Api(plugin).patch_node(name, {"metadata": {"annotations": {inventory.KEY: inventory.encode(inv)}}})
+    published = {"labels": node_labels(inv, FAKE_SETUP), "annotations": {inventory.KEY: inventory.encode(inv)}}
+    CoreV1Api(plugin).patch_node(name, {"metadata": published})
     shares = node_capacity(inv)  # what the device plugin advertises, with its identity (RBAC: nodes/status)
     CoreV1Api(plugin).patch_node_status(name, {"status": {"capacity": shares, "allocatable": shares}})
