@@ -40,6 +40,7 @@ from vgpu.scheduling.demand import decision_key, demand_from_request
 from vgpu.scheduling.filter import FilterResult, filter_nodes
 from vgpu.scheduling.ledger import LedgerRefusal
 from vgpu.scheduling.model import Demand, Snapshot
+from vgpu.scheduling.packed import Columns
 from vgpu.scheduling.placement import place
 from vgpu.scheduling.policy import Policies
 from vgpu.scheduling.preempt import Victim, select_victims
@@ -114,6 +115,7 @@ class Verbs:
         self.on_preempting = on_preempting
         self.verdicts: NodeMemo[Reason | None] = NodeMemo()
         self.scores: NodeMemo[float | None] = NodeMemo()
+        self.packed = Columns()  # the nodes the filter last judged at once, kept by name (vgpu.scheduling.packed)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         nodes = offered(args)
@@ -196,7 +198,7 @@ class Verbs:
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot()
         names = tuple(node_names) if node_names is not None else tuple(sorted(snapshot.nodes))
-        result = filter_nodes(demand, snapshot, names, self.catalog)
+        result = filter_nodes(demand, snapshot, names, self.catalog, self.packed)
         raw = score_nodes(demand, snapshot, result.passed, self.policies.for_demand(demand), self.catalog, passed=True)
         return demand, result, to_extender_scores(raw)
 
@@ -204,7 +206,8 @@ class Verbs:
         """The core's filter, asked only about nodes whose state changed since it last judged this request."""
 
         def judge(misses: list[str]) -> list[Reason | None]:
-            return list(map(filter_nodes(demand, snapshot, misses, self.catalog).reasons().get, misses))
+            result = filter_nodes(demand, snapshot, misses, self.catalog, self.packed)
+            return list(map(result.reasons().get, misses))
 
         verdicts = self.verdicts.values(decision_key(demand), names, snapshot.nodes, judge)
         # C-level passes in the offered order; only rejected nodes are visited one by one.

@@ -26,8 +26,9 @@ from vgpu.names import LABEL_HOSTNAME, PlacementPolicy
 from vgpu.scheduling.affinity import node_affinity_matches
 from vgpu.scheduling.cutting_stock import CAPACITY, Prices, prices
 from vgpu.scheduling.fit import fitting_gpus
-from vgpu.scheduling.growth_arrays import Columns, Floats, least_growths
+from vgpu.scheduling.growth_arrays import Floats, least_growths
 from vgpu.scheduling.model import Demand, GpuState, NodeState
+from vgpu.scheduling.packed import Columns
 from vgpu.scheduling.policy import REGISTRY
 
 NAME: Final = PlacementPolicy.FRAGMENTATION.value

@@ -8,100 +8,25 @@ group in first-seen order, ``max`` and the cutting-stock loss as Python takes th
 the scalar path's to the bit and no decision depends on which path scored a node (the property test
 ``tests/vgpu/scheduling/test_growth_arrays.py`` holds them equal).
 
-A node enters as :func:`row`: its free CPU and memory and, per GPU, the fields the growth reads; the nodes
-scored at once are one (fields × nodes) array, which :class:`Columns` keeps from one call to the next: a
-cold decision after another over the same nodes repacks only the few whose state changed between them.
+The nodes scored at once are one (fields × nodes) array of packed nodes (:class:`~vgpu.scheduling.packed.Columns`,
+kept by name from one decision to the next).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
-from itertools import compress
-from operator import is_not
-from struct import Struct
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from vgpu.scheduling.cutting_stock import Prices
-from vgpu.scheduling.model import NodeState
+from vgpu.scheduling.packed import GPU_FIELDS, NODE_FIELDS, Ints
 
 Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
-
-NODE_FIELDS: Final = 4  # has CPU, free CPU, has memory, free memory
-GPU_FIELDS: Final = 9  # TFLOPS, VRAM, TFLOPS used, VRAM used, pods, whole, healthy, slots, slots used
-_ITEM: Final = 8  # bytes of one int64
 
 # What :func:`least_growths` reads of a mix entry: GPUs per pod, TFLOPS, VRAM, whole, CPU, memory.
 Size = tuple[int, int, int, bool, int, int]
-
-
-def row(node: NodeState) -> bytes:
-    """The node's free CPU and memory and its GPUs' fields, as int64s (a padding GPU is all zero: unhealthy)."""
-    values = [
-        node.cpu_free is not None,
-        node.cpu_free or 0,
-        node.memory_free is not None,
-        node.memory_free or 0,
-    ]
-    for g in node.gpus:
-        values += (g.tflops, g.vram, g.tflops_used, g.vram_used, g.pods, g.whole, g.healthy, g.slots, g.slots_used)
-    return _packer(len(values)).pack(*values)
-
-
-@lru_cache(maxsize=64)
-def _packer(count: int) -> Struct:
-    return Struct(f"<{count}q")
-
-
-class Columns:
-    """The (fields × nodes) array of the last nodes scored at once, and those nodes' state objects.
-
-    A call over as many nodes, most of them the same state objects, copies the last array and repacks only
-    the others (the extender's snapshot keeps the objects of unchanged nodes); any other call packs every
-    node. An array once returned is never written, so a concurrent call cannot see one half-repacked.
-    """
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last: tuple[tuple[NodeState, ...], Ints] | None = None
-
-    def of(self, nodes: Sequence[NodeState]) -> Ints:
-        now = tuple(nodes)
-        last = self._last
-        columns = None if last is None else _repacked(last[1], last[0], now)
-        if columns is None:
-            rows = [row(node) for node in now]
-            width = max(map(len, rows), default=0)
-            if any(len(r) != width for r in rows):
-                rows = [r + bytes(width - len(r)) for r in rows]  # fewer GPUs: all-zero ones after them
-            table = np.frombuffer(b"".join(rows), dtype=np.int64).reshape(len(rows), width // _ITEM)
-            columns = np.ascontiguousarray(table.T)
-        self._last = (now, columns)
-        return columns
-
-
-def _repacked(columns: Ints, before: tuple[NodeState, ...], now: tuple[NodeState, ...]) -> Ints | None:
-    """``columns`` of ``before`` made those of ``now`` (a copy), or None when too many differ to pay."""
-    if len(before) != len(now):
-        return None
-    changed = list(compress(range(len(now)), map(is_not, now, before)))
-    if len(changed) > len(now) // 8:
-        return None
-    if changed:
-        columns = columns.copy()
-        height = columns.shape[0] * _ITEM
-        for i in changed:
-            packed = row(now[i])
-            if len(packed) > height:
-                return None  # a node with more GPUs than the array is wide
-            columns[:, i] = np.frombuffer(packed + bytes(height - len(packed)), dtype=np.int64)
-    return columns
 
 
 def _py_max(a: Floats | float, b: Floats | float) -> Floats:
@@ -118,9 +43,9 @@ def least_growths(
     memory_per_gpu: float,
     prices: Prices | None,
 ) -> list[float]:
-    """Per node (a column of ``columns``: :meth:`Columns.of`), the least growth of fragmentation over its GPUs
-    that can take one share of ``demand`` (TFLOPS, VRAM held, slots, CPU, memory), unrounded; ``inf`` where
-    none can.
+    """Per node (a column of ``columns``: :meth:`~vgpu.scheduling.packed.Columns.of`), the least growth of
+    fragmentation over its GPUs that can take one share of ``demand`` (TFLOPS, VRAM held, slots, CPU, memory),
+    unrounded; ``inf`` where none can.
 
     ``mix`` and ``weights`` are the entries the growth is weighed by and each one's weight (× the share of
     its pods the node admits: a number, or one per node), ``cpu_per_gpu`` and ``memory_per_gpu`` the mix's,

@@ -10,9 +10,11 @@ filter keep only the best nodes when 11 buckets are too coarse to pick a winner.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from math import floor
+from operator import attrgetter
+from typing import cast
 
 from vgpu.catalog import Catalog
 from vgpu.scheduling.compute_share import on_node
@@ -53,7 +55,8 @@ def score_nodes(
     so the fit check, the costliest part of a cold decision, is not run a second time. A policy that
     scores by state alone (:func:`~vgpu.scheduling.policy.scores_by_state`) scores each node
     state once; the locality term, which depends on the node's name, is added per node. One that
-    scores many nodes at once (:class:`~vgpu.scheduling.policy.ScoresMany`) gets them in one call.
+    scores many nodes at once (:class:`~vgpu.scheduling.policy.ScoresMany`) gets them in one call,
+    without a walk over them when they passed and need no narrowing (:func:`_at_once`).
     """
     match = ModelMatcher(catalog, demand.gpu_model)
     local: frozenset[str] = frozenset()
@@ -65,6 +68,12 @@ def score_nodes(
     policy_score = policy.score
     by_state: dict[int, float] | None = {} if scores_by_state(policy) and not terms.smaller_model else None
     many = policy.score_many if isinstance(policy, ScoresMany) and by_state is None else None
+    if many is not None and passed and not terms.smaller_model:
+        at_once = _at_once(demand, nodes, node_names, match, many)
+        if at_once is not None:
+            for name in local.intersection(at_once) if local else ():
+                at_once[name] += terms.locality
+            return at_once
     deferred: list[tuple[str, NodeState]] = []  # scored by ``many`` after the walk, in the offered order
     for name in node_names:  # every offered node on a cold decision: the common case inline
         node = nodes.get(name)
@@ -104,6 +113,32 @@ def score_nodes(
         for name, tflops in largest.items():
             raw[name] += terms.smaller_model * (1.0 - tflops / top if top else 0.0)
     return raw
+
+
+def _at_once(
+    demand: Demand,
+    nodes: Mapping[str, NodeState],
+    node_names: Iterable[str],
+    match: ModelMatcher,
+    many: Callable[[Demand, Sequence[NodeState]], list[float]],
+) -> dict[str, float] | None:
+    """The policy's scores of nodes that passed the filter, all in one call without a walk over them, when
+    each is its own eligible view (every GPU healthy and of the demanded model) and the demand is in TFLOPS
+    on any of its GPUs; else None (the walk narrows each node, or converts the demand, as it needs)."""
+    if demand.compute_percent is not None or demand.isolation is not None or demand.gpu_indices is not None:
+        return None
+    names = list(dict.fromkeys(node_names))
+    views = list(map(nodes.get, names))
+    if not all(views):
+        return None  # a node unknown to the snapshot: absent from the scores, as the walk leaves it
+    totals = list(map(NodeState.totals, cast("list[NodeState]", views)))
+    if not all(map(_all_healthy, totals)) or not all(map(match.every, set(map(_models, totals)))):
+        return None
+    return dict(zip(names, many(demand, cast("list[NodeState]", views)), strict=True))
+
+
+_all_healthy = attrgetter("all_healthy")
+_models = attrgetter("models")
 
 
 def to_extender_scores(raw: Mapping[str, float]) -> dict[str, int]:
