@@ -41,7 +41,7 @@ command -v go >/dev/null || { log "go is not installed (need Go >= 1.26.6 to bui
 export CGO_ENABLED=0
 mkdir -p "$DIR/bin"
 if [[ ! -x "$DIR/bin/karpenter-kwok" ]]; then
-  log "karpenter $KARPENTER_VERSION: building sigs.k8s.io/karpenter/kwok (cold: about 6 minutes on 2 cores)"
+  log "karpenter $KARPENTER_VERSION: building sigs.k8s.io/karpenter/kwok (cold: about 5 minutes on 2 cores)"
   rm -rf "$DIR/.partial" && mkdir -p "$DIR/.partial"
   # `go install` prints nothing until it is done: log every 30 s meanwhile, so CI logs show it is alive.
   GOBIN="$DIR/.partial" go install -trimpath \

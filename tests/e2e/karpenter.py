@@ -10,7 +10,8 @@ node (fake_nodes.publish_gpu_node), as sigs.k8s.io/kwok would play the kubelet a
 
 Here it runs as the admin (its RBAC is Karpenter's, not under test), with no leader election, reading the
 instance types from a file (``INSTANCE_TYPES_FILE_PATH``: the provider's only way to get types other than its
-embedded generic ones), and short batching windows so a lone pending pod is provisioned within seconds.
+embedded generic ones), NodeOverlays enabled (how a real cloud's instance types get our resources), and
+short batching windows so a lone pending pod is provisioned within seconds.
 Its metrics and health listeners bind every address (the kwok binary takes ports, not addresses).
 """
 
@@ -102,6 +103,7 @@ class Karpenter:
             "LOG_LEVEL": "debug",
             "BATCH_IDLE_DURATION": "1s",
             "BATCH_MAX_DURATION": "2s",
+            "FEATURE_GATES": "NodeOverlay=true",  # alpha in v1.14: extended resources added to a cloud's types
         }
         self.proc = Proc("karpenter", [str(built_dir / "bin" / "karpenter-kwok")], self.root / "karpenter.log", env)
         self.proc.start()
