@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from scheduler_extender.gateway import (
     Kind,
@@ -147,35 +148,35 @@ class KubernetesGateway:
             raise
 
     def create_lease(self, namespace: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
-        limit = CALL_TIMEOUT if timeout is None else timeout
-        return call(
-            f"create lease in {namespace}",
-            lambda: json_body(
-                self.leases.create_namespaced_lease(
-                    namespace,
-                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                    _preload_content=False,
-                    _request_timeout=limit,
-                )
-            ),
-            limit,
-        )
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        return self._write_lease("POST", path, body, f"create lease in {namespace}", timeout)
 
     def replace_lease(self, namespace: str, name: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        return self._write_lease("PUT", path, body, f"update lease {namespace}/{name}", timeout)
+
+    def _write_lease(self, method: str, path: str, body: RawObject, what: str, timeout: float | None) -> RawObject:
+        """Send a Lease as written. The client's own create/replace parse a dict into its model and write its
+        MicroTimes back through ``datetime.isoformat``, which drops the fraction of a whole second
+        (``…:54+00:00``): the API server refuses that MicroTime, and the write fails once in a million."""
         limit = CALL_TIMEOUT if timeout is None else timeout
-        return call(
-            f"update lease {namespace}/{name}",
-            lambda: json_body(
-                self.leases.replace_namespaced_lease(
-                    name,
-                    namespace,
-                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                    _preload_content=False,
-                    _request_timeout=limit,
-                )
-            ),
-            limit,
+        api = self.leases.api_client
+        request = api.param_serialize(
+            method,
+            path,
+            body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            auth_settings=["BearerToken"],
         )
+
+        def send() -> RawObject:
+            response = api.call_api(*request, _request_timeout=limit)
+            data = response.read()
+            if not 200 <= int(response.status) < 300:
+                raise ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
+            return json_body(response)
+
+        return call(what, send, limit)
 
     def bind(
         self,

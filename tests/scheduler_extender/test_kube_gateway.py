@@ -140,3 +140,59 @@ def test_a_refused_connection_is_an_error_not_a_stall(tmp_path: Path) -> None:
         gateway.get_pod("default", "p", timeout=2.0)
     assert not isinstance(failed.value, GatewayTimeout)
     assert failed.value.status is None and "get pod default/p" in str(failed.value)
+
+
+class _Leases(BaseHTTPRequestHandler):
+    """Answers POST and PUT with the body sent, remembering each request's method, path and body; a PUT of
+    lease "taken" is a 409."""
+
+    written: ClassVar[list[tuple[str, str, dict[str, object]]]] = []
+
+    def _answer(self, method: str) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).written.append((method, self.path, json.loads(raw)))
+        status, answer = (
+            (409, b'{"kind": "Status", "message": "the object has been modified"}')
+            if (self.path.endswith("/taken"))
+            else (200 if method == "PUT" else 201, raw)
+        )
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def do_PUT(self) -> None:
+        self._answer("PUT")
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
+def test_a_lease_is_sent_as_written_its_whole_second_microtime_included(tmp_path: Path) -> None:
+    """The client's own Lease methods parse the dict into their model and write a MicroTime of a whole second
+    back as "…:54+00:00", which the API server refuses (it failed a two-extender e2e run once)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Leases)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    whole = "2026-11-27T17:45:54.000000Z"
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"},
+            "spec": {"holderIdentity": "a", "renewTime": whole}}  # fmt: skip
+    try:
+        gateway = gateway_to(server.server_address[1], tmp_path)
+        created = gateway.create_lease("ns", body, timeout=2)
+        replaced = gateway.replace_lease("ns", "l", body, timeout=2)
+        with pytest.raises(GatewayError) as conflict:
+            gateway.replace_lease("ns", "taken", body, timeout=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert created == replaced == body
+    assert conflict.value.status == 409 and "the object has been modified" in str(conflict.value)
+    assert [(m, p, b["spec"]) for m, p, b in _Leases.written] == [  # type: ignore[index]
+        ("POST", "/apis/coordination.k8s.io/v1/namespaces/ns/leases", body["spec"]),
+        ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", body["spec"]),
+        ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/taken", body["spec"]),
+    ]
