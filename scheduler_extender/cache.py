@@ -12,12 +12,14 @@ and metrics. Details and why: scheduler_extender/README.md, section "The cache".
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import Final
 
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
@@ -42,6 +44,9 @@ from vgpu.scheduling.ledger import EntryState, Ledger, LedgerEntry, LedgerRefusa
 from vgpu.scheduling.model import NodeState, Snapshot, workload_key
 
 log = logging.getLogger(__name__)
+# pod_version of a pod whose deletion the watch showed: beyond any version a claim can be conditional on.
+GONE: Final = sys.maxsize
+GONE_KEPT: Final = 1 << 16  # UIDs of deleted pods remembered (~5 MB); an older one's claim is read instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,7 @@ class ClusterCache:
         self._accounting = False  # inside _account_conflicts (it must not re-enter itself)
         self._pods_version = 0  # the highest pod resourceVersion delivered (seen_version)
         self._versions: dict[str, int] = {}  # uid -> resourceVersion, of every live pod (pod_version)
+        self._gone: OrderedDict[str, None] = OrderedDict()  # uids of pods the watch saw go, newest last
         self._node_uids: dict[str, str] = {}  # node name -> its UID (node_uid)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
@@ -125,6 +131,7 @@ class ClusterCache:
                 self._members.pop(ref.uid, None)
                 self._pending.pop(ref.uid, None)
                 self._versions.pop(ref.uid, None)
+                self._saw_go(ref.uid)
                 self._pod_gone(ref)
             else:
                 self._saw_pod_version(event.object)
@@ -136,9 +143,17 @@ class ClusterCache:
             return self._node_uids.get(name) or None
 
     def pod_version(self, uid: str) -> int | None:
-        """The resourceVersion of live pod ``uid`` as the watch last showed it; None for a pod it does not show."""
+        """The resourceVersion of live pod ``uid`` as the watch last showed it; :data:`GONE` for a pod whose
+        deletion it showed (a UID is never reused, so no write conditional on that pod can land any more: a
+        claim for it is settled without reading it); None for a pod it does not show."""
         with self.lock:
-            return self._versions.get(uid)
+            return GONE if uid in self._gone else self._versions.get(uid)
+
+    def _saw_go(self, uid: str) -> None:
+        self._gone[uid] = None
+        self._gone.move_to_end(uid)
+        while len(self._gone) > GONE_KEPT:  # the oldest forgotten: a claim of theirs is then read, as before
+            self._gone.popitem(last=False)
 
     def seen_version(self) -> int:
         """The highest pod resourceVersion the watch delivered: everything the cache shows of pods is at least
@@ -528,7 +543,10 @@ class ClusterCache:
                 records[record.ref.uid] = record
         self._members = {m.ref.uid: m for m in map(workload_pod, items) if m is not None}
         self._pending = {pod_ref(item).uid: pool for item in items if (pool := pending_pool(item)) is not None}
-        self._versions = {pod_ref(item).uid: object_version(item) for item in items}
+        listed = {pod_ref(item).uid: object_version(item) for item in items}
+        for uid in self._versions.keys() - listed.keys():  # deleted while the watch was down
+            self._saw_go(uid)
+        self._versions = listed
         for uid in set(self._foreign) - held.keys():
             self._note_foreign(uid, None)
         for uid, hold in held.items():

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from scheduler_extender.arbiter import Arbiter, ClaimFailed
-from scheduler_extender.cache import ClusterCache
+from scheduler_extender.cache import GONE, ClusterCache
 from scheduler_extender.claim_board import ClaimBoard, ClaimsContended, ClaimsUnreadable, lease_name
 from scheduler_extender.claims import after_reading, counted_beside, settle
 from scheduler_extender.gateway import Kind
@@ -207,3 +207,42 @@ def test_claims_that_can_never_land_stop_holding_room(run: Callable[..., Running
     )
     assert [c.pod for c in board.claims] == ["default/p3"]  # the ghost's and p2's dropped, p1's landed and seen
     assert metric(app, "tf_extender_claims_total", result="stale-read") == 1  # the ghost's pod, read once
+
+
+def test_a_claim_for_a_pod_the_watch_saw_deleted_holds_no_room_and_is_not_read(
+    run: Callable[..., Running], fake: FakeGateway
+) -> None:
+    """A bind retried by kube-scheduler answers 409 "yet the pod is bound there" and leaves a fresh claim; the pod
+    is deleted before any write settles it. A UID is never reused, so the claim can never land: the next bind
+    on the node places beside it at once, reading nothing (before, it held the room until stale, a bind's
+    timeout later: a failover e2e lost a pod that way)."""
+    fake.put(Kind.NODE, make_node(NODE, gpus=1))
+    for name in ("gone", "p1"):
+        fake.put(Kind.POD, make_pod(name, gpu_request(tflops=200_000, vram=4 * GI)))
+    big = (replace(grant(NODE, 0), tflops_request=200_000, tflops_limit=200_000),)
+    version = int(fake.pod("default", "gone")["metadata"]["resourceVersion"])
+    fake.add_claim("default", Claim(pod_uid="uid-default-gone", pod="default/gone", version=version, gpus=big,
+                                    slots=1, at=time.time()), NODE)  # fmt: skip
+    app = run()
+    app.settle()
+    assert "no longer fits on n1" in app.post("/bind", bind_body("p1", NODE))["Error"]  # live: it holds the room
+    fake.delete(Kind.POD, "default/gone")
+    app.settle()
+    assert app.ext.cache.pod_version("uid-default-gone") == GONE
+    assert app.post("/bind", bind_body("p1", NODE)) == {"Error": ""}
+    assert metric(app, "tf_extender_claims_total", result="stale-read") == 0
+    board = claims_contract.decode(
+        fake.leases[("default", lease_name(NODE))]["metadata"]["annotations"][claims_contract.KEY]
+    )
+    assert [c.pod for c in board.claims] == ["default/p1"]
+
+
+def test_a_relist_remembers_the_pods_it_no_longer_shows_as_gone() -> None:
+    cache = ClusterCache(default_pool="default-pool", gate=HandoffGate(ttl=60.0))
+    pods = [make_pod(name, gpu_request()) for name in ("stays", "goes")]
+    cache.replace(Kind.POD, pods)
+    assert cache.pod_version("uid-default-goes") is not None
+    cache.replace(Kind.POD, pods[:1])  # deleted while the watch was down
+    assert cache.pod_version("uid-default-goes") == GONE
+    assert cache.pod_version("uid-default-stays") not in (None, GONE)
+    assert cache.pod_version("uid-default-never") is None
