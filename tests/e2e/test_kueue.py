@@ -145,10 +145,26 @@ def cleaned(cluster: Cluster, namespace: str, nodes: tuple[str, ...], docs: list
     for node in nodes:
         cluster.core.delete_node(node)
     custom = CustomObjectsApi(cluster.admin)
-    for doc in docs:
-        if doc["kind"] in ("ClusterQueue", "ResourceFlavor"):
-            plural = f"{doc['kind'].lower()}s"
-            custom.delete_cluster_custom_object(GROUP, VERSION, plural, doc["metadata"]["name"])
+    scoped = [
+        (f"{d['kind'].lower()}s", d["metadata"]["name"])
+        for d in docs
+        if d["kind"] in ("ClusterQueue", "ResourceFlavor")
+    ]
+    for plural, name in scoped:
+        custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+
+    def gone(plural: str, name: str) -> bool:
+        try:
+            custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    # Kueue's finalizers hold a ResourceFlavor while a ClusterQueue names it: the next scenario may reuse the name.
+    for plural, name in scoped:
+        eventually(f"{plural} {name} gone", lambda plural=plural, name=name: gone(plural, name), timeout=60)
 
 
 @dataclass
