@@ -107,7 +107,7 @@ class KubeApi:
             lambda: drained(
                 self._core.create_namespaced_event(
                     "default",
-                    node_event(node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict is sent as is
+                    node_event(node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                     _preload_content=False,
                     _request_timeout=CALL_TIMEOUT,
                 )
@@ -122,7 +122,7 @@ class KubeApi:
             lambda: drained(
                 self._core.create_namespaced_event(
                     namespace,
-                    pod_event(namespace, name, uid, node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict is sent as is
+                    pod_event(namespace, name, uid, node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                     _preload_content=False,
                     _request_timeout=CALL_TIMEOUT,
                 )

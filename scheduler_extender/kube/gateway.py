@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from scheduler_extender.gateway import (
     Kind,
@@ -37,6 +36,7 @@ from tf_shell.kube.client import (
     drained,
     items,
     json_body,
+    send,
     upsert,
     watch_events,
 )
@@ -149,34 +149,11 @@ class KubernetesGateway:
 
     def create_lease(self, namespace: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-        return self._write_lease("POST", path, body, f"create lease in {namespace}", timeout)
+        return send(self.leases.api_client, "POST", path, body, f"create lease in {namespace}", _limit(timeout))
 
     def replace_lease(self, namespace: str, name: str, body: RawObject, *, timeout: float | None = None) -> RawObject:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        return self._write_lease("PUT", path, body, f"update lease {namespace}/{name}", timeout)
-
-    def _write_lease(self, method: str, path: str, body: RawObject, what: str, timeout: float | None) -> RawObject:
-        """Send a Lease as written. The client's own create/replace parse a dict into its model and write its
-        MicroTimes back through ``datetime.isoformat``, which drops the fraction of a whole second
-        (``…:54+00:00``): the API server refuses that MicroTime, and the write fails once in a million."""
-        limit = CALL_TIMEOUT if timeout is None else timeout
-        api = self.leases.api_client
-        request = api.param_serialize(
-            method,
-            path,
-            body=body,
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-
-        def send() -> RawObject:
-            response = api.call_api(*request, _request_timeout=limit)
-            data = response.read()
-            if not 200 <= int(response.status) < 300:
-                raise ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
-            return json_body(response)
-
-        return call(what, send, limit)
+        return send(self.leases.api_client, "PUT", path, body, f"update lease {namespace}/{name}", _limit(timeout))
 
     def bind(
         self,
@@ -200,7 +177,7 @@ class KubernetesGateway:
                 self.core.create_namespaced_pod_binding(
                     name,
                     namespace,
-                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                    body,  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                     _preload_content=False,
                     _request_timeout=limit,
                 )
@@ -212,17 +189,8 @@ class KubernetesGateway:
         now = rfc3339(time.time())
         name = f"{event.pod_name}.{time.time_ns():x}{uuid.uuid4().hex[:6]}"
         body = event_body(event, now, name)
-        call(
-            f"event on pod {event.namespace}/{event.pod_name}",
-            lambda: drained(
-                self.core.create_namespaced_event(
-                    event.namespace,
-                    body,  # type: ignore[arg-type]  # a plain dict is sent as is
-                    _preload_content=False,
-                    _request_timeout=CALL_TIMEOUT,
-                )
-            ),
-        )
+        path = f"/api/v1/namespaces/{event.namespace}/events"
+        send(self.core.api_client, "POST", path, body, f"event on pod {event.namespace}/{event.pod_name}", CALL_TIMEOUT)
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         body = eviction_body(namespace, name, uid)
@@ -233,7 +201,7 @@ class KubernetesGateway:
                     self.core.create_namespaced_pod_eviction(
                         name,
                         namespace,
-                        body,  # type: ignore[arg-type]  # a plain dict is sent as is
+                        body,  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                         _preload_content=False,
                         _request_timeout=CALL_TIMEOUT,
                     )
@@ -322,9 +290,9 @@ class KubernetesGateway:
         upsert(
             f"horizontalpodautoscaler {namespace}/{body['metadata']['name']}",
             body,
-            create=lambda b: api.create_namespaced_horizontal_pod_autoscaler(namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            create=lambda b: api.create_namespaced_horizontal_pod_autoscaler(namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
             read=lambda n: api.read_namespaced_horizontal_pod_autoscaler(n, namespace, **RAW),
-            replace=lambda n, b: api.replace_namespaced_horizontal_pod_autoscaler(n, namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            replace=lambda n, b: api.replace_namespaced_horizontal_pod_autoscaler(n, namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
         )
 
     def delete_hpa(self, namespace: str, name: str) -> None:
@@ -350,7 +318,11 @@ class KubernetesGateway:
         upsert(
             f"configmap {namespace}/{body['metadata']['name']}",
             body,
-            create=lambda b: core.create_namespaced_config_map(namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            create=lambda b: core.create_namespaced_config_map(namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
             read=lambda n: core.read_namespaced_config_map(n, namespace, **RAW),
-            replace=lambda n, b: core.replace_namespaced_config_map(n, namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict is sent as is
+            replace=lambda n, b: core.replace_namespaced_config_map(n, namespace, b, **RAW),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
         )
+
+
+def _limit(timeout: float | None) -> float | tuple[float, float]:
+    return CALL_TIMEOUT if timeout is None else timeout

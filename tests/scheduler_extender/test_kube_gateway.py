@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 
+from scheduler_extender.gateway import PodEvent
 from scheduler_extender.kube.gateway import KubernetesGateway
 from tests.local_api import kubeconfig
 from tf_shell.kube.api import GatewayError, GatewayTimeout
@@ -172,7 +173,7 @@ class _Leases(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_lease_is_sent_as_written_its_whole_second_microtime_included(tmp_path: Path) -> None:
+def test_leases_and_events_are_sent_as_written_a_whole_second_microtime_included(tmp_path: Path) -> None:
     """The client's own Lease methods parse the dict into their model and write a MicroTime of a whole second
     back as "…:54+00:00", which the API server refuses (it failed a two-extender e2e run once)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Leases)
@@ -186,13 +187,20 @@ def test_a_lease_is_sent_as_written_its_whole_second_microtime_included(tmp_path
         replaced = gateway.replace_lease("ns", "l", body, timeout=2)
         with pytest.raises(GatewayError) as conflict:
             gateway.replace_lease("ns", "taken", body, timeout=2)
+        gateway.record_event(PodEvent(namespace="ns", pod_name="p", pod_uid="u-1", reason="GpuGranted", message="m"))
     finally:
         server.shutdown()
         server.server_close()
     assert created == replaced == body
     assert conflict.value.status == 409 and "the object has been modified" in str(conflict.value)
-    assert [(m, p, b["spec"]) for m, p, b in _Leases.written] == [  # type: ignore[index]
+    *leases, (method, path, event) = _Leases.written
+    assert [(m, p, b["spec"]) for m, p, b in leases] == [
         ("POST", "/apis/coordination.k8s.io/v1/namespaces/ns/leases", body["spec"]),
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", body["spec"]),
         ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/taken", body["spec"]),
     ]
+    # the GpuGranted Event goes the same way (a hot path: the client's model round trip cost more than the call)
+    assert (method, path, event["reason"], event["involvedObject"]["uid"]) == (
+        "POST", "/api/v1/namespaces/ns/events", "GpuGranted", "u-1",
+    )  # fmt: skip
+    assert str(event["firstTimestamp"]).endswith("Z")  # as event_body wrote it, not re-serialised
