@@ -23,7 +23,7 @@ from vgpu.catalog import Catalog
 from vgpu.names import RESOURCE_VGPU
 from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.scheduling.affinity import node_affinity_matches
-from vgpu.scheduling.compute_share import mixed_sizes, on_node
+from vgpu.scheduling.compute_share import share_on
 from vgpu.scheduling.model import Demand, GpuState, NodeState
 from vgpu.scheduling.reasons import Reason, ReasonCode
 
@@ -171,10 +171,10 @@ def check_node(demand: Demand, node: NodeState, match: ModelMatcher) -> Reason |
     if not gpus or (pinned is not None and len(gpus) < len(pinned)):
         return _unserved_reason(demand, whole_node)
     if demand.compute_percent is not None:  # in TFLOPS of this node's GPUs, or why it cannot be
-        mixed = mixed_sizes(demand, node, match)
-        if mixed is not None:
-            return mixed
-        demand = on_node(demand, node, match)
+        share = share_on(demand, node, match)
+        if isinstance(share, Reason):
+            return share
+        demand = share
     need = demand.gpu_count
     t, v, s = demand.tflops, demand.vram_held, demand.slots
     whole = demand.whole_gpu
