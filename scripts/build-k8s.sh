@@ -12,35 +12,16 @@
 # The last line of stdout is the bin directory; progress goes to stderr.
 set -euo pipefail
 
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TAG=build-k8s
+source "$REPO_ROOT/scripts/lib/go-cache.sh"  # CACHE_ROOT, log, with_ticker
 K8S_VERSION="${TF_K8S_VERSION:-v1.36.2}"
 ETCD_VERSION="${TF_ETCD_VERSION:-v3.6.8}"
-CACHE_ROOT="${TF_K8S_CACHE:-$HOME/.cache/tensor-fusion-k8s}"
 VERSION_DIR="$CACHE_ROOT/$K8S_VERSION"
 BIN="$VERSION_DIR/bin"
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FAKE_CRI_SRC="$REPO_ROOT/tests/e2e/fake_cri"
 # v1.X.Y of k8s.io/kubernetes pairs with v0.X.Y of every k8s.io staging module.
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
-
-START=$(date +%s)
-log() { printf '[build-k8s %3ds] %s\n' "$(($(date +%s) - START))" "$*" >&2; }
-
-# `go build` prints nothing until it is done, 10+ minutes on a cold build: run "$@" in the
-# background and log every TICK_S seconds meanwhile, so CI logs show the build is alive.
-# The exit status is the command's; the command is killed if this script exits first.
-TICK_S=30
-with_ticker() {
-  "$@" &
-  local pid=$! waited=0
-  trap "kill $pid 2>/dev/null" EXIT
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    waited=$((waited + 1))
-    if ((waited % TICK_S == 0)); then log "go build still running (${waited}s)"; fi
-  done
-  trap - EXIT
-  wait "$pid"
-}
 
 need_go() {
   command -v go >/dev/null || { log "go is not installed (need Go >= 1.26 to build Kubernetes $K8S_VERSION)"; exit 1; }

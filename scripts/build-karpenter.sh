@@ -21,50 +21,18 @@
 # progress goes to stderr.
 set -euo pipefail
 
-KARPENTER_VERSION="${TF_KARPENTER_VERSION:-v1.14.1}"
-CACHE_ROOT="${TF_K8S_CACHE:-$HOME/.cache/tensor-fusion-k8s}"
-DIR="$CACHE_ROOT/karpenter-$KARPENTER_VERSION"
+TAG=build-karpenter
+TOOL=karpenter
+TOOL_VERSION="${TF_KARPENTER_VERSION:-v1.14.1}"
+MODULE=sigs.k8s.io/karpenter
+PACKAGE=$MODULE/kwok
+BINARY=karpenter-kwok
+LDFLAGS="-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$TOOL_VERSION"
+COLD_MINUTES=5
 
-START=$(date +%s)
-log() { printf '[build-karpenter %3ds] %s\n' "$(($(date +%s) - START))" "$*" >&2; }
+copy_config() {
+  cp "$1"/kwok/charts/crds/*.yaml "$1"/kwok/apis/crds/*.yaml "$2/crd/"
+}
 
-ready() { [[ -x "$DIR/bin/karpenter-kwok" && -f "$DIR/config/.ready" ]]; }
-
-if [[ "${1:-}" == "--check" ]]; then
-  echo "$DIR"
-  ready || { log "missing: $DIR/bin/karpenter-kwok or $DIR/config"; exit 1; }
-  exit 0
-fi
-if ready; then log "karpenter $KARPENTER_VERSION: cached"; echo "$DIR"; exit 0; fi
-command -v go >/dev/null || { log "go is not installed (need Go >= 1.26.6 to build Karpenter $KARPENTER_VERSION)"; exit 1; }
-
-export CGO_ENABLED=0
-mkdir -p "$DIR/bin"
-if [[ ! -x "$DIR/bin/karpenter-kwok" ]]; then
-  log "karpenter $KARPENTER_VERSION: building sigs.k8s.io/karpenter/kwok (cold: about 5 minutes on 2 cores)"
-  rm -rf "$DIR/.partial" && mkdir -p "$DIR/.partial"
-  # `go install` prints nothing until it is done: log every 30 s meanwhile, so CI logs show it is alive.
-  GOBIN="$DIR/.partial" go install -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=$KARPENTER_VERSION" \
-    "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION" &
-  pid=$! waited=0
-  trap 'kill $pid 2>/dev/null' EXIT
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    waited=$((waited + 1))
-    if ((waited % 30 == 0)); then log "go install still running (${waited}s)"; fi
-  done
-  trap - EXIT
-  wait "$pid"
-  mv "$DIR/.partial/kwok" "$DIR/bin/karpenter-kwok"
-  rmdir "$DIR/.partial"
-  log "karpenter (kwok provider): built"
-fi
-
-src="$(go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-rm -rf "$DIR/config" && mkdir -p "$DIR/config/crd"
-cp "$src"/kwok/charts/crds/*.yaml "$src"/kwok/apis/crds/*.yaml "$DIR/config/crd/"
-chmod -R u+w "$DIR/config"
-touch "$DIR/config/.ready"
-log "done in $(($(date +%s) - START))s: $DIR"
-echo "$DIR"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-cache.sh"
+go_tool_main "$@"

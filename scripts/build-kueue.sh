@@ -16,50 +16,19 @@
 # progress goes to stderr.
 set -euo pipefail
 
-KUEUE_VERSION="${TF_KUEUE_VERSION:-v0.17.0}"
-CACHE_ROOT="${TF_K8S_CACHE:-$HOME/.cache/tensor-fusion-k8s}"
-DIR="$CACHE_ROOT/kueue-$KUEUE_VERSION"
+TAG=build-kueue
+TOOL=kueue
+TOOL_VERSION="${TF_KUEUE_VERSION:-v0.17.0}"
+MODULE=sigs.k8s.io/kueue
+PACKAGE=$MODULE/cmd/kueue
+BINARY=kueue
+LDFLAGS="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$TOOL_VERSION"
+COLD_MINUTES=8
 
-START=$(date +%s)
-log() { printf '[build-kueue %3ds] %s\n' "$(($(date +%s) - START))" "$*" >&2; }
+copy_config() {
+  cp "$1"/config/components/crd/bases/*.yaml "$2/crd/"
+  cp "$1/config/components/webhook/manifests.yaml" "$2/webhooks.yaml"
+}
 
-ready() { [[ -x "$DIR/bin/kueue" && -f "$DIR/config/.ready" ]]; }
-
-if [[ "${1:-}" == "--check" ]]; then
-  echo "$DIR"
-  ready || { log "missing: $DIR/bin/kueue or $DIR/config"; exit 1; }
-  exit 0
-fi
-if ready; then log "kueue $KUEUE_VERSION: cached"; echo "$DIR"; exit 0; fi
-command -v go >/dev/null || { log "go is not installed (need Go >= 1.25 to build Kueue $KUEUE_VERSION)"; exit 1; }
-
-export CGO_ENABLED=0
-mkdir -p "$DIR/bin"
-if [[ ! -x "$DIR/bin/kueue" ]]; then
-  log "kueue $KUEUE_VERSION: building sigs.k8s.io/kueue/cmd/kueue (cold: about 8 minutes on 2 cores)"
-  rm -rf "$DIR/.partial" && mkdir -p "$DIR/.partial"
-  # `go install` prints nothing until it is done: log every 30 s meanwhile, so CI logs show it is alive.
-  GOBIN="$DIR/.partial" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" &
-  pid=$! waited=0
-  trap 'kill $pid 2>/dev/null' EXIT
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    waited=$((waited + 1))
-    if ((waited % 30 == 0)); then log "go install still running (${waited}s)"; fi
-  done
-  trap - EXIT
-  wait "$pid"
-  mv "$DIR/.partial/kueue" "$DIR/bin/kueue"
-  rmdir "$DIR/.partial"
-  log "kueue: built"
-fi
-
-src="$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-rm -rf "$DIR/config" && mkdir -p "$DIR/config/crd"
-cp "$src"/config/components/crd/bases/*.yaml "$DIR/config/crd/"
-cp "$src/config/components/webhook/manifests.yaml" "$DIR/config/webhooks.yaml"
-chmod -R u+w "$DIR/config"
-touch "$DIR/config/.ready"
-log "done in $(($(date +%s) - START))s: $DIR"
-echo "$DIR"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-cache.sh"
+go_tool_main "$@"

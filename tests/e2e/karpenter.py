@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 from kubernetes.client import ApiClient, ApiextensionsV1Api
 
 from .kube import apply, eventually, load_docs
-from .procs import REPO, Proc, free_port, http_ok, wait_until
+from .procs import REPO, Proc, build, free_port, http_ok, wait_until
 
 BUILD_SCRIPT = REPO / "scripts" / "build-karpenter.sh"
 GROUP, VERSION = "karpenter.sh", "v1"
@@ -36,17 +35,6 @@ KWOK_GROUP, KWOK_VERSION = "karpenter.kwok.sh", "v1alpha1"
 ZONE = "test-zone-a"
 LABEL_NODEPOOL = "karpenter.sh/nodepool"
 UNREGISTERED_TAINT = "karpenter.sh/unregistered"
-
-
-def ensure_built() -> Path:
-    """Run the build script (a no-op when cached); the directory with bin/karpenter-kwok and config/."""
-    done = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-def built() -> bool:
-    check = subprocess.run([str(BUILD_SCRIPT), "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return check.returncode == 0
 
 
 def instance_type(name: str, price: float, resources: Mapping[str, str]) -> dict[str, Any]:
@@ -80,7 +68,7 @@ class Karpenter:
     proc: Proc | None = None
 
     def start(self) -> Karpenter:
-        built_dir = ensure_built()
+        built_dir = build(BUILD_SCRIPT)
         crds = load_docs(sorted((built_dir / "config" / "crd").glob("*.yaml")))
         apply(self.admin, crds)
         extensions = ApiextensionsV1Api(self.admin)

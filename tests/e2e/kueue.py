@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import copy
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from kubernetes.client import AdmissionregistrationV1Api, ApiClient, Apiextensio
 
 from .kube import apply, eventually, load_docs
 from .pki import Pki, serving_cert
-from .procs import REPO, Proc, free_port, http_ok, wait_until
+from .procs import REPO, Proc, build, free_port, http_ok, wait_until
 
 BUILD_SCRIPT = REPO / "scripts" / "build-kueue.sh"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -44,17 +43,6 @@ METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # where Kueue reads them witho
 NAMESPACE = "kueue-system"
 # The paths of the webhook entries Kueue serves with only the batch/v1 Job integration enabled.
 SERVED = ("/mutate-batch-v1-job", "/validate-batch-v1-job", "-kueue-x-k8s-io-")
-
-
-def ensure_built() -> Path:
-    """Run the build script (a no-op when cached); the directory with bin/kueue and config/."""
-    done = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-def built() -> bool:
-    check = subprocess.run([str(BUILD_SCRIPT), "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return check.returncode == 0
 
 
 def webhook_configurations(config: Path, base_url: str, ca: Path) -> list[dict[str, Any]]:
@@ -89,7 +77,7 @@ class Kueue:
     webhooks: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self) -> Kueue:
-        built_dir = ensure_built()
+        built_dir = build(BUILD_SCRIPT)
         config = built_dir / "config"
         crds = load_docs(sorted((config / "crd").glob("*.yaml")))
         apply(self.admin, crds)

@@ -32,13 +32,22 @@ BUILD_SCRIPT = REPO / "scripts" / "build-k8s.sh"
 NEEDED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "fake-cri")
 
 
-def ensure_binaries() -> Path:
-    """Run the build script (a no-op when everything is cached) and return the bin directory.
+def build(script: Path) -> Path:
+    """Run a build script of scripts/ (a no-op when everything is cached): the directory its last stdout line
+    names (progress goes to stderr)."""
+    done = subprocess.run([str(script)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(done.stdout.strip().splitlines()[-1])
 
-    Progress goes to stderr; the script's last stdout line is the directory.
-    """
-    done = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
-    bin_dir = Path(done.stdout.strip().splitlines()[-1])
+
+def cached(script: Path) -> bool:
+    """Whether a build script's ``--check`` finds everything in the cache already (nothing to build)."""
+    check = subprocess.run([str(script), "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return check.returncode == 0
+
+
+def ensure_binaries() -> Path:
+    """Run the Kubernetes build script (a no-op when everything is cached) and return the bin directory."""
+    bin_dir = build(BUILD_SCRIPT)
     missing = [name for name in NEEDED if not (bin_dir / name).exists()]
     if missing:
         raise FileNotFoundError(f"{BUILD_SCRIPT} finished but {missing} are not in {bin_dir}")
@@ -46,9 +55,8 @@ def ensure_binaries() -> Path:
 
 
 def built() -> bool:
-    """Whether every binary is in the cache already (nothing to build)."""
-    check = subprocess.run([str(BUILD_SCRIPT), "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return check.returncode == 0
+    """Whether every Kubernetes binary is in the cache already (nothing to build)."""
+    return cached(BUILD_SCRIPT)
 
 
 class StartupError(RuntimeError):
