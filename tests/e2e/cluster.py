@@ -13,13 +13,13 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes.client import ApiregistrationV1Api, CoreV1Api, RbacAuthorizationV1Api
 
@@ -63,6 +63,16 @@ TENANT = "e2e-tenant"  # an ordinary user; scenarios grant it roles in their nam
 # The live-limits directories (the device plugin's --live-limits-dir) of the clusters this process started: each
 # cluster has its own under its root, so clusters on one machine never share, or sweep, each other's.
 LIVE_LIMITS_DIRS: list[Path] = []
+
+
+class Companion(Protocol):
+    """A controller of another project the e2e tier runs beside the cluster (tests/e2e/kueue.py, karpenter.py)."""
+
+    proc: Proc | None
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -304,6 +314,19 @@ class Cluster(AbstractContextManager["Cluster"]):
 
         wait_until("the custom metrics APIServices Available", available, 60, [proc])
         return proc
+
+    @contextmanager
+    def beside(self, name: str, companion: Companion) -> Iterator[None]:
+        """Run another project's controller (Kueue, Karpenter) for the block; while it runs, its log is shown
+        with the cluster's when a test fails."""
+        try:
+            companion.start()
+            assert companion.proc is not None
+            self.ours[name] = companion.proc
+            yield
+        finally:
+            companion.stop()
+            self.ours.pop(name, None)
 
     def stop_metrics_api(self) -> None:
         """Unregister the APIServices (a group without a server fails every client's discovery), stop tf-metrics."""

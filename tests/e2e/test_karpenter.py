@@ -44,6 +44,7 @@ from vgpu.node_resources import node_capacity
 from .cluster import Cluster
 from .fake_nodes import SLICES_PER_GPU, fake_inventory, gpus, publish_gpu_node
 from .karpenter import (
+    BUILD_SCRIPT,
     GROUP,
     KWOK_GROUP,
     KWOK_VERSION,
@@ -53,13 +54,12 @@ from .karpenter import (
     Karpenter,
     instance_type,
 )
-from .karpenter import built as karpenter_built
 from .kube import apply, emptied, eventually
 from .pods import allocation_of, gpu_pod
-from .procs import REPO
+from .procs import REPO, cached
 
 COLD_BUILD_TIMEOUT = 1800  # scripts/build-karpenter.sh cold: about 5 minutes on 2 cores (286 s measured)
-pytestmark = pytest.mark.timeout(300 if karpenter_built() else COLD_BUILD_TIMEOUT)
+pytestmark = pytest.mark.timeout(300 if cached(BUILD_SCRIPT) else COLD_BUILD_TIMEOUT)
 
 NODECLASS = "e2e-kwok"
 GI = 1024**3
@@ -164,14 +164,8 @@ def karpenter(cluster: Cluster) -> Iterator[Karpenter]:
     """Karpenter for this module only; its log is shown with the cluster's when a test fails."""
     assert cluster.cp is not None
     running = Karpenter(cluster.admin, cluster.root / "karpenter", cluster.cp.kubeconfig("admin"), INSTANCE_TYPES)
-    try:
-        running.start()
-        assert running.proc is not None
-        cluster.ours["karpenter"] = running.proc
+    with cluster.beside("karpenter", running):
         yield running
-    finally:
-        running.stop()
-        cluster.ours.pop("karpenter", None)
 
 
 def cleaned(cluster: Cluster, namespace: str, case: Case) -> None:

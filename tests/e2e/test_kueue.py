@@ -52,12 +52,12 @@ from vgpu.names import (
 from .cluster import Cluster
 from .fake_nodes import gpus
 from .kube import apply, emptied, eventually
-from .kueue import GROUP, VERSION, Kueue, built
+from .kueue import BUILD_SCRIPT, GROUP, VERSION, Kueue
 from .pods import IMAGE, allocation_of, hand_over
-from .procs import REPO
+from .procs import REPO, cached
 
 COLD_BUILD_TIMEOUT = 1800  # scripts/build-kueue.sh cold: about 8 minutes on 2 cores
-pytestmark = pytest.mark.timeout(300 if built() else COLD_BUILD_TIMEOUT)
+pytestmark = pytest.mark.timeout(300 if cached(BUILD_SCRIPT) else COLD_BUILD_TIMEOUT)
 
 POOL = "e2e-kueue"
 NODES = ("e2e-kueue-0", "e2e-kueue-1")
@@ -281,14 +281,8 @@ def kueue(cluster: Cluster) -> Iterator[Kueue]:
     """Kueue for this module only; its log is shown with the cluster's when a test fails."""
     assert cluster.cp is not None and cluster.cp.pki is not None
     running = Kueue(cluster.admin, cluster.cp.pki, cluster.root / "kueue", cluster.cp.kubeconfig("admin"))
-    try:
-        running.start()
-        assert running.proc is not None
-        cluster.ours["kueue"] = running.proc
+    with cluster.beside("kueue", running):
         yield running
-    finally:
-        running.stop()
-        cluster.ours.pop("kueue", None)
 
 
 def test_a_job_with_a_bad_pod_template_is_refused_when_created(kueue: Kueue, cluster: Cluster, fresh: str) -> None:
