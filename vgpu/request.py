@@ -332,10 +332,7 @@ def _annotation_layer(ann: Mapping[str, str], errors: list[FieldError]) -> Profi
             get(A.COMPUTE_PERCENT_LIMIT), lambda v: compute_percent.parse(A.COMPUTE_PERCENT_LIMIT, v, errors)
         ),
     )
-    for tflops_key, percent_key in (
-        (A.TFLOPS_REQUEST, A.COMPUTE_PERCENT_REQUEST),
-        (A.TFLOPS_LIMIT, A.COMPUTE_PERCENT_LIMIT),
-    ):
+    for *_, tflops_key, percent_key in _COMPUTE_SIDES:
         if tflops_key in ann and percent_key in ann:
             errors.append(
                 FieldError(
