@@ -7,7 +7,8 @@ label that migrates NVIDIA GPU pods (the API server does not tell a webhook the 
 so the entry that called says which value selected the namespace).
 Every path answers HTTP 200 with a well-formed AdmissionReview, because anything else becomes the
 webhook's failurePolicy (Fail) and the user sees a transport error instead of our reason.
-Blocking Kubernetes calls run in the thread pool, never on the event loop.
+Blocking Kubernetes calls run in the thread pool, never on the event loop; the GPUPools are watched into
+a cache (``pool_cache.py``) by a daemon thread that runs as long as the app.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tf_webhook.decision import decide
 from tf_webhook.job_template import decide_job, is_job_create
 from tf_webhook.kube import KubeAdmission
 from tf_webhook.migration import Migration
+from tf_webhook.pool_cache import PoolCache, PoolFeed
 from tf_webhook.settings import WebhookSettings
 from vgpu import metric_names
 from vgpu.names import DISTRIBUTION, MigrationMode
@@ -88,9 +90,14 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
+        feed = None
         if cluster is None:
             kubeconfig = str(settings.kubeconfig) if settings.kubeconfig else None
-            connected: AdmissionCluster = KubeAdmission.connect(kubeconfig, settings.kube_timeout_s)
+            pools = PoolCache()
+            kube = KubeAdmission.connect(kubeconfig, settings.kube_timeout_s, pools)
+            feed = PoolFeed(kube.pool_source(), pools)
+            feed.start()
+            connected: AdmissionCluster = kube
         else:
             connected = cluster
         registry = CollectorRegistry()
@@ -104,7 +111,11 @@ def create_app(settings: WebhookSettings, cluster: AdmissionCluster | None = Non
             ["result"],
             registry=registry,
         )
-        yield {"cluster": connected, "admissions": admissions, "registry": registry}
+        try:
+            yield {"cluster": connected, "admissions": admissions, "registry": registry}
+        finally:
+            if feed is not None:
+                feed.stop()
 
     app = FastAPI(title="tensor-fusion webhook", lifespan=lifespan, docs_url=None, redoc_url=None)
 

@@ -24,7 +24,10 @@ class AdmissionReads(Protocol):
 
     def workload(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
 
-    def gpu_pools(self) -> Sequence[Mapping[str, Any]]: ...
+    def gpu_pools(self, *, fresh: bool = False) -> Sequence[Mapping[str, Any]]:
+        """Every GPUPool, possibly from a watch's cache (a moment behind); ``fresh``: as the API server holds
+        them now, which the decision asks for before it refuses a pod on what the pools say."""
+        ...
 
 
 class WorkloadWrites(Protocol):

@@ -6,7 +6,8 @@ defaults > built-ins) lives in ``vgpu.request.resolve``; here we fetch what the 
 turn every problem into one message the user can act on, and never let a tenant's copy of a
 system annotation through, nor any of the device plugin's environment variables in its containers
 (``plugin_env.py``). A pod sent by a migration entry is first translated from NVIDIA's GPU
-resources (``migration.py``) and then decided like any other.
+resources (``migration.py``) and then decided like any other. The pools may come from a cache a moment
+behind (``pool_cache.py``), so no pod is refused before the pools are read again from the API server.
 """
 
 from __future__ import annotations
@@ -140,7 +141,19 @@ def _resolve(view: PodView, cluster: AdmissionReads) -> GpuRequest:
     )
     if errors:
         raise DomainError(errors)
-    pools = _pools(cluster.gpu_pools())
+    try:
+        return _in_pools(view, profile, workload, cluster.gpu_pools())
+    except DomainError:
+        # The pools may be a cache's, a moment behind: a pool created or fixed since must not be refused
+        # on its word, so a refusal is decided again on the pools as the API server holds them now.
+        return _in_pools(view, profile, workload, cluster.gpu_pools(fresh=True))
+
+
+def _in_pools(
+    view: PodView, profile: ProfileSpec | None, workload: ProfileSpec | None, raw: Sequence[Mapping[str, Any]]
+) -> GpuRequest:
+    """The request resolved among these pools; raises DomainError with the problems found."""
+    pools = _pools(raw)
     chosen = (
         view.annotations.get(Annotation.GPUPOOL) or (workload and workload.pool_name) or (profile and profile.pool_name)
     )

@@ -3,39 +3,58 @@
 Implements the ``tf_webhook.cluster`` ports through :mod:`tf_shell.kube.client`. Every call has a
 short timeout because it runs inside an admission request the API server gives up on after
 ``timeoutSeconds``; a 404 is "not found" (None), any other failure is ClusterUnavailable with a reason.
+GPUPools are read from the watch-backed cache while it is trusted (``pool_cache.py``, fed by
+:class:`PoolSource`), else listed.
 Workload updates are get → merge → replace with the resourceVersion, retried on 409, so two pods
 admitted at once cannot lose each other's fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from kubernetes import client
 
-from tf_shell.kube.api import GatewayError
-from tf_shell.kube.client import api_client, call, drained, json_body
+from tf_shell.kube.api import GatewayError, Listing, RawObject, WatchEvent
+from tf_shell.kube.client import (
+    CALL_TIMEOUT,
+    LIST_TIMEOUT,
+    WATCH_SLACK,
+    api_client,
+    call,
+    drained,
+    json_body,
+    watch_events,
+)
 from tf_webhook.cluster import ClusterUnavailable
+from tf_webhook.pool_cache import PoolCache
 from tf_webhook.workload import WorkloadUpsert, new_object, updated_object
 from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, PLURAL_WORKLOAD, PLURAL_WORKLOAD_PROFILE
 
 _CONFLICT_RETRIES: Final = 5
+_EVENTS: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 T = TypeVar("T")
 
 
 class KubeAdmission:
-    """AdmissionReads + WorkloadWrites over one ApiClient (thread-safe; FastAPI calls it from a pool)."""
+    """AdmissionReads + WorkloadWrites over one ApiClient (thread-safe; FastAPI calls it from a pool).
+    ``pools``: the cache GPUPools are read from while it is trusted; without it every read lists them."""
 
-    def __init__(self, api: client.CustomObjectsApi, timeout_s: float) -> None:
+    def __init__(self, api: client.CustomObjectsApi, timeout_s: float, pools: PoolCache | None = None) -> None:
         self._api = api
         self._timeout = timeout_s
         self._raw: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout_s}
+        self._pools = pools
 
     @classmethod
-    def connect(cls, kubeconfig: str | None, timeout_s: float) -> KubeAdmission:
+    def connect(cls, kubeconfig: str | None, timeout_s: float, pools: PoolCache | None = None) -> KubeAdmission:
         """In-cluster credentials unless ``kubeconfig`` names a file (development, end-to-end tests)."""
-        return cls(client.CustomObjectsApi(api_client(kubeconfig)), timeout_s)
+        return cls(client.CustomObjectsApi(api_client(kubeconfig)), timeout_s, pools)
+
+    def pool_source(self) -> PoolSource:
+        """What the pool cache's informer lists and watches, over this client."""
+        return PoolSource(self._api)
 
     def workload_profile(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self._get(PLURAL_WORKLOAD_PROFILE, namespace, name)
@@ -43,15 +62,13 @@ class KubeAdmission:
     def workload(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self._get(PLURAL_WORKLOAD, namespace, name)
 
-    def gpu_pools(self) -> Sequence[Mapping[str, Any]]:
+    def gpu_pools(self, *, fresh: bool = False) -> Sequence[Mapping[str, Any]]:
+        held = None if fresh or self._pools is None else self._pools.held()
+        if held is not None:
+            return held
         what = f"list {PLURAL_GPU_POOL}"
         try:
-            listed = self._call(
-                what,
-                lambda: json_body(
-                    self._api.list_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, **self._raw)
-                ),
-            )
+            listed = self._call(what, lambda: json_body(_pools(self._api, **self._raw)))
         except GatewayError as exc:
             raise ClusterUnavailable(_reason(what, exc)) from exc
         return [item for item in listed.get("items") or () if isinstance(item, Mapping)]
@@ -106,6 +123,47 @@ class KubeAdmission:
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         return call(what, fn, self._timeout)
+
+
+class PoolSource:
+    """Every GPUPool, listed and watched: the :class:`tf_shell.kube.list_watch.Source` of the pool cache."""
+
+    def __init__(self, api: client.CustomObjectsApi) -> None:
+        self._api = api
+
+    def list(self) -> Listing:
+        body: RawObject = call(
+            f"list {PLURAL_GPU_POOL}",
+            lambda: json_body(_pools(self._api, _preload_content=False, _request_timeout=LIST_TIMEOUT)),
+            LIST_TIMEOUT,
+        )
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return Listing(items=[i for i in body.get("items") or [] if isinstance(i, dict)], resource_version=rv)
+
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        what = f"watch {PLURAL_GPU_POOL}"
+        limit = (CALL_TIMEOUT[0], timeout_seconds + WATCH_SLACK)
+        response = call(
+            what,
+            lambda: _pools(
+                self._api,
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=limit,
+            ),
+            limit,
+        )
+        for type_, obj in watch_events(response, what):
+            if type_ in _EVENTS:
+                yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
+
+
+def _pools(api: client.CustomObjectsApi, **options: Any) -> Any:
+    """The GPUPool collection's LIST (or watch, with ``watch=True``), unread: ``options`` say how."""
+    return api.list_cluster_custom_object(CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, **options)
 
 
 def _reason(what: str, exc: GatewayError) -> str:

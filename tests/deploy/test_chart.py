@@ -322,10 +322,10 @@ def test_each_component_role_grants_exactly_what_its_code_calls() -> None:
         triples("discovery.k8s.io", "endpointslices", "list")
         | triples("", "configmaps", "get", "list", "create", "update")
     )
-    # tf_webhook/kube.py
+    # tf_webhook/kube.py (GPUPools listed and watched into tf_webhook/pool_cache.py)
     assert role_rules("-webhook") == (
         triples(tf, "workloadprofiles", "get")
-        | triples(tf, "gpupools", "list")
+        | triples(tf, "gpupools", "list", "watch")
         | triples(tf, "tensorfusionworkloads", "get", "create", "update")
     )
     # device_plugin/cluster/kube.py

@@ -65,13 +65,16 @@ def default_pool(name: str = "default-pool", **defaults: Any) -> dict[str, Any]:
 
 @dataclass
 class FakeCluster:
-    """AdmissionCluster over dictionaries: profiles/workloads keyed by (namespace, name)."""
+    """AdmissionCluster over dictionaries: profiles/workloads keyed by (namespace, name). ``pools`` are what a
+    read answers, ``live_pools`` (when set) what a fresh read does: the API server ahead of a cache."""
 
     profiles: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     workloads: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pools: list[dict[str, Any]] = field(default_factory=lambda: [default_pool()])
+    live_pools: list[dict[str, Any]] | None = None
     down: bool = False
     writes: list[WorkloadUpsert] = field(default_factory=list)
+    fresh_reads: int = 0
 
     def workload_profile(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._check()
@@ -81,9 +84,10 @@ class FakeCluster:
         self._check()
         return self.workloads.get((namespace, name))
 
-    def gpu_pools(self) -> list[dict[str, Any]]:
+    def gpu_pools(self, *, fresh: bool = False) -> list[dict[str, Any]]:
         self._check()
-        return self.pools
+        self.fresh_reads += fresh
+        return self.live_pools if fresh and self.live_pools is not None else self.pools
 
     def upsert_workload(self, upsert: WorkloadUpsert) -> None:
         self._check()

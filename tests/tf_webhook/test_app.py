@@ -35,7 +35,7 @@ class WriteFails(FakeCluster):
 
 
 class Explodes(FakeCluster):
-    def gpu_pools(self) -> list[dict[str, object]]:
+    def gpu_pools(self, *, fresh: bool = False) -> list[dict[str, object]]:
         raise RuntimeError("bug")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tf_webhook import review
+from tf_webhook.cluster import ClusterUnavailable
 from tf_webhook.decision import Decision, decide
 from tf_webhook.plugin_env import set_by_plugin
 from vgpu.contract import resolved
@@ -217,6 +218,50 @@ def test_a_broken_pool_is_reported_only_to_its_pods() -> None:
     cluster = FakeCluster(pools=[default_pool("good"), {"metadata": {"name": "bad"}, "spec": {"defaults": {"qos": 7}}}])
     assert patched_pod(review_of(BASIC), cluster)
     assert "GPUPool bad spec.defaults.qos" in denial(review_of({**BASIC, A.GPUPOOL.value: "bad"}), cluster)
+
+
+def test_pools_read_once_admit_without_a_fresh_read() -> None:
+    cluster = FakeCluster(live_pools=[])  # were the API server asked, nothing would be admitted
+    assert patched_pod(review_of(BASIC), cluster) and cluster.fresh_reads == 0
+
+
+def test_a_pool_the_cache_lacks_is_read_live_before_the_pod_is_refused() -> None:
+    fast = {"metadata": {"name": "fast"}, "spec": {"defaults": {"qos": "high"}}}
+    cluster = FakeCluster(live_pools=[default_pool(), fast])  # created a moment ago: the cache has not seen it
+    pod = patched_pod(review_of({**BASIC, A.GPUPOOL.value: "fast"}), cluster)
+    got = resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST])
+    assert (got.pool, got.qos, cluster.fresh_reads) == ("fast", Qos.HIGH, 1)
+
+
+def test_a_pool_named_by_the_profile_is_read_live_too() -> None:
+    profile = {"spec": {"poolName": "fast"}}
+    cluster = FakeCluster(profiles={("default", "p"): profile}, live_pools=[default_pool(), default_pool("fast")])
+    pod = patched_pod(review_of({**BASIC, A.WORKLOAD_PROFILE.value: "p"}), cluster)
+    assert resolved.decode(pod["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]).pool == "fast"
+
+
+def test_a_pool_missing_live_too_is_refused_with_the_usual_message() -> None:
+    cluster = FakeCluster(pools=[], live_pools=[default_pool()])
+    message = denial(review_of({**BASIC, A.GPUPOOL.value: "fast"}), cluster)
+    assert f"{A.GPUPOOL} 'fast': no such GPU pool; known: default-pool" in message and cluster.fresh_reads == 1
+
+
+def test_pools_fixed_since_the_cache_saw_them_are_read_before_refusing() -> None:
+    cluster = FakeCluster(pools=[default_pool("a"), default_pool("b")], live_pools=[default_pool("b")])
+    got = patched_pod(review_of(BASIC), cluster)["metadata"]["annotations"][SystemAnnotation.RESOLVED_REQUEST]
+    assert resolved.decode(got).pool == "b"
+
+
+def test_a_failing_fresh_read_is_a_retryable_denial_not_the_cache_s_refusal() -> None:
+    class LiveDown(FakeCluster):
+        def gpu_pools(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+            if fresh:
+                raise ClusterUnavailable("list gpupools: HTTP 503 Service Unavailable")
+            return self.pools
+
+    response, _ = run(review_of({**BASIC, A.GPUPOOL.value: "fast"}), LiveDown())
+    assert response["allowed"] is False and response["status"]["code"] == 503
+    assert "try again: list gpupools: HTTP 503" in response["status"]["message"]
 
 
 def test_existing_workload_spec_is_used_when_not_generating() -> None:

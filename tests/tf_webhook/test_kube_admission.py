@@ -1,6 +1,6 @@
 """The Kubernetes shell of the webhook against a fake CustomObjectsApi answering raw JSON, as the shared client
-asks for it: 404 → None, errors → a retryable reason, and workload upserts that merge and survive a concurrent
-writer (409)."""
+asks for it: 404 → None, errors → a retryable reason, workload upserts that merge and survive a concurrent
+writer (409), and GPUPools read from the watch's cache while it is trusted, listed otherwise."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from tf_shell.kube.api import GatewayError, Listing, WatchEvent
 from tf_webhook.cluster import ClusterUnavailable
 from tf_webhook.kube import KubeAdmission
+from tf_webhook.pool_cache import PoolCache
 from tf_webhook.workload import WorkloadUpsert
 
 UPSERT = WorkloadUpsert(namespace="ns", name="w", spec={"qos": "high", "resources": {"limits": {"tflops": "20"}}})
@@ -25,6 +27,9 @@ class Raw:
     def __init__(self, body: Any) -> None:
         self.data = json.dumps(body).encode()
         self.released = False
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Any:
+        yield self.data
 
     def drain_conn(self) -> None: ...
 
@@ -39,6 +44,8 @@ class FakeApi:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.before_replace: list[Any] = []
         self.fail_status: int | None = None
+        self.pool_calls: list[dict[str, Any]] = []  # the options of each GPUPool LIST or watch
+        self.events: list[dict[str, Any]] = []  # what a watch streams
 
     def get_namespaced_custom_object(self, g: str, v: str, ns: str, plural: str, name: str, **_: Any) -> Any:
         if self.fail_status:
@@ -66,12 +73,22 @@ class FakeApi:
         self.objects[(plural, ns, name)] = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
         return Raw(self.objects[(plural, ns, name)])
 
-    def list_cluster_custom_object(self, g: str, v: str, plural: str, **_: Any) -> Any:
-        return Raw({"items": [o for (p, _, _), o in self.objects.items() if p == plural] + ["junk"]})
+    def list_cluster_custom_object(self, g: str, v: str, plural: str, **options: Any) -> Any:
+        self.pool_calls.append(options)
+        if options.get("watch"):
+            raw = Raw(None)
+            raw.data = b"".join(json.dumps(e).encode() + b"\n" for e in self.events)
+            return raw
+        items = [o for (p, _, _), o in self.objects.items() if p == plural] + ["junk"]
+        return Raw({"metadata": {"resourceVersion": "40"}, "items": items})
 
 
 def kube(api: FakeApi) -> KubeAdmission:
     return KubeAdmission(api, timeout_s=1.0)  # type: ignore[arg-type]
+
+
+def unreachable(*_: Any, **__: Any) -> Any:
+    raise urllib3.exceptions.ProtocolError("Connection aborted.")
 
 
 def test_not_found_is_none_and_other_errors_are_unavailable() -> None:
@@ -86,6 +103,54 @@ def test_pools_list_skips_non_objects() -> None:
     api = FakeApi()
     api.objects[("gpupools", "", "a")] = {"metadata": {"name": "a"}}
     assert kube(api).gpu_pools() == [{"metadata": {"name": "a"}}]
+
+
+def test_pools_come_from_the_trusted_cache_without_a_call() -> None:
+    api, cache = FakeApi(), PoolCache()
+    api.objects[("gpupools", "", "a")] = {"metadata": {"name": "a"}}
+    cache.replace([{"metadata": {"name": "cached"}}])
+    assert KubeAdmission(api, 1.0, cache).gpu_pools() == ({"metadata": {"name": "cached"}},)  # type: ignore[arg-type]
+    assert api.pool_calls == []
+
+
+def test_pools_are_listed_while_the_cache_is_not_trusted_or_a_fresh_read_is_asked() -> None:
+    api, cache = FakeApi(), PoolCache()
+    api.objects[("gpupools", "", "a")] = {"metadata": {"name": "a"}}
+    admission = KubeAdmission(api, 1.0, cache)  # type: ignore[arg-type]
+    assert admission.gpu_pools() == [{"metadata": {"name": "a"}}]  # not listed yet
+    cache.replace([{"metadata": {"name": "cached"}}])
+    assert admission.gpu_pools(fresh=True) == [{"metadata": {"name": "a"}}]
+    cache.distrust()
+    assert admission.gpu_pools() == [{"metadata": {"name": "a"}}]
+    assert len(api.pool_calls) == 3
+
+
+def test_a_failing_live_read_of_the_pools_is_unavailable_even_with_a_cache() -> None:
+    api = FakeApi()
+    api.list_cluster_custom_object = unreachable  # type: ignore[method-assign]
+    with pytest.raises(ClusterUnavailable, match=r"list gpupools: ProtocolError"):
+        KubeAdmission(api, 1.0, PoolCache()).gpu_pools()  # type: ignore[arg-type]
+
+
+def test_the_pool_source_lists_with_the_version_and_watches_from_it() -> None:
+    api = FakeApi()
+    api.objects[("gpupools", "", "a")] = {"metadata": {"name": "a"}}
+    api.events = [
+        {"type": "MODIFIED", "object": {"metadata": {"name": "a", "resourceVersion": "41"}}},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "42"}}},
+    ]
+    source = kube(api).pool_source()
+    assert source.list() == Listing(items=[{"metadata": {"name": "a"}}], resource_version="40")
+    assert list(source.watch("40", 60)) == [WatchEvent(type=e["type"], object=e["object"]) for e in api.events]
+    watched = api.pool_calls[-1]
+    assert (watched["watch"], watched["resource_version"], watched["timeout_seconds"]) == (True, "40", 60)
+
+
+def test_a_watch_error_event_fails_the_watch() -> None:
+    api = FakeApi()
+    api.events = [{"type": "ERROR", "object": {"code": 500, "message": "etcd unavailable"}}]
+    with pytest.raises(GatewayError, match="watch gpupools: etcd unavailable"):
+        list(kube(api).pool_source().watch("40", 60))
 
 
 def test_create_then_merge_keeps_fields_the_pod_does_not_set() -> None:
@@ -129,10 +194,6 @@ def test_endless_conflicts_end_in_a_clear_error() -> None:
 
 def test_a_transport_failure_is_unavailable_with_its_cause() -> None:
     api = FakeApi()
-
-    def unreachable(*_: Any, **__: Any) -> Any:
-        raise urllib3.exceptions.ProtocolError("Connection aborted.")
-
     api.list_cluster_custom_object = unreachable  # type: ignore[method-assign]
     with pytest.raises(ClusterUnavailable, match=r"list gpupools: ProtocolError: Connection aborted"):
         kube(api).gpu_pools()
