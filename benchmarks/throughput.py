@@ -342,25 +342,30 @@ class Bench:
                 seconds[proc.name] = (int(fields[11]) + int(fields[12])) / TICKS
         return seconds
 
-    def profile_scheduler(self, seconds: int, out: Path) -> threading.Thread:
-        """Fetch kube-scheduler's CPU profile of the next ``seconds`` into ``out`` (its pprof endpoint, with the
-        admin's token: the e2e control plane delegates its authentication to the API server), in a thread."""
-        assert self.cluster.cp is not None and self.cluster.cp.scheduler is not None
-        url = f"https://127.0.0.1:{self.cluster.cp.scheduler.port}/debug/pprof/profile?seconds={seconds}"
-        token = self.cluster.cp.identities["admin"].token
-        context = ssl._create_unverified_context()  # kube-scheduler's self-signed serving certificate, on loopback
+    def profile(self, seconds: int, prefix: str) -> list[threading.Thread]:
+        """Fetch the CPU profiles of kube-apiserver and kube-scheduler over the next ``seconds`` into
+        ``<process>-<prefix>.pprof`` in the working directory (their pprof endpoints, with the admin's token: the
+        e2e control plane delegates kube-scheduler's authentication to the API server), each in a thread."""
+        cp = self.cluster.cp
+        assert cp is not None and cp.scheduler is not None
+        token = cp.identities["admin"].token
+        context = ssl._create_unverified_context()  # self-signed serving certificates, on loopback
+        threads = []
+        for name, base in (("kube-apiserver", cp.server), ("kube-scheduler", f"https://127.0.0.1:{cp.scheduler.port}")):
+            out = Path(f"{name}-{prefix}.pprof").resolve()
 
-        def fetch() -> None:
-            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(request, timeout=seconds + 30, context=context) as answer:
-                out.write_bytes(answer.read())
+            def fetch(url: str = f"{base}/debug/pprof/profile?seconds={seconds}", out: Path = out) -> None:
+                request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+                with urllib.request.urlopen(request, timeout=seconds + 30, context=context) as answer:
+                    out.write_bytes(answer.read())
+                print(f"CPU profile: {out} (go tool pprof -top {out})", flush=True)
 
-        thread = threading.Thread(target=fetch, name="bench-pprof", daemon=True)
-        thread.start()
-        return thread
+            threads.append(threading.Thread(target=fetch, name=f"bench-pprof-{name}", daemon=True))
+            threads[-1].start()
+        return threads
 
     def run(
-        self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int, profile: tuple[int, Path] | None = None
+        self, case: str, build: Callable[[str, int], dict[str, Any]], pods: int, profile: tuple[int, str] | None = None
     ) -> Result:
         names = [f"{case.lower()}-{i:05d}" for i in range(pods)]
         since = self.core.list_namespaced_pod(NAMESPACE).metadata.resource_version
@@ -376,7 +381,7 @@ class Bench:
         def create(i: int) -> None:
             drained(self.core.create_namespaced_pod(NAMESPACE, build(names[i], i), _preload_content=False))
 
-        profiling = None if profile is None else self.profile_scheduler(*profile)
+        profiling = [] if profile is None else self.profile(*profile)
         started = time.monotonic()
         with ThreadPoolExecutor(CREATORS) as pool:
             list(pool.map(create, range(pods)))
@@ -386,9 +391,8 @@ class Bench:
         recorder.stop()
         if binder is not None:
             binder.stop()
-        if profiling is not None and profile is not None:
-            profiling.join()
-            print(f"kube-scheduler's CPU profile of case {case}: {profile[1]} (go tool pprof -top {profile[1]})")
+        for thread in profiling:
+            thread.join()
         if failures():
             raise RuntimeError(f"case {case}: {failures()[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
@@ -413,9 +417,9 @@ def main() -> None:
     parser.add_argument("--shipped-qps", action="store_true", help="kube-scheduler's client QPS/burst as shipped")
     parser.add_argument("--receipts", action="store_true", help="write the device plugin's receipt on bound pods")
     parser.add_argument("--admit", action="store_true", help="write every bound pod's first status, as its kubelet")
-    parser.add_argument("--profile-scheduler", type=int, default=0, metavar="SECONDS",
-                        help="profile kube-scheduler's CPU for SECONDS of each run's case A, into the "
-                             "working directory")  # fmt: skip
+    parser.add_argument("--profile", type=int, default=0, metavar="SECONDS",
+                        help="profile kube-apiserver's and kube-scheduler's CPU for SECONDS of each run's cases, "
+                             "into the working directory")  # fmt: skip
     parser.add_argument("--policy", default="binpack", help="placement policy of the GPU pods (default binpack)")
     parser.add_argument("--runs", type=int, default=1, help="runs of each case per node count (default 1)")
     parser.add_argument("--cases", default="BWAC", help="which cases, in order (default BWAC)")
@@ -442,8 +446,7 @@ def main() -> None:
             for run in range(1, args.runs + 1):
                 results = {}
                 for case in args.cases:
-                    out = Path(f"kube-scheduler-{case}-{nodes}-{run}.pprof")
-                    wanted = (args.profile_scheduler, out.resolve()) if args.profile_scheduler and case == "A" else None
+                    wanted = (args.profile, f"{case}-{nodes}-{run}") if args.profile else None
                     results[case] = bench.run(case, builders[case], args.pods, wanted)
                 for r in results.values():
                     rate = f"{r.rate:.0f} pods/s" if r.rate else f"unfinished: {r.bound}/{r.pods} bound"

@@ -158,7 +158,8 @@ class ControlPlane:
                 f"--proxy-client-key-file={self.pki.front_proxy_client[1]}",
                 "--enable-aggregator-routing=true",
                 "--allow-privileged=true",
-                "--profiling=false",
+                # /debug/pprof, behind RBAC (the admin's token reads it): benchmarks/throughput.py --profile
+                "--profiling=true",
                 "--v=1",
             ],
         )
@@ -205,7 +206,7 @@ class ControlPlane:
         """One more kube-scheduler, running ``config`` (a KubeSchedulerConfiguration), with its own config
         file, log and secure port; started, and listening. Its secure port authenticates and authorises
         through the API server (as the admin asks it to), so ``/debug/pprof`` answers the admin's token
-        (benchmarks/throughput.py ``--profile-scheduler``)."""
+        (benchmarks/throughput.py ``--profile``)."""
         path = self.root / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
