@@ -175,7 +175,7 @@ def build(
         policies,
         events,
         shown,
-        keep_top_nodes=settings.keep_top_nodes,
+        decide_in_filter=settings.decide_in_filter,
         reservation_ttl=settings.reservation_ttl,
         on_unschedulable=lambda reason: metrics.unschedulable.labels(reason).inc(),
         on_stuck=preemptor.consider if settings.preemption_hold > 0 else lambda *_: None,

@@ -23,6 +23,7 @@ from typing import Final
 
 from scheduler_extender.gateway import Kind
 from scheduler_extender.handoff import HandoffGate
+from scheduler_extender.in_tree import Taint, Toleration, prefer_no_schedule, tolerated
 from scheduler_extender.kubelet_devices import vgpu_device_ids
 from scheduler_extender.objects import (
     PodRecord,
@@ -83,6 +84,7 @@ class ClusterCache:
         self._versions: dict[str, int] = {}  # uid -> resourceVersion, of every live pod (pod_version)
         self._gone: OrderedDict[str, None] = OrderedDict()  # uids of pods the watch saw go, newest last
         self._node_uids: dict[str, str] = {}  # node name -> its UID (node_uid)
+        self._avoid: dict[str, tuple[Taint, ...]] = {}  # node name -> its PreferNoSchedule taints (avoided_by)
         self._since_listing: set[str] | None = None  # keys reserved/committed since a pod LIST was requested
         self._workloads: dict[str, Counter[str]] = {}  # workload_key -> node -> pods
         # Pods bound to a node and holding vGPU device IDs there without an allocation of their own
@@ -121,8 +123,10 @@ class ClusterCache:
                     self._base.pop(name, None)
                     self._view.pop(name, None)
                     self._node_uids.pop(name, None)
+                    self._avoid.pop(name, None)
                 else:
                     self._node_uids[name] = str(meta.get("uid") or "")
+                    self._note_taints(name, event.object)
                     self._set_node(node_state(event.object, self.default_pool))
             elif event.type == "DELETED":
                 self._saw_pod_version(event.object)
@@ -199,6 +203,20 @@ class ClusterCache:
                 if node.name and node.name not in nodes:
                     nodes[node.name] = self._ledger(node.name).apply_node(node)
             return Snapshot(nodes=MappingProxyType(nodes), workload_nodes=self._workload_nodes())
+
+    def avoided_by(self, names: Sequence[str], tolerations: Sequence[Toleration]) -> bool:
+        """Whether one of the nodes ``names`` has a PreferNoSchedule taint these tolerations do not tolerate
+        (kube-scheduler's TaintToleration scores it lower: in_tree.py)."""
+        with self.lock:
+            if not self._avoid:
+                return False
+            among = set(names)
+            return any(
+                not tolerated(taint, tolerations)
+                for name, taints in self._avoid.items()
+                if name in among
+                for taint in taints
+            )
 
     def node(self, name: str) -> NodeState | None:
         with self.lock:
@@ -512,6 +530,13 @@ class ClusterCache:
             self._foreign_ids[held[0]] += held[1]
         self._refresh({pair[0] for pair in (old, held) if pair is not None})
 
+    def _note_taints(self, name: str, node: RawObject) -> None:
+        taints = prefer_no_schedule(node)
+        if taints:
+            self._avoid[name] = taints
+        else:
+            self._avoid.pop(name, None)
+
     def _set_node(self, node: NodeState) -> None:
         if self._base.get(node.name) == node:
             return
@@ -524,6 +549,9 @@ class ClusterCache:
     def _replace_nodes(self, items: list[RawObject]) -> None:
         metas = [item.get("metadata") or {} for item in items]
         self._node_uids = {str(m.get("name") or ""): str(m.get("uid") or "") for m in metas}
+        self._avoid = {}
+        for meta, item in zip(metas, items, strict=True):
+            self._note_taints(str(meta.get("name") or ""), item)
         fresh = {n.name: n for n in (node_state(item, self.default_pool) for item in items) if n.name}
         for gone in set(self._base) - set(fresh):
             self._base.pop(gone)

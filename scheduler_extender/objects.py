@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from scheduler_extender.in_tree import Toleration, states_soft_preferences, tolerations
 from scheduler_extender.kubelet_devices import allocate_sizes, vgpu_device_ids
 from vgpu import isolation
 from vgpu.contract import allocation as allocation_contract
@@ -66,6 +67,8 @@ class ScheduledPod:
     request_error: str | None  # the resolved-request annotation is present but corrupt
     device_ids: int | None = None  # vGPU device IDs its spec makes the kubelet hold (None: asks none)
     allocate_sizes: frozenset[int] = frozenset()  # IDs per Allocate call the kubelet makes for it
+    soft_preferences: bool = False  # kube-scheduler weighs nodes for it (in_tree.py): prioritize must see them all
+    tolerations: tuple[Toleration, ...] = ()
 
     @property
     def is_gpu_pod(self) -> bool:
@@ -208,6 +211,8 @@ def scheduled_pod(pod: Mapping[str, Any]) -> ScheduledPod:
         request_error=error,
         device_ids=vgpu_device_ids(pod),
         allocate_sizes=allocate_sizes(pod),
+        soft_preferences=states_soft_preferences(pod),
+        tolerations=tolerations(pod),
     )
 
 

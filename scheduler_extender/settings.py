@@ -34,11 +34,12 @@ class Settings(BaseSettings):
         "for the pod mix it learns online, binpack fills busy GPUs first, spread prefers empty ones. "
         "A pod may override it with the placement-policy annotation.",
     )
-    keep_top_nodes: int = Field(
-        0,
-        ge=0,
-        description="When > 0, filter passes only the N best-scoring feasible nodes (the rest are reported "
-        "in FailedNodes as 'not among the N best'); 0 passes every feasible node and leaves the choice to prioritize.",
+    decide_in_filter: bool = Field(
+        True,
+        description="filter passes only the fitting nodes with the best score (ties kept), so kube-scheduler "
+        "binds a lone one without its scoring and the prioritize call; a pod with soft preferences kube-scheduler "
+        "scores (preferred node or pod affinity, ScheduleAnyway spread) or nodes with PreferNoSchedule taints "
+        "it does not tolerate get every fitting node, as with --no-decide-in-filter.",
     )
     handoff_wait: float = Field(
         4.0,

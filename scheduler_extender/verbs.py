@@ -5,6 +5,11 @@ take a snapshot, call the core, and shape its decision into the exact reply kube
 (same node form as the request, a score for every node, Meta victims). It makes no scheduling
 decision of its own. Non-GPU pods pass straight through; a pod whose request annotation is corrupt
 gets that error as every node's reason, so the user sees it in the pod's FailedScheduling event.
+With ``decide_in_filter``, filter passes only the fitting nodes with the best 0–10 score prioritize would give
+(ties kept), so kube-scheduler binds a lone one without scoring; tied nodes get equal scores from prioritize, and
+kube-scheduler's own scores break the tie, as they would have among all. When its own scores could weigh more
+than a tie (in_tree.py), every fitting node passes and prioritize scores them. The nodes left out are in neither
+reply map: kube-scheduler drops them without a status, and the pod is scheduled anyway.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from scheduler_extender.cache import ClusterCache
 from scheduler_extender.events import REASON_FAILED, EventRecorder
 from scheduler_extender.memo import NodeMemo
 from scheduler_extender.objects import ScheduledPod, scheduled_pod
-from scheduler_extender.shown import ShownPods
+from scheduler_extender.shown import Recent, ShownPods
 from scheduler_extender.wire import (
     ExtenderArgs,
     ExtenderFilterResult,
@@ -45,10 +50,18 @@ from vgpu.scheduling.placement import place
 from vgpu.scheduling.policy import Policies
 from vgpu.scheduling.preempt import Victim, select_victims
 from vgpu.scheduling.reasons import Reason
-from vgpu.scheduling.scoring import score_nodes, to_extender_scores, top_nodes
+from vgpu.scheduling.scoring import MAX_EXTENDER_PRIORITY, score_nodes, to_extender_scores, top_nodes
 from vgpu.scheduling.summary import leading_reason, summarize
 
 NO_POD = "request has no Pod"
+
+
+@dataclass(frozen=True, slots=True)
+class Tie:
+    """The nodes a deciding filter passed as equals for a pod, and the one its raw score ranks first."""
+
+    nodes: frozenset[str]
+    first: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +106,7 @@ class Verbs:
         events: EventRecorder,
         shown: ShownPods,
         *,
-        keep_top_nodes: int,
+        decide_in_filter: bool,
         reservation_ttl: float,
         on_unschedulable: Callable[[str], None] = lambda _: None,
         on_stuck: Callable[[ScheduledPod, Demand, Sequence[str]], None] = lambda *_: None,
@@ -108,7 +121,7 @@ class Verbs:
         self.policies = policies
         self.events = events
         self.shown = shown
-        self.keep_top_nodes = keep_top_nodes
+        self.decide_in_filter = decide_in_filter
         self.reservation_ttl = reservation_ttl
         self.on_unschedulable = on_unschedulable
         self.on_stuck = on_stuck
@@ -116,6 +129,7 @@ class Verbs:
         self.verdicts: NodeMemo[Reason | None] = NodeMemo()
         self.scores: NodeMemo[float | None] = NodeMemo()
         self.packed = Columns()  # the nodes the filter last judged at once, kept by name (vgpu.scheduling.packed)
+        self.ties: Recent[Tie] = Recent()  # by pod UID: what the deciding filter passed as equals (prioritize)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         nodes = offered(args)
@@ -133,12 +147,8 @@ class Verbs:
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
         result = self._filter(demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
-        if self.keep_top_nodes and len(passed) > self.keep_top_nodes:
-            raw = self._score(demand, snapshot, passed)
-            keep = top_nodes(raw, self.keep_top_nodes)
-            dropped = f"fits, but is not among the {self.keep_top_nodes} best nodes for this pod"
-            failed.update(dict.fromkeys((n for n in passed if n not in keep), dropped))
-            passed = list(keep)
+        if self.decide_in_filter and len(passed) > 1:
+            passed = self._best(pod, demand, snapshot, passed)
         if len(passed) == 1:
             self._reserve_tentatively(pod, demand, snapshot, passed[0])
         elif not passed:
@@ -158,15 +168,12 @@ class Verbs:
         self.shown.put(pod.ref.uid, args.Pod)
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
-        raw = self._score(demand, snapshot, nodes.names)
-        busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
-        if busy and len(busy) < len(raw):
-            # A bind to a node handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"):
-            # the other fitting nodes rank above it (1-10, it 0), so a burst spreads over nodes free now.
-            raw = {n: score for n, score in raw.items() if n not in busy}
-            scores = {n: max(1, score) for n, score in to_extender_scores(raw).items()}
-        else:
-            scores = to_extender_scores(raw)
+        tie = self.ties.take(pod.ref.uid)
+        if tie is not None and tie.nodes == frozenset(nodes.names):  # the filter's equals: kube-scheduler decides
+            self._reserve_tentatively(pod, demand, snapshot, tie.first)
+            return dict.fromkeys(nodes.names, MAX_EXTENDER_PRIORITY)
+        raw, demoted = self._ranked(pod, demand, snapshot, nodes.names)
+        scores = self._scaled(raw, demoted)
         best = top_nodes(raw, 1)
         if best:
             self._reserve_tentatively(pod, demand, snapshot, best[0])
@@ -236,6 +243,41 @@ class Verbs:
         scores = self.scores.values(key, names, snapshot.nodes, lambda misses: list(map(fitting(misses).get, misses)))
         kept = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", kept))
+
+    def _best(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, passed: list[str]) -> list[str]:
+        """The fitting nodes kube-scheduler may choose among by its own scores: those with prioritize's best 0–10
+        score (ties kept, and remembered for prioritize); all of them when its scores weigh more than a tie for
+        this pod (in_tree.py)."""
+        if pod.soft_preferences or self.cache.avoided_by(passed, pod.tolerations):
+            return passed
+        raw, demoted = self._ranked(pod, demand, snapshot, passed)
+        scores = self._scaled(raw, demoted)
+        best = max(scores.values(), default=None)
+        if best is None:
+            return passed
+        tied = [n for n in passed if scores.get(n) == best]
+        if len(tied) > 1:
+            self.ties.put(pod.ref.uid, Tie(frozenset(tied), top_nodes(raw, 1)[0]))
+        return tied
+
+    @staticmethod
+    def _scaled(raw: dict[str, float], demoted: bool) -> dict[str, int]:
+        """prioritize's 0–10 scores of the ranked nodes; after a demotion (``_ranked``) each is at least 1, so a
+        node left out, handing GPUs over, scores below all of them."""
+        scores = to_extender_scores(raw)
+        return {n: max(1, score) for n, score in scores.items()} if demoted else scores
+
+    def _ranked(
+        self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, names: Sequence[str]
+    ) -> tuple[dict[str, float], bool]:
+        """The raw scores of the fitting nodes among ``names``, and whether some were left out: a bind to a node
+        handing GPUs over to another pod waits at its gate (HANDOFF.md, "Placement"), so while other fitting
+        nodes are free now, only they are ranked, and a burst spreads over them."""
+        raw = self._score(demand, snapshot, names)
+        busy = self.cache.handing_over(pod.ref, pod.allocate_sizes) & raw.keys()
+        if busy and len(busy) < len(raw):
+            return {n: score for n, score in raw.items() if n not in busy}, True
+        return raw, False
 
     def _victims_on(self, demand: Demand, node: str, proposed: Sequence[str]) -> tuple[str, ...]:
         """The scheduler's victims on ``node`` narrowed by the core; () vetoes the node."""

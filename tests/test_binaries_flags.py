@@ -105,9 +105,9 @@ def test_help_shows_defaults_as_they_are_typed(read: Read, shown: str, capsys: p
 
 def test_extender_variable_sets_and_flag_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_EXTENDER_POLICY", "spread")
-    monkeypatch.setenv("TF_EXTENDER_KEEP_TOP_NODES", "3")
+    monkeypatch.setenv("TF_EXTENDER_DECIDE_IN_FILTER", "false")
     settings = extender_settings(["--policy=fragmentation"])
-    assert (settings.policy, settings.keep_top_nodes) == (PlacementPolicy.FRAGMENTATION, 3)
+    assert (settings.policy, settings.decide_in_filter) == (PlacementPolicy.FRAGMENTATION, False)
 
 
 def test_webhook_variable_sets_and_flag_overrides_json_too(monkeypatch: pytest.MonkeyPatch) -> None:

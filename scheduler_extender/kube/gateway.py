@@ -170,20 +170,9 @@ class KubernetesGateway:
         body = binding_body(
             namespace, name, uid, node, annotations=annotations, labels=labels, resource_version=resource_version
         )
-        limit = CALL_TIMEOUT if timeout is None else timeout
-        call(
-            f"bind pod {namespace}/{name} to {node}",
-            lambda: drained(
-                self.core.create_namespaced_pod_binding(
-                    name,
-                    namespace,
-                    body,  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
-                    _preload_content=False,
-                    _request_timeout=limit,
-                )
-            ),
-            limit,
-        )
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        what = f"bind pod {namespace}/{name} to {node}"
+        send(self.core.api_client, "POST", path, body, what, CALL_TIMEOUT if timeout is None else timeout)
 
     def record_event(self, event: PodEvent) -> None:
         now = rfc3339(time.time())

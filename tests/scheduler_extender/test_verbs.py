@@ -132,13 +132,107 @@ def test_non_cache_form_judges_nodes_the_watch_has_not_delivered(
     assert app.post("/filter", body)["Nodes"]["items"] == [fresh]
 
 
-def test_keep_top_nodes_passes_only_the_best(run: Callable[..., Running], cluster: FakeGateway) -> None:
+def test_filter_decides_alone_passing_only_the_best_node(
+    run: Callable[..., Running], cluster: FakeGateway, checks: list[str]
+) -> None:
+    """kube-scheduler binds a lone passed node without scoring; the other fitting nodes are in neither map, and
+    the scores reuse the filter's verdicts (each node judged once)."""
     cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
     cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
-    app = run(keep_top_nodes=1, policy="binpack")
-    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2"))
+    app = run(policy="binpack")
+    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2", "cpu-only"))
     assert reply["NodeNames"] == ["big2"]  # binpack: the fuller node
-    assert "not among the 1 best" in reply["FailedNodes"]["big"]
+    assert reply["FailedNodes"] == {} and set(reply["FailedAndUnresolvableNodes"]) == {"cpu-only"}
+    assert sorted(checks) == ["big", "big2", "cpu-only"]
+    # p's own tentative hold on big2 (a lone node passed) never counts against p
+    assert app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2"))["NodeNames"] == ["big2"]
+
+
+def test_filter_keeps_ties_for_kube_schedulers_own_scores(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    """Equal 0–10 scores pass together, and prioritize scores them equal, as it would have among all the fitting
+    nodes: kube-scheduler's own scores break the tie."""
+    for name in ("big2", "big3"):
+        cluster.put(Kind.NODE, make_node(name, gpus=2, vram=80 * GI))
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 2 * GI)))  # a little less empty than 'big'
+    cluster.put(Kind.POD, allocated_pod("y", "big3", grant("big3", 0, 60 * GI), grant("big3", 1, 60 * GI)))
+    app = run(policy="spread")
+    pod = make_pod("p", gpu_request(vram=4 * GI))
+    assert app.post("/filter", args(pod, "big", "big2", "big3"))["NodeNames"] == ["big", "big2"]
+    # for another pod, without the filter's tie, prioritize ranks by itself: spread prefers the emptier node
+    assert app.post("/prioritize", args(make_pod("q", gpu_request(vram=4 * GI)), "big", "big2")) == [
+        {"Host": "big", "Score": 10},
+        {"Host": "big2", "Score": 0},
+    ]
+    assert app.post("/prioritize", args(pod, "big", "big2")) == [
+        {"Host": "big", "Score": 10},
+        {"Host": "big2", "Score": 10},
+    ]
+
+
+SOFT = {
+    "preferred node affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}},
+    "preferred pod affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}},
+    "preferred pod anti-affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}},
+}
+
+
+@pytest.mark.parametrize("spec", [{"affinity": a} for a in SOFT.values()] + [
+    {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]}
+], ids=[*SOFT, "ScheduleAnyway spread"])  # fmt: skip
+def test_a_pod_kube_scheduler_weighs_nodes_for_gets_every_fitting_node(
+    run: Callable[..., Running], cluster: FakeGateway, spec: dict[str, Any]
+) -> None:
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
+    app = run(policy="binpack")
+    pod = make_pod("p", gpu_request(vram=4 * GI))
+    pod["spec"].update(spec)
+    assert app.post("/filter", args(pod, "big", "big2"))["NodeNames"] == ["big", "big2"]
+    hard = make_pod("q", gpu_request(vram=4 * GI))  # a DoNotSchedule constraint is a filter: nothing to weigh
+    hard["spec"]["topologySpreadConstraints"] = [
+        {"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}
+    ]
+    assert app.post("/filter", args(hard, "big", "big2"))["NodeNames"] == ["big2"]
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "passed"),
+    [
+        ([], ["big", "big2"]),
+        ([{"key": "spot", "operator": "Equal", "value": "no", "effect": "PreferNoSchedule"}], ["big", "big2"]),
+        ([{"key": "spot", "operator": "Equal", "value": "yes", "effect": "PreferNoSchedule"}], ["big2"]),
+        ([{"key": "spot", "operator": "Exists"}], ["big2"]),
+        ([{"operator": "Exists"}], ["big2"]),
+        ([{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}], ["big", "big2"]),
+    ],
+)
+def test_an_untolerated_prefer_no_schedule_taint_leaves_the_choice_to_kube_scheduler(
+    run: Callable[..., Running], cluster: FakeGateway, tolerations: list[dict[str, str]], passed: list[str]
+) -> None:
+    """kube-scheduler's TaintToleration scores a node with such a taint lower, by more than a tie."""
+    tainted = make_node("big2", gpus=2, vram=80 * GI)
+    tainted["spec"] = {"taints": [{"key": "spot", "value": "yes", "effect": "PreferNoSchedule"}]}
+    cluster.put(Kind.NODE, tainted)
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 40 * GI)))
+    app = run(policy="binpack")
+    pod = make_pod("p", gpu_request(vram=4 * GI))
+    pod["spec"]["tolerations"] = tolerations
+    assert app.post("/filter", args(pod, "big", "big2"))["NodeNames"] == passed
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))  # the taint removed: filter decides again
+    app.settle()
+    assert app.post("/filter", args(pod, "big", "big2"))["NodeNames"] == ["big2"]
+
+
+def test_filter_passes_a_node_handing_gpus_over_only_when_no_other_fits(
+    run: Callable[..., Running], cluster: FakeGateway
+) -> None:
+    """As prioritize ranks it (below): a's tentative hold is on 'big', so b's bind there would wait at its gate."""
+    cluster.put(Kind.NODE, make_node("big2", gpus=2, vram=80 * GI))
+    app = run(policy="binpack")
+    a, b = make_pod("a", gpu_request(vram=4 * GI)), make_pod("b", gpu_request(vram=4 * GI))
+    assert app.post("/filter", args(a, "big"))["NodeNames"] == ["big"]
+    assert app.post("/filter", args(b, "big", "big2"))["NodeNames"] == ["big2"]  # binpack alone: 'big'
+    assert app.post("/filter", args(make_pod("c", gpu_request(vram=4 * GI)), "big"))["NodeNames"] == ["big"]
 
 
 def test_filter_accounts_for_a_pod_whose_bind_has_not_come_yet(
@@ -182,7 +276,7 @@ def test_prioritize_checks_no_fit_the_filter_already_judged(
 ) -> None:
     """One fit check per node per decision: prioritize scores the nodes the filter passed on the same node
     states, and judges only a node whose state changed since (here: none did)."""
-    app = run(policy="binpack")
+    app = run(policy="binpack", decide_in_filter=False)
     pod = make_pod("p", gpu_request(vram=12 * GI))  # fits 'big' and 't4': the filter holds no room
     assert app.post("/filter", args(pod, *ALL))["NodeNames"] == ["big", "t4"]
     judged = sorted(checks)
@@ -203,7 +297,7 @@ def test_a_new_workload_of_a_known_shape_is_judged_from_what_is_remembered(
 ) -> None:
     """The memo is keyed by what the core reads of a demand, not by the pod's request text: another
     workload in another namespace asking the same shape is not a cold decision."""
-    app = run()
+    app = run(decide_in_filter=False)
     first = make_pod("a", gpu_request(vram=12 * GI, workload="train"))
     assert app.post("/filter", args(first, *ALL))["NodeNames"] == ["big", "t4"]
     judged = len(checks)
@@ -470,7 +564,7 @@ def test_local_gpu_affinity_does_not_cross_namespaces(run: Callable[..., Running
 
 def test_memoised_verdicts_follow_node_changes(run: Callable[..., Running], cluster: FakeGateway) -> None:
     """Replicas share a request text: a verdict is reused only while the node's state is unchanged."""
-    app = run()
+    app = run(decide_in_filter=False)
     same = gpu_request(vram=8 * GI, count=2)
     a, b = make_pod("a", same), make_pod("b", same)
     assert app.post("/filter", args(b, "small", "big"))["NodeNames"] == ["small", "big"]
