@@ -30,6 +30,7 @@ from tf_shell.catalog_file import CatalogFileError
 from tf_shell.kube.client import api_client
 from tf_shell.kube.reviews import KubeReviews, authorization_header
 from tf_shell.logfmt import formatter
+from tf_shell.serving import KEEP_ALIVE_S
 
 
 def settings_from(argv: Sequence[str] | None = None) -> Settings:
@@ -72,6 +73,7 @@ def listeners(settings: Settings, app: FastAPI) -> tuple[uvicorn.Server, uvicorn
             log_level=settings.log_level,
             access_log=False,
             http="httptools",
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         return uvicorn.Server(config)
 

@@ -35,6 +35,7 @@ from tf_shell.kube.reads import MetricsCluster
 from tf_shell.kube.reviews import authorization_header
 from tf_shell.logfmt import formatter
 from tf_shell.periodic import Periodic
+from tf_shell.serving import KEEP_ALIVE_S
 from tf_shell.tls import CertReloader
 from tf_shell.usage_feed import HttpFetcher, UsageFeed, targets
 from vgpu.usage_samples import node_samples
@@ -66,7 +67,15 @@ def server_context(cert: Path, key: Path, client_ca: str) -> ssl.SSLContext:
 def serving(app: FastAPI, host: str, port: int, context: ssl.SSLContext, log_level: str) -> uvicorn.Config:
     """uvicorn's configuration for ``app``: TLS on ``context``, each request's scope given the client
     certificate's CN (PeerCertProtocol)."""
-    config = uvicorn.Config(app, host=host, port=port, http=PeerCertProtocol, log_level=log_level, access_log=False)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=PeerCertProtocol,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     config.load()
     config.ssl = context  # after load(): uvicorn's own context cannot take a CA from memory
     return config

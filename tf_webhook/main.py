@@ -18,6 +18,7 @@ from uvicorn.config import create_ssl_context
 from tf_shell import settings_cli
 from tf_shell.logfmt import formatter
 from tf_shell.periodic import Periodic
+from tf_shell.serving import KEEP_ALIVE_S
 from tf_shell.tls import CertReloader
 from tf_webhook.app import MUTATE_PATH, create_app
 from tf_webhook.settings import WebhookSettings
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ssl_certfile=str(settings.tls_cert_file),
         ssl_keyfile=str(settings.tls_key_file),
         log_level=settings.log_level.lower(),
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     config.load()  # builds the SSLContext every handshake starts on; the reloader hands them to renewed ones
     assert config.ssl is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -104,3 +105,19 @@ def test_when_one_listener_stops_the_other_stops_too(
 def listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_an_idle_connection_stays_open_for_the_clients_own_idle_timeout(
+    served: tuple[str, str, FakeGateway, tuple[uvicorn.Server, uvicorn.Server]],
+) -> None:
+    """kube-scheduler reuses an idle connection for up to 90 s (Go's IdleConnTimeout) and does not retry a POST
+    that meets EOF: uvicorn's default 5 s keep-alive closed connections it was about to reuse."""
+    verbs, _, _, servers = served
+    assert all(s.config.timeout_keep_alive >= 90 for s in servers)
+    with httpx.Client(base_url=verbs, limits=httpx.Limits(keepalive_expiry=60)) as client:  # httpx's own: 5 s
+        first = client.get("/healthz")
+        sockets = {first.extensions["network_stream"].get_extra_info("socket").getsockname()}
+        time.sleep(6)  # past uvicorn's default keep-alive
+        again = client.get("/healthz")
+        sockets.add(again.extensions["network_stream"].get_extra_info("socket").getsockname())
+    assert (first.status_code, again.status_code, len(sockets)) == (200, 200, 1)  # one connection, still open
