@@ -12,20 +12,19 @@ admitted at once cannot lose each other's fields.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, TypeVar
 
 from kubernetes import client
 
-from tf_shell.kube.api import GatewayError, Listing, RawObject, WatchEvent
+from tf_shell.kube.api import GatewayError, Listing, WatchEvent
 from tf_shell.kube.client import (
-    CALL_TIMEOUT,
-    LIST_TIMEOUT,
-    WATCH_SLACK,
     api_client,
     call,
     drained,
     json_body,
-    watch_events,
+    listing,
+    watching,
 )
 from tf_webhook.cluster import ClusterUnavailable
 from tf_webhook.pool_cache import PoolCache
@@ -33,7 +32,6 @@ from tf_webhook.workload import WorkloadUpsert, new_object, updated_object
 from vgpu.names import CRD_GROUP, CRD_VERSION, PLURAL_GPU_POOL, PLURAL_WORKLOAD, PLURAL_WORKLOAD_PROFILE
 
 _CONFLICT_RETRIES: Final = 5
-_EVENTS: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 T = TypeVar("T")
 
 
@@ -132,33 +130,10 @@ class PoolSource:
         self._api = api
 
     def list(self) -> Listing:
-        body: RawObject = call(
-            f"list {PLURAL_GPU_POOL}",
-            lambda: json_body(_pools(self._api, _preload_content=False, _request_timeout=LIST_TIMEOUT)),
-            LIST_TIMEOUT,
-        )
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        return Listing(items=[i for i in body.get("items") or [] if isinstance(i, dict)], resource_version=rv)
+        return listing(f"list {PLURAL_GPU_POOL}", partial(_pools, self._api))
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
-        what = f"watch {PLURAL_GPU_POOL}"
-        limit = (CALL_TIMEOUT[0], timeout_seconds + WATCH_SLACK)
-        response = call(
-            what,
-            lambda: _pools(
-                self._api,
-                watch=True,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-                _request_timeout=limit,
-            ),
-            limit,
-        )
-        for type_, obj in watch_events(response, what):
-            if type_ in _EVENTS:
-                yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
+        return watching(f"watch {PLURAL_GPU_POOL}", partial(_pools, self._api), resource_version, timeout_seconds)
 
 
 def _pools(api: client.CustomObjectsApi, **options: Any) -> Any:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from functools import partial
+from typing import Final
 
 from kubernetes import client
 
 from tf_shell.kube.api import Listing, RawObject, WatchEvent
-from tf_shell.kube.client import CALL_TIMEOUT, WATCH_SLACK, api_client, call, drained, json_body, watch_events
+from tf_shell.kube.client import CALL_TIMEOUT, api_client, call, drained, json_body, listing, watching
 from vgpu.timefmt import rfc3339
 
 # (connect, read) seconds. Allocate waits on the pod LIST (and concurrent Allocates share it), so a
@@ -23,7 +24,6 @@ from vgpu.timefmt import rfc3339
 # off the kubelet's path and may take the shared CALL_TIMEOUT.
 LIST_TIMEOUT: Final = (2.0, 5.0)
 EVENT_COMPONENT: Final = "tensor-fusion-device-plugin"
-_KINDS: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
 def connect(kubeconfig: str | None) -> KubeApi:
@@ -37,36 +37,13 @@ class KubeApi:
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
 
-    def _node_pods(self, **options: Any) -> Any:
-        return self._core.list_pod_for_all_namespaces(_preload_content=False, **options)
-
     def list_pods(self, node: str) -> Listing:
-        body = call(
-            f"list pods on node {node}",
-            lambda: json_body(self._node_pods(field_selector=f"spec.nodeName={node}", _request_timeout=LIST_TIMEOUT)),
-            LIST_TIMEOUT,
-        )
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        return Listing(items=[i for i in body.get("items") or [] if isinstance(i, dict)], resource_version=rv)
+        pods = partial(self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+        return listing(f"list pods on node {node}", pods, LIST_TIMEOUT)
 
     def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
-        what = f"watch pods on node {node}"
-        limit = (CALL_TIMEOUT[0], timeout_seconds + WATCH_SLACK)
-        response = call(
-            what,
-            lambda: self._node_pods(
-                field_selector=f"spec.nodeName={node}",
-                watch=True,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                allow_watch_bookmarks=True,
-                _request_timeout=limit,
-            ),
-            limit,
-        )
-        for type_, obj in watch_events(response, what):
-            if type_ in _KINDS:
-                yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
+        pods = partial(self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+        return watching(f"watch pods on node {node}", pods, resource_version, timeout_seconds)
 
     def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str]) -> RawObject:
         body = {"metadata": {"annotations": dict(annotations)}}

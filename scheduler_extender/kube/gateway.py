@@ -30,15 +30,15 @@ from tf_shell.kube.client import (
     MERGE_PATCH,
     RAW,
     SERVICE_NAME_LABEL,
-    WATCH_SLACK,
     absent_is_none,
     call,
     drained,
     items,
     json_body,
+    listing,
     send,
     upsert,
-    watch_events,
+    watching,
 )
 from vgpu.names import CRD_GROUP, CRD_VERSION
 from vgpu.timefmt import rfc3339
@@ -63,34 +63,10 @@ class KubernetesGateway:
         return self.core.list_node if kind is Kind.NODE else self.core.list_pod_for_all_namespaces
 
     def list(self, kind: Kind) -> Listing:
-        lister = self._lister(kind)
-        body = call(
-            f"list {kind}s",
-            lambda: json_body(lister(_preload_content=False, _request_timeout=LIST_TIMEOUT)),
-            LIST_TIMEOUT,
-        )
-        items = body.get("items") or []
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        return Listing(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+        return listing(f"list {kind}s", self._lister(kind))
 
     def watch(self, kind: Kind, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
-        lister = self._lister(kind)
-        limit = (5.0, timeout_seconds + WATCH_SLACK)
-        response = call(
-            f"watch {kind}s",
-            lambda: lister(
-                watch=True,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-                _request_timeout=limit,
-            ),
-            limit,
-        )
-        for type_, obj in watch_events(response, f"watch {kind}s"):
-            if type_ in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-                yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
+        return watching(f"watch {kind}s", self._lister(kind), resource_version, timeout_seconds)
 
     def get_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
         limit = CALL_TIMEOUT if timeout is None else timeout

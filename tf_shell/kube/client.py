@@ -22,7 +22,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, RawObject
+from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, Listing, RawObject, WatchEvent
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
@@ -32,6 +32,7 @@ LIST_TIMEOUT: Final = (5.0, 120.0)  # a LIST of every pod in a big cluster takes
 WATCH_SLACK: Final = 30.0
 SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"  # the label tying an EndpointSlice to its Service
 RAW: Final[dict[str, Any]] = {"_preload_content": False, "_request_timeout": CALL_TIMEOUT}
+WATCHED: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})  # the event types a watch delivers
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 T = TypeVar("T")
 
@@ -167,6 +168,36 @@ def upsert(
     current = call(f"get {what}", lambda: json_body(read(name)))
     replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
     call(f"replace {what}", lambda: drained(replace(name, replaced)))
+
+
+def listing(what: str, lister: Callable[..., Any], timeout: tuple[float, float] = LIST_TIMEOUT) -> Listing:
+    """A LIST by ``lister`` (a client's list method, its options bound): the items and the list's resourceVersion."""
+    body = call(what, lambda: json_body(lister(_preload_content=False, _request_timeout=timeout)), timeout)
+    rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    return Listing(items=[i for i in body.get("items") or [] if isinstance(i, dict)], resource_version=rv)
+
+
+def watching(
+    what: str, lister: Callable[..., Any], resource_version: str, timeout_seconds: int
+) -> Iterator[WatchEvent]:
+    """A watch by ``lister`` (a client's list method, its options bound) from ``resource_version``, bookmarks
+    asked for; the server ends it after ``timeout_seconds`` (read for as long, and WATCH_SLACK more)."""
+    limit = (CALL_TIMEOUT[0], timeout_seconds + WATCH_SLACK)
+    response = call(
+        what,
+        lambda: lister(
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=limit,
+        ),
+        limit,
+    )
+    for type_, obj in watch_events(response, what):
+        if type_ in WATCHED:
+            yield WatchEvent(type_, obj)  # type: ignore[arg-type]  # narrowed by the test above
 
 
 def watch_events(response: Any, what: str) -> Iterator[tuple[str, RawObject]]:
