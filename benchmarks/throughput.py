@@ -29,7 +29,7 @@ shows it bound with its allocation, as the plugin did before it kept receipts on
 it writes every bound pod's first status (``startTime``), plain or GPU, as a kubelet does once it admitted
 the pod, which opens the node's gate (the shipped plugin writes no receipt on the pod: this is the model of
 today's protocol). With neither, a node's gate frees only at the extender's ``handoff_ttl``. Also printed
-per case: the CPU each process spent per pod and the extender's bind outcomes.
+per case: the CPU each process spent per pod, the extender's bind outcomes and what its filter passed.
 
     .venv/bin/python -m benchmarks.throughput                              # 200 and 1,000 nodes, 1000/2000
     .venv/bin/python -m benchmarks.throughput --nodes 200 --admit --runs 2
@@ -326,10 +326,16 @@ class Bench:
         capacity = ("tf_extender_node_tflops{", 'kind="capacity"')
         return sum(1 for line in self._metrics() if line.startswith(capacity[0]) and capacity[1] in line)
 
-    def _binds(self) -> dict[str, float]:
-        prefix = 'tf_extender_binds_total{result="'
-        found = [line[len(prefix) :].split('"} ') for line in self._metrics() if line.startswith(prefix)]
-        return {result: float(value) for result, value in found}
+    def _counts(self) -> dict[str, float]:
+        """The extender's bind outcomes and what its filter passed, by label (``bound``, ``passed one``, ...)."""
+        counters = {'tf_extender_binds_total{result="': "", 'tf_extender_filter_passes_total{passed="': "passed "}
+        found = {}
+        for line in self._metrics():
+            for prefix, shown in counters.items():
+                if line.startswith(prefix):
+                    label, value = line[len(prefix) :].split('"} ')
+                    found[shown + label] = float(value)
+        return found
 
     def _cpu(self) -> dict[str, float]:
         """CPU seconds so far of each process of the cluster named in PROCESSES, and of this one (``bench``:
@@ -376,7 +382,7 @@ class Bench:
         plugin = CoreV1Api(self.plugin) if self.receipts else None
         kubelet = CoreV1Api(self.admin) if self.admit else None
         recorder = Recorder(self.core, plugin, since, binder=binder, kubelet=kubelet)
-        cpu, binds = self._cpu(), self._binds()
+        cpu, binds = self._cpu(), self._counts()
 
         def create(i: int) -> None:
             drained(self.core.create_namespaced_pod(NAMESPACE, build(names[i], i), _preload_content=False))
@@ -396,7 +402,7 @@ class Bench:
         if failures():
             raise RuntimeError(f"case {case}: {failures()[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
-        after, binds_after = self._cpu(), self._binds()
+        after, binds_after = self._cpu(), self._counts()
         per_pod = {name: round((after[name] - cpu.get(name, 0)) * 1000 / pods, 1) for name in after}
         outcome = {k: v - binds.get(k, 0) for k, v in binds_after.items() if v - binds.get(k, 0)}
         emptied(self.core, NAMESPACE)
@@ -451,7 +457,7 @@ def main() -> None:
                 for r in results.values():
                     rate = f"{r.rate:.0f} pods/s" if r.rate else f"unfinished: {r.bound}/{r.pods} bound"
                     print(f"{nodes} nodes run {run} {r.case}: {rate} ({r.seconds:.1f} s); CPU ms/pod "
-                          f"{r.cpu_ms_per_pod}; binds {r.binds}", flush=True)  # fmt: skip
+                          f"{r.cpu_ms_per_pod}; extender {r.binds}", flush=True)  # fmt: skip
                 rates = {case: r.rate for case, r in results.items()}
                 rows.append((nodes, run, rates))
     against_b = [c for c in args.cases if c != "B"]

@@ -178,6 +178,7 @@ def build(
         decide_in_filter=settings.decide_in_filter,
         reservation_ttl=settings.reservation_ttl,
         on_unschedulable=lambda reason: metrics.unschedulable.labels(reason).inc(),
+        on_passed=lambda passed: metrics.filter_passes.labels(passed).inc(),
         on_stuck=preemptor.consider if settings.preemption_hold > 0 else lambda *_: None,
         on_preempting=preemptor.scheduler_preempts,
     )

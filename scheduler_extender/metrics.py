@@ -72,6 +72,15 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.filter_passes = Counter(
+            f"{NS}_filter_passes_total",
+            "GPU pods' filter answers by what passed: one (kube-scheduler binds it without scoring), tie (several "
+            "nodes this extender rates equal: kube-scheduler's own scores choose), every (every fitting node, "
+            "scored by prioritize: the pod has soft preferences, a PreferNoSchedule taint applies, or filter does "
+            "not decide), none",
+            ["passed"],
+            registry=self.registry,
+        )
         self.preemptions = Counter(
             f"{NS}_preemptions_total",
             "The extender's own preemption passes (GPU fragmentation), by outcome: evicted, nominated (pods "

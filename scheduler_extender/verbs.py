@@ -109,13 +109,15 @@ class Verbs:
         decide_in_filter: bool,
         reservation_ttl: float,
         on_unschedulable: Callable[[str], None] = lambda _: None,
+        on_passed: Callable[[str], None] = lambda _: None,
         on_stuck: Callable[[ScheduledPod, Demand, Sequence[str]], None] = lambda *_: None,
         on_preempting: Callable[[str], None] = lambda _: None,
     ) -> None:
         """``on_unschedulable``: a GPU pod failed every offered node, with the reason code that rejected the
         most of them; ``on_stuck``: the same, with the nodes whose reason may pass (the extender's own
-        preemption); ``on_preempting``: the preempt verb named GPU victims for the pod. ``shown`` keeps
-        each GPU pod as kube-scheduler sent it, for its bind."""
+        preemption); ``on_preempting``: the preempt verb named GPU victims for the pod; ``on_passed``: what a
+        GPU pod's filter passed (``_passed``). ``shown`` keeps each GPU pod as kube-scheduler sent it, for its
+        bind."""
         self.cache = cache
         self.catalog = catalog
         self.policies = policies
@@ -124,6 +126,7 @@ class Verbs:
         self.decide_in_filter = decide_in_filter
         self.reservation_ttl = reservation_ttl
         self.on_unschedulable = on_unschedulable
+        self.on_passed = on_passed
         self.on_stuck = on_stuck
         self.on_preempting = on_preempting
         self.verdicts: NodeMemo[Reason | None] = NodeMemo()
@@ -147,8 +150,10 @@ class Verbs:
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
         result = self._filter(demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
-        if self.decide_in_filter and len(passed) > 1:
+        fitting = len(passed)
+        if self.decide_in_filter and fitting > 1:
             passed = self._best(pod, demand, snapshot, passed)
+        self.on_passed(_passed(len(passed), fitting))
         if len(passed) == 1:
             self._reserve_tentatively(pod, demand, snapshot, passed[0])
         elif not passed:
@@ -314,6 +319,15 @@ class Verbs:
             self.cache.reserve(
                 pod.ref, node, placement.grants, qos=demand.qos, expires_at=expires_at, slots=demand.slots
             )
+
+
+def _passed(passed: int, fitting: int) -> str:
+    """What a filter passed, of the ``fitting`` nodes (the ``tf_extender_filter_passes_total`` label)."""
+    if passed == 0:
+        return "none"
+    if passed == 1:
+        return "one"
+    return "every" if passed == fitting else "tie"
 
 
 def _values(items: dict[str, RawObject] | None) -> Sequence[RawObject]:

@@ -146,6 +146,7 @@ def test_filter_decides_alone_passing_only_the_best_node(
     assert sorted(checks) == ["big", "big2", "cpu-only"]
     # p's own tentative hold on big2 (a lone node passed) never counts against p
     assert app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), "big", "big2"))["NodeNames"] == ["big2"]
+    assert 'tf_extender_filter_passes_total{passed="one"} 2.0' in app.client.get("/metrics").text
 
 
 def test_filter_keeps_ties_for_kube_schedulers_own_scores(run: Callable[..., Running], cluster: FakeGateway) -> None:
@@ -167,6 +168,7 @@ def test_filter_keeps_ties_for_kube_schedulers_own_scores(run: Callable[..., Run
         {"Host": "big", "Score": 10},
         {"Host": "big2", "Score": 10},
     ]
+    assert 'tf_extender_filter_passes_total{passed="tie"} 1.0' in app.client.get("/metrics").text
 
 
 SOFT = {
@@ -188,6 +190,7 @@ def test_a_pod_kube_scheduler_weighs_nodes_for_gets_every_fitting_node(
     pod = make_pod("p", gpu_request(vram=4 * GI))
     pod["spec"].update(spec)
     assert app.post("/filter", args(pod, "big", "big2"))["NodeNames"] == ["big", "big2"]
+    assert 'tf_extender_filter_passes_total{passed="every"} 1.0' in app.client.get("/metrics").text
     hard = make_pod("q", gpu_request(vram=4 * GI))  # a DoNotSchedule constraint is a filter: nothing to weigh
     hard["spec"]["topologySpreadConstraints"] = [
         {"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}
