@@ -151,6 +151,7 @@ class Verbs:
         result = self._filter(demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
         fitting = len(passed)
+        self.ties.take(pod.ref.uid)  # an earlier cycle's tie says nothing of this one
         if self.decide_in_filter and fitting > 1:
             passed = self._best(pod, demand, snapshot, passed)
         self.on_passed(_passed(len(passed), fitting))

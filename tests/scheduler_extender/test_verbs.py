@@ -171,6 +171,24 @@ def test_filter_keeps_ties_for_kube_schedulers_own_scores(run: Callable[..., Run
     assert 'tf_extender_filter_passes_total{passed="tie"} 1.0' in app.client.get("/metrics").text
 
 
+def test_a_tie_holds_for_its_own_cycle_only(run: Callable[..., Running], cluster: FakeGateway) -> None:
+    """A later cycle whose filter passes every fitting node (here the pod states a soft preference by then) has
+    prioritize rank them, even when they are the nodes of an earlier tie that no prioritize took."""
+    for name in ("big2", "big3"):
+        cluster.put(Kind.NODE, make_node(name, gpus=2, vram=80 * GI))
+    cluster.put(Kind.POD, allocated_pod("x", "big2", grant("big2", 0, 2 * GI)))
+    cluster.put(Kind.POD, allocated_pod("y", "big3", grant("big3", 0, 60 * GI), grant("big3", 1, 60 * GI)))
+    app = run(policy="spread")
+    pod = make_pod("p", gpu_request(vram=4 * GI))
+    assert app.post("/filter", args(pod, "big", "big2", "big3"))["NodeNames"] == ["big", "big2"]  # a tie
+    pod["spec"]["affinity"] = SOFT["preferred node affinity"]
+    assert app.post("/filter", args(pod, "big", "big2"))["NodeNames"] == ["big", "big2"]  # every fitting node
+    assert app.post("/prioritize", args(pod, "big", "big2")) == [
+        {"Host": "big", "Score": 10},
+        {"Host": "big2", "Score": 0},
+    ]
+
+
 SOFT = {
     "preferred node affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}},
     "preferred pod affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{}]}},
