@@ -150,11 +150,10 @@ class Verbs:
         snapshot = self.cache.snapshot(drop_tentative_of=pod.ref.key, scheduling=pod.ref, extra=_values(nodes.items))
         result = self._filter(demand, snapshot, nodes.names)
         passed, failed = list(result.passed), result.failed_messages()
-        fitting = len(passed)
         self.ties.take(pod.ref.uid)  # an earlier cycle's tie says nothing of this one
-        if self.decide_in_filter and fitting > 1:
-            passed = self._best(pod, demand, snapshot, passed)
-        self.on_passed(_passed(len(passed), fitting))
+        best = self._best(pod, demand, snapshot, passed) if self.decide_in_filter and len(passed) > 1 else None
+        passed = passed if best is None else best
+        self.on_passed(_passed(len(passed), decided=best is not None))
         if len(passed) == 1:
             self._reserve_tentatively(pod, demand, snapshot, passed[0])
         elif not passed:
@@ -250,17 +249,17 @@ class Verbs:
         kept = compress(zip(names, scores, strict=True), map(is_not, scores, repeat(None)))
         return dict(cast("Iterator[tuple[str, float]]", kept))
 
-    def _best(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, passed: list[str]) -> list[str]:
+    def _best(self, pod: ScheduledPod, demand: Demand, snapshot: Snapshot, passed: list[str]) -> list[str] | None:
         """The fitting nodes kube-scheduler may choose among by its own scores: those with prioritize's best 0–10
-        score (ties kept, and remembered for prioritize); all of them when its scores weigh more than a tie for
-        this pod (in_tree.py)."""
+        score (ties kept, and remembered for prioritize); None when its scores weigh more than a tie for this pod
+        (in_tree.py), or nothing was scored: every fitting node passes, and prioritize ranks them."""
         if pod.soft_preferences or self.cache.avoided_by(passed, pod.tolerations):
-            return passed
+            return None
         raw, demoted = self._ranked(pod, demand, snapshot, passed)
         scores = self._scaled(raw, demoted)
         best = max(scores.values(), default=None)
         if best is None:
-            return passed
+            return None
         tied = [n for n in passed if scores.get(n) == best]
         if len(tied) > 1:
             self.ties.put(pod.ref.uid, Tie(frozenset(tied), top_nodes(raw, 1)[0]))
@@ -322,13 +321,12 @@ class Verbs:
             )
 
 
-def _passed(passed: int, fitting: int) -> str:
-    """What a filter passed, of the ``fitting`` nodes (the ``tf_extender_filter_passes_total`` label)."""
-    if passed == 0:
-        return "none"
-    if passed == 1:
-        return "one"
-    return "every" if passed == fitting else "tie"
+def _passed(passed: int, *, decided: bool) -> str:
+    """What a filter passed (the ``tf_extender_filter_passes_total`` label): none, one, a tie it decided on, or
+    every fitting node, left for prioritize to rank."""
+    if passed <= 1:
+        return ("none", "one")[passed]
+    return "tie" if decided else "every"
 
 
 def _values(items: dict[str, RawObject] | None) -> Sequence[RawObject]:

@@ -9,6 +9,7 @@ policies in deploy/ judge them as they would in a cluster.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -398,6 +399,14 @@ class Cluster(AbstractContextManager["Cluster"]):
         node = eventually(f"node {name} Ready with {RESOURCE_VGPU}", ready, timeout)
         untaint_not_ready(self.core, name)
         return node
+
+    def extender_metric(self, sample: str) -> float:
+        """One sample of the extender's /metrics (``name{labels}``), 0 when absent."""
+        url = f"http://127.0.0.1:{self.extender_public_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
 
     def add_fake_node(
         self,

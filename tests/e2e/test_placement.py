@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
@@ -212,6 +213,50 @@ def test_a_profiles_preferred_node_affinity_picks_among_nodes_the_gpu_policy_sco
         assert landed == ["e2e-prefer-b"] * 5
     finally:
         for name in ("e2e-prefer-a", "e2e-prefer-b"):
+            core.delete_node(name)
+
+
+def test_filter_decides_alone_unless_the_pod_asks_kube_scheduler_to_weigh_nodes(
+    cluster: Cluster, core: CoreV1Api, ns: str
+) -> None:
+    """Two identical one-A100 nodes, pool e2e-decide. The first binpack pod finds them alike: filter passes both
+    and kube-scheduler's own scores choose. The next has one best node (the fuller): filter passes it alone, and
+    kube-scheduler binds it there without scoring (no prioritize call). A pod that asks kube-scheduler to weigh
+    nodes for it (a preferred node affinity, here for the other node) gets both scored, and still lands where
+    the GPU policy puts it: one extender point outweighs any in-tree score."""
+    plugin = CoreV1Api(api_client(str(cluster.kubeconfigs["device-plugin"])))
+    for name in ("e2e-decide-a", "e2e-decide-b"):
+        cluster.add_fake_node(name, gpus(name, 1), pool="e2e-decide")
+    passes = {k: f'tf_extender_filter_passes_total{{passed="{k}"}}' for k in ("one", "tie", "every")}
+    prioritized = 'tf_extender_request_seconds_count{verb="prioritize"}'
+
+    def counts() -> dict[str, float]:
+        return {k: cluster.extender_metric(v) for k, v in {**passes, "prioritize": prioritized}.items()}
+
+    def bound(name: str, affinity: dict[str, Any] | None = None) -> tuple[str, dict[str, float]]:
+        share = {Annotation.GPUPOOL: "e2e-decide", Annotation.PLACEMENT_POLICY: "binpack",
+                 Annotation.TFLOPS_REQUEST: "10", Annotation.VRAM_REQUEST: "1Gi"}  # fmt: skip
+        before = counts()
+        pod = gpu_pod(name, share)
+        if affinity is not None:
+            pod["spec"]["affinity"] = affinity
+        core.create_namespaced_pod(ns, pod)
+        placed = wait_bound(core, ns, name)
+        hand_over(plugin, placed)  # a kubelet-less node: the receipt the plugin would write opens its gate
+        return placed.spec.node_name, {k: v - before[k] for k, v in counts().items()}
+
+    try:
+        first, changed = bound("decide-0")
+        assert changed == {"one": 0, "tie": 1, "every": 0, "prioritize": 1}
+        other = ({"e2e-decide-a", "e2e-decide-b"} - {first}).pop()
+        assert bound("decide-1") == (first, {"one": 1, "tie": 0, "every": 0, "prioritize": 0})
+        core.patch_node(other, {"metadata": {"labels": {"e2e.tensor-fusion.ai/decide": "other"}}})
+        term = {"weight": 100, "preference": {"matchExpressions": [
+            {"key": "e2e.tensor-fusion.ai/decide", "operator": "In", "values": ["other"]}]}}  # fmt: skip
+        weighed = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
+        assert bound("decide-2", weighed) == (first, {"one": 0, "tie": 0, "every": 1, "prioritize": 1})
+    finally:
+        for name in ("e2e-decide-a", "e2e-decide-b"):
             core.delete_node(name)
 
 

@@ -17,9 +17,7 @@ critical pod runs there. High pods and the other lows are untouched; no GPU is p
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.request
 from collections import defaultdict
 from typing import Any
 
@@ -71,17 +69,8 @@ def node_nearly_empty(core: CoreV1Api, most: int) -> None:
     assert max(before.values(), default=0) <= most, f"other pods hold too much of {REAL_NODE}: {before} ({others})"
 
 
-def extender_metric(cluster: Cluster, sample: str) -> float:
-    """One sample of the extender's /metrics (``name{labels}``), 0 when absent."""
-    url = f"http://127.0.0.1:{cluster.extender_public_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 def preemptions(cluster: Cluster, result: str) -> float:
-    return extender_metric(cluster, f'tf_extender_preemptions_total{{result="{result}"}}')
+    return cluster.extender_metric(f'tf_extender_preemptions_total{{result="{result}"}}')
 
 
 def start_all(core: CoreV1Api, namespace: str, pods: list[dict[str, Any]]) -> None:
@@ -103,7 +92,7 @@ def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_k
     node_nearly_empty(core, 12_000)
     lows, highs = [f"low-{i}" for i in range(8)], [f"high-{i}" for i in range(4)]
     start_all(core, fresh, [pod_of(n, "100", "low") for n in lows] + [pod_of(n, "100", "high") for n in highs])
-    asked = extender_metric(cluster, 'tf_extender_request_seconds_count{verb="preempt"}')
+    asked = cluster.extender_metric('tf_extender_request_seconds_count{verb="preempt"}')
     ours = preemptions(cluster, "evicted")
 
     core.create_namespaced_pod(fresh, pod_of("critical", "100", "critical"))
@@ -115,7 +104,7 @@ def test_a_critical_pod_on_a_node_short_of_tflops_preempts_one_low_pod_through_k
         f"critical pod Running; kube-scheduler preempted {victims}; TFLOPS per GPU: {sorted(v / 1000 for v in after.values())}"
     )
     assert len(victims) == 1 and victims[0] in lows, victims
-    assert extender_metric(cluster, 'tf_extender_request_seconds_count{verb="preempt"}') > asked
+    assert cluster.extender_metric('tf_extender_request_seconds_count{verb="preempt"}') > asked
     assert preemptions(cluster, "evicted") == ours  # kube-scheduler's preemption, not the extender's own
     assert any("Preempted by pod" in e for e in events_for(core, fresh, victims[0]))
     assert allocation_of(critical).gpus[0].uuid in after and all(v <= A100_MILLI for v in after.values()), after
