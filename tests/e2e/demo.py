@@ -177,7 +177,8 @@ def run(keep: bool) -> None:
 
 def lean_bind(cluster: Cluster, pod: Any) -> None:
     """What binding a GPU pod wrote: one pod write (the Binding, carrying the allocation), a claim on the node's
-    claims Lease, and the receipt in a file on the node (scheduler_extender/HANDOFF.md, "Bind")."""
+    claims Lease, and the receipt in a file on the node (scheduler_extender/HANDOFF.md, "Bind"); and how often
+    the extender's filter chose the node alone."""
     lease = CoordinationV1Api(cluster.admin).read_namespaced_lease(lease_name(REAL_NODE), deploy.system_namespace())
     claims = claims_contract.decode((lease.metadata.annotations or {})[claims_contract.KEY])
     writers = sorted({f.manager for f in pod.metadata.managed_fields or () if f.operation == "Update"})
@@ -187,6 +188,11 @@ def lean_bind(cluster: Cluster, pod: Any) -> None:
           f"its managedFields: {', '.join(writers) or 'none'}; none of ours); claims Lease {lease.metadata.name}: "
           f"{len(claims.claims)} bind(s) in flight, horizon {claims.horizon}; its hand-off receipt, in the "
           f"node's file: {devices}")  # fmt: skip
+    passed = {k: int(cluster.extender_metric(f'tf_extender_filter_passes_total{{passed="{k}"}}'))
+              for k in ("one", "tie", "every")}  # fmt: skip
+    print(f"GPU pods' filter answers so far (deploy/README.md, \"GPU fit decides\"): {passed['one']} passed one node, "
+          f"bound by kube-scheduler without scoring; {passed['tie']} a tie its own scores broke; {passed['every']} "
+          "every fitting node (soft preferences), ranked by prioritize")  # fmt: skip
 
 
 def isolation_modes(cluster: Cluster, namespace: str) -> None:
