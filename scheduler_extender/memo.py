@@ -82,12 +82,12 @@ class NodeMemo(Generic[V]):
             for i, value in zip(compress(range(len(names)), stale), computed, strict=True):
                 values[i] = value
         now = list(map(nodes.get, misses))
-        known_now = list(map(is_not, now, repeat(None)))  # unknown nodes are not remembered
         with self._lock:
-            if all(known_now):
+            if all(now):  # every name a node (an object, true), none unknown (None)
                 known.nodes.update(zip(misses, cast("list[NodeState]", now), strict=True))
                 known.values.update(zip(misses, computed, strict=True))
-            else:
+            else:  # unknown nodes are not remembered
+                known_now = list(map(is_not, now, repeat(None)))
                 fresh = compress(zip(misses, now, strict=True), known_now)
                 known.nodes.update(cast("Iterator[tuple[str, NodeState]]", fresh))
                 known.values.update(compress(zip(misses, computed, strict=True), known_now))

@@ -45,7 +45,7 @@ from vgpu.scheduling.demand import decision_key, demand_from_request
 from vgpu.scheduling.filter import FilterResult, filter_nodes
 from vgpu.scheduling.ledger import LedgerRefusal
 from vgpu.scheduling.model import Demand, Snapshot
-from vgpu.scheduling.packed import Columns
+from vgpu.scheduling.packed import Columns, Packs
 from vgpu.scheduling.placement import place
 from vgpu.scheduling.policy import Policies
 from vgpu.scheduling.preempt import Victim, select_victims
@@ -215,10 +215,13 @@ class Verbs:
         return demand, result, to_extender_scores(raw)
 
     def _filter(self, demand: Demand, snapshot: Snapshot, names: Sequence[str]) -> FilterResult:
-        """The core's filter, asked only about nodes whose state changed since it last judged this request."""
+        """The core's filter, asked only about nodes whose state changed since it last judged this request. It
+        packs the nodes into the policy's own columns where it keeps some, so scoring them gathers none again."""
+        policy = self.policies.for_demand(demand)
+        packed = policy.columns if isinstance(policy, Packs) else self.packed
 
         def judge(misses: list[str]) -> list[Reason | None]:
-            result = filter_nodes(demand, snapshot, misses, self.catalog, self.packed)
+            result = filter_nodes(demand, snapshot, misses, self.catalog, packed)
             return list(map(result.reasons().get, misses))
 
         verdicts = self.verdicts.values(decision_key(demand), names, snapshot.nodes, judge)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,7 +25,9 @@ from tf_shell.kube.api import GatewayError, Listing
 from vgpu.contract import resolved as resolved_contract
 from vgpu.names import LABEL_ENABLED, Qos, SystemAnnotation
 from vgpu.scheduling.demand import demand_from_request
-from vgpu.scheduling.filter import filter_nodes
+from vgpu.scheduling.filter import BATCH, filter_nodes
+from vgpu.scheduling.model import NodeState
+from vgpu.scheduling.packed import Columns, Floats, Ints
 from vgpu.scheduling.scoring import score_nodes, to_extender_scores
 
 
@@ -311,6 +313,31 @@ def test_prioritize_checks_no_fit_the_filter_already_judged(
         "big": 10
     }
     assert len(checks) == 2 * len(judged)
+
+
+def test_a_cold_decision_gathers_the_packed_nodes_once(
+    run: Callable[..., Running], fake: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over many nodes of many states the filter's fit check and the fragmentation policy's scoring read the
+    nodes as arrays: the filter packs them into the policy's columns, so scoring gets the same arrays."""
+    names = [f"n{i:03d}" for i in range(BATCH + 16)]
+    for i, name in enumerate(names):
+        fake.put(Kind.NODE, make_node(name, gpus=1 + i % 8, vram=(40 + i) * GI))  # a state of its own each
+    gathered: list[tuple[object, object]] = []
+    gather = Columns.gather
+
+    def spy(columns: Columns, nodes: Sequence[NodeState]) -> tuple[Ints, Floats]:
+        arrays = gather(columns, nodes)
+        gathered.append(arrays)
+        return arrays
+
+    monkeypatch.setattr(Columns, "gather", spy)
+    app = run()
+    reply = app.post("/filter", args(make_pod("p", gpu_request(vram=4 * GI)), *names))
+    assert reply["NodeNames"] and not reply["FailedNodes"] and not reply["FailedAndUnresolvableNodes"]
+    assert len(gathered) == 2  # the fit check's and the scoring's
+    assert gathered[1][0] is gathered[0][0] and gathered[1][1] is gathered[0][1]
+    assert not app.ext.verbs.packed.kinds()  # the verbs' own columns: for policies that keep none
 
 
 def test_a_new_workload_of_a_known_shape_is_judged_from_what_is_remembered(

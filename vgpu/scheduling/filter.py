@@ -28,6 +28,7 @@ from vgpu.scheduling.packed import Columns
 from vgpu.scheduling.reasons import Reason, ReasonCode
 
 BATCH: Final = 64  # offered nodes from which the arrays judge a plain demand first (fewer: the check alone)
+SAMPLE: Final = 256  # nodes, spread over the offered ones, whose states tell whether those are of many states
 
 _UNKNOWN = Reason(
     code=ReasonCode.UNKNOWN_NODE, message="node unknown to the GPU extender (no GPU inventory seen for it)"
@@ -113,13 +114,15 @@ def _surely_fit(
     demand: Demand, names: Sequence[str], nodes: Mapping[str, NodeState], match: ModelMatcher, packed: Columns | None
 ) -> list[bool] | None:
     """Per name, whether the arrays pass its node (:func:`~vgpu.scheduling.fit_arrays.surely_fit`); None when
-    they do not pay (no ``packed``, few nodes or few node states) or cannot judge the demand."""
+    they do not pay (no ``packed``, few nodes, or few node states among a sample of them) or cannot judge the
+    demand."""
     if packed is None or len(names) < BATCH or not plain(demand):
         return None
     known = list(map(nodes.get, names))
     at = None if all(known) else [i for i, node in enumerate(known) if node is not None]
     view = cast("list[NodeState]", known if at is None else [known[i] for i in at])
-    if len(set(map(NodeState.state, view))) * 4 < len(view):
+    sample = view[:: max(1, len(view) // SAMPLE)]
+    if len(set(map(NodeState.state, sample))) * 4 < len(sample):
         return None  # few states, each checked once by the walk: cheaper than the arrays
     sure: list[bool] = surely_fit(demand, packed.of(view), packed, match).tolist()
     if at is not None:  # nodes unknown to the extender: judged by the check, which says so

@@ -26,9 +26,9 @@ from vgpu.names import LABEL_HOSTNAME, PlacementPolicy
 from vgpu.scheduling.affinity import node_affinity_matches
 from vgpu.scheduling.cutting_stock import CAPACITY, Prices, prices
 from vgpu.scheduling.fit import fitting_gpus
-from vgpu.scheduling.growth_arrays import Floats, least_growths
+from vgpu.scheduling.growth_arrays import least_growths, node_terms
 from vgpu.scheduling.model import Demand, GpuState, NodeState
-from vgpu.scheduling.packed import Columns
+from vgpu.scheduling.packed import Columns, Floats
 from vgpu.scheduling.policy import REGISTRY
 
 NAME: Final = PlacementPolicy.FRAGMENTATION.value
@@ -288,12 +288,18 @@ class FragmentationPolicy:
         self._closed: frozenset[Kind] = frozenset()  # kinds whose room pinned demand needs
         self._escapes: dict[Eligibility, bool] = {}  # whether a class may use an open kind
         self._gates = 0  # changes of the closed set: part of the revision
-        self._columns = Columns()  # the nodes score_many last scored, as arrays
+        self._columns = Columns(node_terms)  # the nodes score_many last scored, as arrays
         self.deferred = False
 
     @property
     def name(self) -> str:
         return NAME
+
+    @property
+    def columns(self) -> Columns:
+        """The nodes :meth:`score_many` scores at once, packed with the terms it reads of each alone
+        (:class:`~vgpu.scheduling.packed.Packs`)."""
+        return self._columns
 
     @property
     def revision(self) -> int:
@@ -742,7 +748,7 @@ class FragmentationPolicy:
             shares = np.array([self._eligible(learned, mix, node) for node in nodes], dtype=np.float64)
             weights = [w.weight * shares[:, i] for i, w in enumerate(mix)]
         return least_growths(
-            self._columns.of(nodes),
+            *self._columns.gather(nodes),
             (demand.tflops, demand.vram_held, demand.slots, demand.cpu, demand.memory),
             [(s.gpu_count, s.tflops, s.vram, s.whole, s.cpu, s.memory) for s in (w.shape for w in mix)],
             weights,

@@ -9,7 +9,9 @@ the scalar path's to the bit and no decision depends on which path scored a node
 ``tests/vgpu/scheduling/test_growth_arrays.py`` holds them equal).
 
 The nodes scored at once are one (fields × nodes) array of packed nodes (:class:`~vgpu.scheduling.packed.Columns`,
-kept by name from one decision to the next).
+kept by name from one decision to the next), with what the growth reads of each node alone, whatever the pod
+(:func:`node_terms`: its GPUs' idle, their groups' idle, its total idle), kept beside each node's column: a
+cold decision computes only what depends on the pod.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from vgpu.scheduling.cutting_stock import Prices
-from vgpu.scheduling.packed import GPU_FIELDS, NODE_FIELDS, Ints
+from vgpu.scheduling.packed import GPU_FIELDS, NODE_FIELDS, Floats, Ints
 
-Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 # What :func:`least_growths` reads of a mix entry: GPUs per pod, TFLOPS, VRAM, whole, CPU, memory.
@@ -34,8 +35,46 @@ def _py_max(a: Floats | float, b: Floats | float) -> Floats:
     return np.where(np.greater(b, a), b, a)
 
 
+def node_terms(columns: Ints) -> Floats:
+    """Per node (a column of ``columns``), what its growth reads of the node alone, whatever the pod: per GPU
+    its idle, per GPU the idle of the group it leads (zero where it leads none), and its total idle; as rows,
+    (2 × GPUs + 1) × nodes. :class:`~vgpu.scheduling.packed.Columns` keeps them with each node's column."""
+    n = columns.shape[1]
+    # Field k of GPU g of every node is row NODE_FIELDS + g × GPU_FIELDS + k: per field a (GPUs × nodes) array.
+    width = (columns.shape[0] - NODE_FIELDS) // GPU_FIELDS
+    tf, vr, t_used, v_used, pods, whole, healthy = (columns[NODE_FIELDS + k :: GPU_FIELDS] for k in range(7))
+    free_t, free_v = tf - t_used, vr - v_used
+    sized, tf_div, vr_div = _sizes(tf, vr, healthy, whole)
+    idle = np.where(sized, 0.5 * (free_t / tf_div + free_v / vr_div), 0.0)
+    usable_gpu = idle > 0.0
+    idle_usable = np.where(usable_gpu, idle, 0.0)
+    fresh = (pods == 0) & (t_used == 0) & (v_used == 0)
+    terms = np.zeros((2 * width + 1, n))
+    # The node's total idle, GPU by GPU; its GPUs grouped by (free TFLOPS, free VRAM, fresh), each group's
+    # idle summed in GPU order at its first member (the leader), as fragmentation._groups sums them.
+    total = terms[2 * width]
+    for g in range(width):
+        total += idle_usable[g]
+    key_v = free_v * 2 + fresh  # VRAM is far below 2^62 bytes
+    same = (free_t[:, None] == free_t[None]) & (key_v[:, None] == key_v[None]) & usable_gpu[None]
+    leader = np.argmax(same, axis=1)  # (GPU, node): the first usable GPU of the node in the same group
+    group_idle = terms[width : 2 * width]
+    every = np.arange(n)
+    for g in range(width):
+        group_idle[leader[g], every] += idle_usable[g]
+    terms[:width] = idle
+    return terms
+
+
+def _sizes(tf: Ints, vr: Ints, healthy: Ints, whole: Ints) -> tuple[Bools, Ints, Ints]:
+    """Per GPU whether its idle capacity is measured (``fragmentation.idle``), and its TFLOPS and VRAM to
+    divide by (1 for none)."""
+    return (healthy != 0) & (whole == 0) & (tf != 0) & (vr != 0), np.where(tf == 0, 1, tf), np.where(vr == 0, 1, vr)
+
+
 def least_growths(
     columns: Ints,
+    terms: Floats,
     demand: tuple[int, int, int, int, int],
     mix: Sequence[Size],
     weights: Sequence[Floats | float],
@@ -43,43 +82,28 @@ def least_growths(
     memory_per_gpu: float,
     prices: Prices | None,
 ) -> list[float]:
-    """Per node (a column of ``columns``: :meth:`~vgpu.scheduling.packed.Columns.of`), the least growth of
-    fragmentation over its GPUs that can take one share of ``demand`` (TFLOPS, VRAM held, slots, CPU, memory),
-    unrounded; ``inf`` where none can.
+    """Per node (a column of ``columns`` and of its :func:`node_terms` ``terms``: both from
+    :meth:`~vgpu.scheduling.packed.Columns.gather`), the least growth of fragmentation over its GPUs that can
+    take one share of ``demand`` (TFLOPS, VRAM held, slots, CPU, memory), unrounded; ``inf`` where none can.
 
     ``mix`` and ``weights`` are the entries the growth is weighed by and each one's weight (× the share of
     its pods the node admits: a number, or one per node), ``cpu_per_gpu`` and ``memory_per_gpu`` the mix's,
     as the fragmentation policy's ``_value`` reads them.
     """
     n = columns.shape[1]
-    # Field k of GPU g of every node is row NODE_FIELDS + g × GPU_FIELDS + k: per field a (GPUs × nodes) array.
     width = (columns.shape[0] - NODE_FIELDS) // GPU_FIELDS
     tf, vr, t_used, v_used, pods, whole, healthy, slots, slots_used = (
         columns[NODE_FIELDS + k :: GPU_FIELDS] for k in range(GPU_FIELDS)
     )
     has_cpu, cpu_free, has_memory, memory_free = columns[0] != 0, columns[1], columns[2] != 0, columns[3]
     t, v, need_slots, cpu, memory = demand
+    idle, group_idle, total = terms[:width], terms[width : 2 * width], terms[2 * width]
 
     free_t, free_v = tf - t_used, vr - v_used
-    sized = (healthy != 0) & (whole == 0) & (tf != 0) & (vr != 0)
-    tf_div, vr_div = np.where(tf == 0, 1, tf), np.where(vr == 0, 1, vr)
-    idle = np.where(sized, 0.5 * (free_t / tf_div + free_v / vr_div), 0.0)
+    sized, tf_div, vr_div = _sizes(tf, vr, healthy, whole)
     usable_gpu = idle > 0.0
     idle_usable = np.where(usable_gpu, idle, 0.0)
     fresh = (pods == 0) & (t_used == 0) & (v_used == 0)
-
-    # The node's total idle, GPU by GPU; its GPUs grouped by (free TFLOPS, free VRAM, fresh), each group's
-    # idle summed in GPU order at its first member (the leader), as fragmentation._groups sums them.
-    total = np.zeros(n)
-    for g in range(width):
-        total = total + idle_usable[g]
-    key_v = free_v * 2 + fresh  # VRAM is far below 2^62 bytes
-    same = (free_t[:, None] == free_t[None]) & (key_v[:, None] == key_v[None]) & usable_gpu[None]
-    leader = np.argmax(same, axis=1)  # (GPU, node): the first usable GPU of the node in the same group
-    group_idle = np.zeros((width, n))  # each group's idle at its leader, zero elsewhere
-    every = np.arange(n)
-    for g in range(width):
-        group_idle[leader[g], every] += idle_usable[g]
 
     new_t, new_v = free_t - t, free_v - v
     idle_after = np.where(sized, 0.5 * (new_t / tf_div + new_v / vr_div), 0.0)

@@ -5,7 +5,10 @@ fragmentation policy's growth (:mod:`vgpu.scheduling.growth_arrays`) do it as nu
 Packing a node costs more than checking it once in Python, so :class:`Columns` keeps each node's column, by
 name, while its state object lasts (the extender's snapshot keeps the objects of unchanged nodes): a decision
 repacks only the nodes that changed since the last one, whichever subset of the cluster it is offered (kube-
-scheduler offers a different sample of a large cluster each cycle).
+scheduler offers a different sample of a large cluster each cycle). Beside each column it keeps what a
+``derive`` function makes of it alone (the growth's node-only terms), computed once per packed column. The
+arrays of the last nodes gathered are kept too: the filter's fit check and the policy's scoring of one cold
+decision read the same nodes, and gather them once (:class:`Packs`).
 
 A node's column (:func:`row`): whether it has free CPU and memory figures and their values, its used device
 IDs, its kind (a number for what the array passes cannot read, :data:`Kind`), then per GPU the fields the
@@ -14,13 +17,13 @@ passes read. A node with fewer GPUs than the widest is padded with all-zero GPUs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, count
-from operator import attrgetter, is_not
+from itertools import compress, count, repeat
+from operator import is_
 from struct import Struct
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +31,9 @@ import numpy.typing as npt
 from vgpu.scheduling.model import NodeState
 
 Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+# What a Columns keeps beside each column: (fields × nodes) → (terms × nodes), column by column alone.
+Derive = Callable[[Ints], Floats]
 
 # has CPU, free CPU, has memory, free memory, device IDs used, kind
 NODE_FIELDS: Final = 6
@@ -37,8 +43,6 @@ _ITEM: Final = 8  # bytes of one int64
 
 # What a node's kind stands for: no inventory error, its pool, its GPUs' distinct models (none: no GPUs).
 Kind = tuple[bool, str, tuple[str, ...]]
-
-_name = attrgetter("name")
 
 
 @lru_cache(maxsize=64)
@@ -61,30 +65,55 @@ def row(node: NodeState, kind: int) -> bytes:
     return _packer(len(values)).pack(*values)
 
 
+def _no_terms(columns: Ints) -> Floats:
+    return np.zeros((0, columns.shape[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class _Store:
-    """The columns packed so far: a node's column in ``table`` by name, and the state object packed there."""
+    """The columns packed so far: the node object packed by name (kept alive: its ``id`` is its own while it is
+    here), its column in ``table`` by the object's ``id``, and what ``derive`` made of each column in ``terms``.
+    ``free`` hands out the arrays' columns no store points at yet, each once (past their room: none left)."""
 
-    at: dict[str, int]
     packed: dict[str, NodeState]
-    table: Ints  # (fields × columns), never written once stored
+    at: dict[int, int]
+    table: Ints  # (fields × room)
+    terms: Floats  # (terms × room)
+    free: Iterator[int]
+
+
+def _empty() -> _Store:
+    return _Store({}, {}, np.zeros((NODE_FIELDS, 0), dtype=np.int64), np.zeros((0, 0)), count())
+
+
+@dataclass(frozen=True, slots=True)
+class _Gathered:
+    """The last nodes gathered, and their columns and terms (read-only arrays)."""
+
+    nodes: tuple[NodeState, ...]
+    columns: Ints
+    terms: Floats
 
 
 class Columns:
     """Nodes' columns kept by name while their state objects last; and the kinds of the nodes packed.
 
-    :meth:`of` copies the store before repacking into it and then swaps it in whole, so a concurrent call never
-    sees a column half written or paired with another node's object: at worst one call's repacking is lost and
-    done again. The store is dropped, and rebuilt from the nodes of the call, when it holds far more names than
+    A call packs a changed node into a column the store's ``free`` hands out (one call's alone: no store points
+    at it, no other call writes it) and swaps in a new store whole, so a concurrent call never sees a column
+    half written or paired with another node's object: at worst one call's repacking is lost and done again.
+    A node packed again leaves its old column dead; when the arrays have no room left, the live columns move to
+    new ones. The store is dropped, and rebuilt from the nodes of the call, when it holds far more names than
     the call asks for (nodes the cluster has shed).
     """
 
-    __slots__ = ("_kinds", "_numbers", "_store")
+    __slots__ = ("_derive", "_kinds", "_last", "_numbers", "_store")
 
-    def __init__(self) -> None:
+    def __init__(self, derive: Derive = _no_terms) -> None:
+        self._derive = derive
         self._kinds: dict[Kind, int] = {}
         self._numbers = count()
-        self._store: _Store | None = None
+        self._store = _empty()
+        self._last: _Gathered | None = None
 
     def kinds(self) -> list[tuple[Kind, int]]:
         """Every kind a packed node has had, with its number (few: a cluster's pools × GPU model sets)."""
@@ -92,33 +121,67 @@ class Columns:
 
     def of(self, nodes: Sequence[NodeState]) -> Ints:
         """The (fields × nodes) array of ``nodes``, in their order."""
-        names = list(map(_name, nodes))
+        return self.gather(nodes)[0]
+
+    def gather(self, nodes: Sequence[NodeState]) -> tuple[Ints, Floats]:
+        """The (fields × nodes) array of ``nodes``, in their order, and the (terms × nodes) array ``derive``
+        made of it; both read-only, and the same arrays again when the same node objects are asked next."""
+        last = self._last
+        if last is not None and len(last.nodes) == len(nodes) and all(map(is_, nodes, last.nodes)):
+            return last.columns, last.terms
         store = self._store
-        if store is None or len(store.at) > 2 * len(names) + 4096:
-            store = _Store({}, {}, np.zeros((NODE_FIELDS, 0), dtype=np.int64))
-        stale = list(map(is_not, nodes, map(store.packed.get, names)))
-        if any(stale):
-            store = self._stored(store, list(compress(nodes, stale)))
-            if any(map(is_not, nodes, map(store.packed.get, names))):  # two nodes of one name: not kept
-                return self._block(nodes, NODE_FIELDS * _ITEM).T.copy()
-        return store.table[:, list(map(store.at.__getitem__, names))]
+        if len(store.packed) > 2 * len(nodes) + 4096:
+            store = _empty()
+        spots = list(map(store.at.get, map(id, nodes)))
+        if None in spots:
+            missing = list(compress(range(len(nodes)), map(is_, spots, repeat(None))))
+            table, store = store.table, self._stored(store, [nodes[i] for i in missing])
+            if store.table is not table:  # the live columns moved
+                spots = list(map(store.at.get, map(id, nodes)))
+            else:
+                for i in missing:
+                    spots[i] = store.at.get(id(nodes[i]))
+            if None in spots:  # two nodes of one name, the other packed: not kept
+                columns = self._block(nodes, store.table.shape[0] * _ITEM).T.copy()
+                return self._kept(nodes, columns, self._derive(columns))
+        at = np.array(spots, dtype=np.intp)
+        return self._kept(nodes, store.table.take(at, axis=1), store.terms.take(at, axis=1))
+
+    def _kept(self, nodes: Sequence[NodeState], columns: Ints, terms: Floats) -> tuple[Ints, Floats]:
+        """``columns`` and ``terms`` made read-only and the last gathered, for ``nodes``."""
+        columns.flags.writeable = terms.flags.writeable = False
+        self._last = _Gathered(tuple(nodes), columns, terms)
+        return columns, terms
 
     def _stored(self, store: _Store, changed: list[NodeState]) -> _Store:
-        """A copy of ``store`` with ``changed`` (re)packed, made the store."""
-        changed = list({node.name: node for node in changed}.values())  # a name twice: its last node
-        block = self._block(changed, store.table.shape[0] * _ITEM)
-        at = dict(store.at)
-        for node in changed:
-            at.setdefault(node.name, len(at))
-        width = store.table.shape[1]
-        if len(at) > width:
-            width = max(len(at), 2 * width)  # room to grow without a copy per new name
-        table = np.zeros((block.shape[1], width), dtype=np.int64)
-        table[: store.table.shape[0], : store.table.shape[1]] = store.table
-        table[:, list(map(at.__getitem__, map(_name, changed)))] = block.T
-        packed = dict(store.packed)
-        packed.update(zip(map(_name, changed), changed, strict=True))
-        new = self._store = _Store(at, packed, table)
+        """``store`` with ``changed`` (re)packed (a name twice: its last node), made the store."""
+        nodes = {node.name: node for node in changed}
+        block = self._block(list(nodes.values()), store.table.shape[0] * _ITEM).T
+        made = self._derive(block)
+        height = block.shape[0]
+        packed, at = dict(store.packed), dict(store.at)
+        for old in map(packed.get, nodes):
+            if old is not None:
+                del at[id(old)]  # its column dead
+        packed.update(nodes)
+        spots = [next(store.free) for _ in nodes]
+        table, terms, free = store.table, store.terms, store.free
+        if height != table.shape[0] or spots[-1] >= table.shape[1]:  # a wider node, or no room left: new arrays
+            live = np.fromiter(at.values(), dtype=np.intp, count=len(at))
+            kept, room = len(at), 2 * (len(at) + len(nodes))
+            table = np.zeros((height, room), dtype=np.int64)
+            table[: store.table.shape[0], :kept] = store.table.take(live, axis=1)
+            terms = np.zeros((made.shape[0], room))
+            if kept:  # a wider node pads the others with all-zero GPUs: their terms made again
+                wider = height != store.table.shape[0]
+                terms[:, :kept] = self._derive(table[:, :kept]) if wider else store.terms.take(live, axis=1)
+            at = dict(zip(at, range(kept), strict=True))
+            spots = list(range(kept, kept + len(nodes)))
+            free = count(kept + len(nodes))
+        table[:, spots] = block
+        terms[:, spots] = made
+        at.update(zip(map(id, nodes.values()), spots, strict=True))
+        new = self._store = _Store(packed, at, table, terms, free)
         return new
 
     def _block(self, nodes: Sequence[NodeState], height: int) -> Ints:
@@ -134,3 +197,12 @@ class Columns:
         if number is None:
             number = self._kinds.setdefault(kind, next(self._numbers))
         return number
+
+
+@runtime_checkable
+class Packs(Protocol):
+    """A policy that keeps the nodes it scores at once as :class:`Columns`: the filter packs and gathers the
+    offered nodes into the same, so that a decision's fit check and scoring gather them once."""
+
+    @property
+    def columns(self) -> Columns: ...

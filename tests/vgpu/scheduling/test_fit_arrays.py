@@ -11,6 +11,8 @@ result, reasons and order included, with the arrays as without, on a first call 
 from __future__ import annotations
 
 import random
+import sys
+import threading
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -20,6 +22,7 @@ from tests.vgpu.scheduling.builders import CATALOG, make_demand, make_gpu, make_
 from vgpu.scheduling.filter import BATCH, filter_nodes
 from vgpu.scheduling.fit import ModelMatcher, check_node
 from vgpu.scheduling.fit_arrays import surely_fit
+from vgpu.scheduling.growth_arrays import node_terms
 from vgpu.scheduling.model import Demand, NodeState
 from vgpu.scheduling.packed import Columns, row
 
@@ -120,18 +123,66 @@ def test_the_filter_judges_alike_with_the_arrays_and_without(seed: int, demand: 
 
 
 def test_kept_columns_are_those_packed_afresh() -> None:
-    """Columns kept by name from call to call equal the nodes packed anew: after changes, for a subset in
-    another order, for a node wider than any before (the others padded with all-zero GPUs)."""
+    """Columns and their terms kept by name from call to call equal the nodes packed anew: after changes, for a
+    subset in another order, for a node wider than any before (the others padded with all-zero GPUs), after so
+    many changes that the live columns move to new arrays; the same nodes asked again get the same arrays."""
     rng = random.Random(7)
     nodes = cluster(rng, 100)
-    packed = Columns()
+    packed = Columns(node_terms)
     packed.of(nodes)
-    wide = make_node("n5", n_gpus=12, tflops_used="20", vram_used="4Gi")
-    later = [wide if n.name == "n5" else n for n in nodes[::-3]]
-    got = packed.of(later)
+    wide = make_node("n6", n_gpus=12, tflops_used="20", vram_used="4Gi")
+    later = [wide if n.name == "n6" else n for n in nodes[::-3]]
+    assert wide in later
+    assert_packed_afresh(packed, later)
+    for i in range(300):  # one node changed a call, the others kept: the room runs out, more than once
+        at = rng.randrange(len(nodes))
+        nodes[at] = replace(cluster(rng, 1, prefix=f"c{i}-")[0], name=nodes[at].name)
+        assert_packed_afresh(packed, nodes)
+    assert_packed_afresh(packed, [*nodes, replace(nodes[0], cpu_free=1)])  # two nodes of one name
+    columns, terms = packed.gather(nodes)
+    again = packed.gather(list(nodes))
+    assert again[0] is columns and again[1] is terms
+
+
+def test_concurrent_calls_each_get_their_own_nodes() -> None:
+    """Calls in several threads, each offering its own state objects of some nodes (their snapshots), share the
+    kept columns and each get the columns and terms of its own nodes."""
+    rng = random.Random(11)
+    nodes = cluster(rng, 120)
+    packed = Columns(node_terms)
+    calls = []
+    for t in range(4):
+        mine = [replace(node, name=nodes[80 + i].name) for i, node in enumerate(cluster(rng, 40, prefix=f"t{t}-"))]
+        calls.append([nodes[:80] + mine[:k] + nodes[80 + k :] for k in range(0, 40, 4)])
+    failures: list[BaseException] = []
+
+    def run(lists: list[list[NodeState]]) -> None:
+        try:
+            for _ in range(5):
+                for offered in lists:
+                    assert_packed_afresh(packed, offered)
+        except BaseException as e:  # reported by the main thread
+            failures.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside the packing too
+    try:
+        threads = [threading.Thread(target=run, args=(lists,)) for lists in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, failures
+
+
+def assert_packed_afresh(packed: Columns, nodes: list[NodeState]) -> None:
+    columns, terms = packed.gather(nodes)
     kinds = dict(packed.kinds())
-    for node, column in zip(later, got.T, strict=True):
+    for node, column in zip(nodes, columns.T, strict=True):
         kind = kinds[(node.inventory_error is None, node.pool, node.totals().models)]
         packed_row = row(node, kind)
         assert column[: len(packed_row) // 8].tobytes() == packed_row
         assert not column[len(packed_row) // 8 :].any()
+    assert terms.tobytes() == node_terms(columns).tobytes()

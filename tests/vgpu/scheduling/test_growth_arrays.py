@@ -128,6 +128,9 @@ def test_many_nodes_at_once_score_as_node_by_node(
         changed[7 * i] = node
     assert at_once.score_many(demand, changed) == [one_by_one.score(demand, n) for n in changed]
     assert at_once.score_many(demand, nodes[:3]) == [one_by_one.score(demand, n) for n in nodes[:3]]
+    # A node wider than any before: the others' kept columns padded with all-zero GPUs, their terms made again.
+    wider = [*changed[:-1], make_node(changed[-1].name, n_gpus=12, tflops_used="50", vram_used="10Gi")]
+    assert at_once.score_many(demand, wider) == [one_by_one.score(demand, n) for n in wider]
 
 
 def one_gpu_growth(policy: FragmentationPolicy, demand: Demand, node: NodeState) -> float:
