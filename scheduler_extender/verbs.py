@@ -131,7 +131,7 @@ class Verbs:
         self.on_preempting = on_preempting
         self.verdicts: NodeMemo[Reason | None] = NodeMemo()
         self.scores: NodeMemo[float | None] = NodeMemo()
-        self.packed = Columns()  # the nodes the filter last judged at once, kept by name (vgpu.scheduling.packed)
+        self.packed = Columns()  # packed nodes for a policy that keeps none of its own (_filter)
         self.ties: Recent[Tie] = Recent()  # by pod UID: what the deciding filter passed as equals (prioritize)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
