@@ -60,7 +60,7 @@ NO_POD = "request has no Pod"
 class Tie:
     """The nodes a deciding filter passed as equals for a pod, and the one its raw score ranks first."""
 
-    nodes: frozenset[str]
+    nodes: tuple[str, ...]  # in the order filter passed them, which kube-scheduler keeps
     first: str
 
 
@@ -174,7 +174,7 @@ class Verbs:
         demand = demand_from_request(pod.request, pod_key=pod.ref.key, device_ids=pod.device_ids)
         snapshot = self.cache.snapshot(scheduling=pod.ref, extra=_values(nodes.items))
         tie = self.ties.take(pod.ref.uid)
-        if tie is not None and tie.nodes == frozenset(nodes.names):  # the filter's equals: kube-scheduler decides
+        if tie is not None and _same(tie.nodes, nodes.names):  # the filter's equals: kube-scheduler decides
             self._reserve_tentatively(pod, demand, snapshot, tie.first)
             return dict.fromkeys(nodes.names, MAX_EXTENDER_PRIORITY)
         raw, demoted = self._ranked(pod, demand, snapshot, nodes.names)
@@ -265,7 +265,7 @@ class Verbs:
             return None
         tied = [n for n in passed if scores.get(n) == best]
         if len(tied) > 1:
-            self.ties.put(pod.ref.uid, Tie(frozenset(tied), top_nodes(raw, 1)[0]))
+            self.ties.put(pod.ref.uid, Tie(tuple(tied), top_nodes(raw, 1)[0]))
         return tied
 
     @staticmethod
@@ -322,6 +322,11 @@ class Verbs:
             self.cache.reserve(
                 pod.ref, node, placement.grants, qos=demand.qos, expires_at=expires_at, slots=demand.slots
             )
+
+
+def _same(tied: tuple[str, ...], offered: tuple[str, ...]) -> bool:
+    """Whether prioritize is offered exactly the tied nodes: in the same order (pointer comparisons), else as sets."""
+    return tied == offered or (len(tied) == len(offered) and set(tied) == set(offered))
 
 
 def _passed(passed: int, *, decided: bool) -> str:
