@@ -66,10 +66,9 @@ class KubeAdmission:
             return held
         what = f"list {PLURAL_GPU_POOL}"
         try:
-            listed = self._call(what, lambda: json_body(_pools(self._api, **self._raw)))
+            return listing(what, partial(_pools, self._api), self._timeout).items
         except GatewayError as exc:
             raise ClusterUnavailable(_reason(what, exc)) from exc
-        return [item for item in listed.get("items") or () if isinstance(item, Mapping)]
 
     def upsert_workload(self, upsert: WorkloadUpsert) -> None:
         where = f"{PLURAL_WORKLOAD} {upsert.namespace}/{upsert.name}"

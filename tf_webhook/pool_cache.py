@@ -71,7 +71,6 @@ class PoolFeed:
         watch_timeout: int = WATCH_TIMEOUT_S,
         backoff_max: float = BACKOFF_MAX_S,
     ) -> None:
-        self._cache = cache
         self._stop = threading.Event()
         self.informer = Informer(
             "GPUPools",
@@ -80,7 +79,8 @@ class PoolFeed:
             watch_timeout=watch_timeout,
             backoff_max=backoff_max,
             stop=self._stop,
-            on_error=self._failed,
+            on_error=lambda _reason: cache.distrust(),
+            relist_after_error=True,
         )
 
     def start(self) -> threading.Thread:
@@ -88,11 +88,6 @@ class PoolFeed:
 
     def stop(self) -> None:
         self._stop.set()
-
-    def _failed(self, _reason: str) -> None:
-        """Called by the informer's thread before it pauses: distrust, and list (not resume the watch) next."""
-        self._cache.distrust()
-        self.informer.resource_version = None
 
 
 def _name(obj: RawObject) -> str | None:

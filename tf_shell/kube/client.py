@@ -170,7 +170,7 @@ def upsert(
     call(f"replace {what}", lambda: drained(replace(name, replaced)))
 
 
-def listing(what: str, lister: Callable[..., Any], timeout: tuple[float, float] = LIST_TIMEOUT) -> Listing:
+def listing(what: str, lister: Callable[..., Any], timeout: float | tuple[float, float] = LIST_TIMEOUT) -> Listing:
     """A LIST by ``lister`` (a client's list method, its options bound): the items and the list's resourceVersion."""
     body = call(what, lambda: json_body(lister(_preload_content=False, _request_timeout=timeout)), timeout)
     rv = str((body.get("metadata") or {}).get("resourceVersion") or "")

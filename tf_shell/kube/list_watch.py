@@ -84,7 +84,10 @@ class Informer:
         backoff_max: float,
         stop: threading.Event,
         on_error: Callable[[str], None] | None = None,
+        relist_after_error: bool = False,
     ) -> None:
+        """``relist_after_error``: after a failed round, list again instead of resuming the watch (for a sink
+        that stops trusting what it holds on an error, so that only a list restores it)."""
         self.name = name
         self.source = source
         self.sink = sink
@@ -94,6 +97,7 @@ class Informer:
         self.backoff = Backoff(backoff_max)
         self.resource_version: str | None = None
         self.on_error = on_error
+        self.relist_after_error = relist_after_error
 
     def run(self, iterations: int | None = None) -> None:
         """Loop until ``stop`` is set (or for ``iterations`` list/watch rounds)."""
@@ -112,6 +116,8 @@ class Informer:
                 log.warning("%s list/watch failed (%s: %s); retrying in %.1fs", self.name, reason, exc, pause)
                 if self.on_error is not None:
                     self.on_error(reason)
+                if self.relist_after_error:
+                    self.resource_version = None
                 self.stop.wait(pause)
 
     def _round(self) -> None:

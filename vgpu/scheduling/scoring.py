@@ -4,8 +4,8 @@ Policies score in fine-grained floats; kube-scheduler's extender protocol only t
 0–10 (``MaxExtenderPriority``), added as ``Score × weight × 10`` to the in-tree plugin total. So:
 :func:`score_nodes` collects raw scores (the policy's base in [0, 1] plus additive terms that hold
 for every policy — local-GPU affinity and an optional smaller-model preference), then
-:func:`to_extender_scores` stretches them min–max onto 0–10, and :func:`top_nodes` lets the
-filter keep only the best nodes when 11 buckets are too coarse to pick a winner.
+:func:`to_extender_scores` stretches them min–max onto 0–10, and :func:`top_nodes` names the best
+(the node a decision holds room on; the replay's variant that keeps only the best k).
 """
 
 from __future__ import annotations
