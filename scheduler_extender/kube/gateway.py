@@ -69,7 +69,7 @@ class KubernetesGateway:
         return watching(f"watch {kind}s", self._lister(kind), resource_version, timeout_seconds)
 
     def get_pod(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
-        limit = CALL_TIMEOUT if timeout is None else timeout
+        limit = _limit(timeout)
         try:
             return call(
                 f"get pod {namespace}/{name}",
@@ -97,7 +97,7 @@ class KubernetesGateway:
         self._patch_pod(namespace, name, body, MERGE_PATCH, timeout)
 
     def _patch_pod(self, namespace: str, name: str, body: PatchBody, content_type: str, timeout: float | None) -> None:
-        limit = CALL_TIMEOUT if timeout is None else timeout
+        limit = _limit(timeout)
         call(
             f"patch pod {namespace}/{name}",
             lambda: drained(
@@ -109,7 +109,7 @@ class KubernetesGateway:
         )
 
     def get_lease(self, namespace: str, name: str, *, timeout: float | None = None) -> RawObject | None:
-        limit = CALL_TIMEOUT if timeout is None else timeout
+        limit = _limit(timeout)
         try:
             return call(
                 f"get lease {namespace}/{name}",
@@ -148,7 +148,7 @@ class KubernetesGateway:
         )
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
         what = f"bind pod {namespace}/{name} to {node}"
-        send(self.core.api_client, "POST", path, body, what, CALL_TIMEOUT if timeout is None else timeout)
+        send(self.core.api_client, "POST", path, body, what, _limit(timeout))
 
     def record_event(self, event: PodEvent) -> None:
         now = rfc3339(time.time())
