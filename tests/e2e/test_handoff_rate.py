@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes.client import CoreV1Api
 
@@ -110,9 +109,7 @@ GATE_FIGURES = {
 def gate_figures(cluster: Cluster) -> dict[str, float]:
     """The extender's gate counters: binds that gave up waiting (kube-scheduler retries them), seconds the
     successful ones waited, and gates taken beside a pod of other Allocate sizes."""
-    text = httpx.get(f"http://127.0.0.1:{cluster.extender_public_port}/metrics", timeout=30).text
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
-    return {name: values.get(series, 0.0) for name, series in GATE_FIGURES.items()}
+    return {name: cluster.extender_metric(series) for name, series in GATE_FIGURES.items()}
 
 
 def one_gpu(i: int) -> dict[str, Any]:
