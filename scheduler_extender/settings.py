@@ -7,6 +7,8 @@ one place, and so that tests build an app from an explicit ``Settings(...)`` ins
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -27,6 +29,9 @@ class Settings(BaseSettings):
     """Extender configuration. Every field can be set as ``TF_EXTENDER_<FIELD>`` or a ``--<field>`` flag."""
 
     model_config = SettingsConfigDict(env_prefix="TF_EXTENDER_", env_ignore_empty=True, extra="ignore", frozen=True)
+    REMOVED: ClassVar[dict[str, str]] = {
+        "keep_top_nodes": "removed: filter passes only the best nodes by default (--decide-in-filter); unset it",
+    }
 
     policy: PlacementPolicy = Field(
         PlacementPolicy.FRAGMENTATION,

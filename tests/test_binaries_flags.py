@@ -240,3 +240,15 @@ def test_an_unknown_flag_is_argparses_usage_error(capsys: pytest.CaptureFixture[
         plugin_settings(["--cores=4"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith("tf-device-plugin: error: unrecognized arguments: --cores=4\n")
+
+
+def test_a_removed_extender_setting_still_set_is_refused_not_ignored(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TF_EXTENDER_KEEP_TOP_NODES", "1")
+    with pytest.raises(SystemExit) as exit_:
+        extender_settings([])
+    assert exit_.value.code == 2
+    said = capsys.readouterr().err
+    assert "TF_EXTENDER_KEEP_TOP_NODES" in said and "'1'" in said and "--decide-in-filter" in said
+    assert len(said.strip().splitlines()) == 1

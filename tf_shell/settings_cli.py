@@ -7,6 +7,8 @@ the same way: one ``--kebab-name`` flag per field, whose help gives the field's 
 variable and its default; the environment is read first and a flag overrides it. A value that fails
 validation, from either source, stops the binary with status 2 and one line naming the flag, the
 variable, the value and what is accepted, never a traceback. List and dict fields are JSON in both.
+A setting a model no longer has (its ``REMOVED``: name → what replaced it) is refused the same way when its
+variable is still set, rather than ignored: an unknown flag argparse refuses anyway.
 
 The one module of the shared domain that imports pydantic (the import contract names it): the three
 binaries live in two packages that must not import each other.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 from enum import Enum
 from importlib.metadata import version
@@ -39,6 +42,14 @@ def settings_from(model: type[S], prog: str, description: str, argv: Sequence[st
     """
     parser = _parser(model, prog, description)
     flags = {name: value for name, value in vars(parser.parse_args(argv)).items() if value is not None}
+    removed: dict[str, str] = getattr(model, "REMOVED", {})
+    stale = [
+        (name, os.environ[_variable(model, name)], why)
+        for name, why in removed.items()
+        if _variable(model, name) in os.environ
+    ]
+    if stale:
+        _refuse(parser, model, stale)
     env = EnvSettingsSource(model)
     given: dict[str, Any] = {}  # what each field was set to, the variable's value replaced by the flag's
     for name, info in model.model_fields.items():
@@ -122,7 +133,7 @@ def _problem(error: ErrorDetails, given: dict[str, Any]) -> tuple[str | None, st
 
 
 def _refuse(
-    parser: argparse.ArgumentParser, model: type[BaseSettings], problems: list[tuple[str | None, str | None, str]]
+    parser: argparse.ArgumentParser, model: type[BaseSettings], problems: Sequence[tuple[str | None, str | None, str]]
 ) -> NoReturn:
     lines = [
         problem if name is None else str(FieldError(f"{_flag(name)} (env {_variable(model, name)})", value, problem))
