@@ -3,12 +3,15 @@ timeout, any other transport failure is a plain error naming the call."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError
-from tf_shell.kube.client import call
+from tf_shell.kube.client import api_client, call, throttle_credential_refresh
 
 
 def failing(exc: Exception) -> object:
@@ -51,3 +54,40 @@ def test_other_transport_failures_are_plain_errors_without_a_status(exc: Excepti
     with pytest.raises(GatewayError, match=r"^get node n1: ") as failed:
         call("get node n1", failing(exc))  # type: ignore[arg-type]
     assert not isinstance(failed.value, GatewayTimeout) and failed.value.status is None
+
+
+def test_the_credential_refresh_runs_at_most_once_a_second_and_first_at_the_first_call() -> None:
+    now = [100.0]
+    runs: list[str] = []
+    configuration = Configuration()
+
+    def refresh(config: Configuration) -> None:  # as the client's loaders do: each run installs a new hook
+        runs.append(config.api_key.get("BearerToken", ""))
+        config.refresh_api_key_hook = refresh  # type: ignore[assignment]  # the stubs type the hook as None
+
+    configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    throttle_credential_refresh(configuration, 1.0, clock=lambda: now[0])
+    for _ in range(3):
+        configuration.get_api_key_with_prefix("BearerToken")
+    now[0] += 0.99
+    configuration.get_api_key_with_prefix("BearerToken")
+    assert runs == [""]
+    configuration.api_key["BearerToken"] = "later"
+    now[0] += 0.01
+    configuration.get_api_key_with_prefix("BearerToken")
+    configuration.get_api_key_with_prefix("BearerToken")
+    assert runs == ["", "later"]
+
+
+def test_a_client_from_a_kubeconfig_token_keeps_its_credential_and_refreshes_it_throttled(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: secret}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    configuration = api_client(str(kubeconfig)).configuration
+    assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer secret"
+    configuration.api_key["BearerToken"] = "gone"  # what a refresh inside the second would have restored
+    assert configuration.auth_settings()["BearerToken"]["value"] == "gone"

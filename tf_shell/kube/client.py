@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -34,6 +36,10 @@ SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"  # the label tying an E
 RAW: Final[dict[str, Any]] = {"_preload_content": False, "_request_timeout": CALL_TIMEOUT}
 WATCHED: Final = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})  # the event types a watch delivers
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Seconds between two runs of the client's credential refresh. Its loaders re-read the credential only once it
+# has expired (in-cluster: the token file, every minute; kubeconfig: 5 minutes before expiry), but each run
+# also sets the host again, which reads every proxy variable of the environment: about 80 us of every call.
+CREDENTIAL_REFRESH_S: Final = 1.0
 T = TypeVar("T")
 
 
@@ -48,7 +54,41 @@ def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = pool_size
     configuration.retries = 0
+    throttle_credential_refresh(configuration)
     return client.ApiClient(configuration)
+
+
+def throttle_credential_refresh(
+    configuration: client.Configuration,
+    seconds: float = CREDENTIAL_REFRESH_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Make ``configuration``'s credential refresh hook run at most once every ``seconds`` (the first call runs it).
+    The client's loaders install a new hook each time theirs runs; it is kept as the one to run next."""
+    refresh: Callable[[Any], None] | None = configuration.refresh_api_key_hook
+    if refresh is None:
+        return
+    lock = threading.Lock()
+    last: float | None = None
+
+    def throttled(config: Any) -> None:
+        nonlocal last, refresh
+        now = clock()
+        with lock:
+            if last is not None and now - last < seconds:
+                return
+            last = now
+            run = refresh
+        if run is None:
+            return
+        run(config)
+        renewed = config.refresh_api_key_hook
+        if renewed is not throttled:
+            with lock:
+                refresh = renewed
+            config.refresh_api_key_hook = throttled
+
+    configuration.refresh_api_key_hook = throttled  # type: ignore[assignment]  # the stubs type the hook as None
 
 
 def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
