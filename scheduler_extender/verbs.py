@@ -50,7 +50,7 @@ from vgpu.scheduling.placement import place
 from vgpu.scheduling.policy import Policies
 from vgpu.scheduling.preempt import Victim, select_victims
 from vgpu.scheduling.reasons import Reason
-from vgpu.scheduling.scoring import MAX_EXTENDER_PRIORITY, score_nodes, to_extender_scores, top_nodes
+from vgpu.scheduling.scoring import MAX_EXTENDER_PRIORITY, best_scored, score_nodes, to_extender_scores, top_nodes
 from vgpu.scheduling.summary import leading_reason, summarize
 
 NO_POD = "request has no Pod"
@@ -258,14 +258,12 @@ class Verbs:
         (in_tree.py), or nothing was scored: every fitting node passes, and prioritize ranks them."""
         if pod.soft_preferences or self.cache.avoided_by(passed, pod.tolerations):
             return None
-        raw, demoted = self._ranked(pod, demand, snapshot, passed)
-        scores = self._scaled(raw, demoted)
-        best = max(scores.values(), default=None)
-        if best is None:
+        raw, _ = self._ranked(pod, demand, snapshot, passed)  # _scaled lifts only the lowest scores
+        tied = best_scored(raw, passed)
+        if not tied:
             return None
-        tied = [n for n in passed if scores.get(n) == best]
         if len(tied) > 1:
-            self.ties.put(pod.ref.uid, Tie(tuple(tied), top_nodes(raw, 1)[0]))
+            self.ties.put(pod.ref.uid, Tie(tuple(tied), top_nodes({n: raw[n] for n in tied}, 1)[0]))
         return tied
 
     @staticmethod

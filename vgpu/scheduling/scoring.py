@@ -152,6 +152,26 @@ def to_extender_scores(raw: Mapping[str, float]) -> dict[str, int]:
     return {name: floor(MAX_EXTENDER_PRIORITY * (s - low) / span + 0.5) for name, s in raw.items()}
 
 
+def best_scored(raw: Mapping[str, float], order: Iterable[str]) -> list[str]:
+    """The names in ``order`` that :func:`to_extender_scores` gives the top score (10), in that order; one pass
+    that maps no other node. Every such score is at least 95 % of the way from the lowest to the highest, so
+    only nodes past 90 % are put to the same rounding."""
+    if not raw:
+        return []
+    low, high = min(raw.values()), max(raw.values())
+    if high <= low:
+        return [name for name in order if name in raw]
+    span = high - low
+    cut = low + 0.9 * span
+    return [
+        name
+        for name in order
+        if (s := raw.get(name)) is not None
+        and s >= cut
+        and floor(MAX_EXTENDER_PRIORITY * (s - low) / span + 0.5) >= MAX_EXTENDER_PRIORITY
+    ]
+
+
 def top_nodes(raw: Mapping[str, float], keep: int) -> tuple[str, ...]:
     """The ``keep`` best-scored node names, best first (ties broken by name, for determinism)."""
     if keep <= 0 or not raw:

@@ -12,7 +12,7 @@ from vgpu.request import PodView, resolve
 from vgpu.scheduling.demand import demand_from_request
 from vgpu.scheduling.model import workload_key
 from vgpu.scheduling.policy import Binpack, Spread
-from vgpu.scheduling.scoring import ScoreTerms, score_nodes, to_extender_scores, top_nodes
+from vgpu.scheduling.scoring import ScoreTerms, best_scored, score_nodes, to_extender_scores, top_nodes
 
 
 def test_only_nodes_that_fit_now_are_scored() -> None:
@@ -108,3 +108,18 @@ def test_top_nodes_keeps_the_best_with_full_resolution() -> None:
 def test_top_nodes_is_the_best_by_score_then_name_for_every_keep(raw: dict[str, float], keep: int) -> None:
     # keep=1 (prioritize, every call) takes a linear path; the definition is the full sort.
     assert top_nodes(raw, keep) == tuple(sorted(raw, key=lambda name: (-raw[name], name))[: max(keep, 0)])
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([f"node-{i}" for i in range(12)]),
+        st.sampled_from([0.0, 0.9, 0.95, 0.949999, 1.0, 1e-12]) | st.floats(-1e6, 1e6, allow_nan=False),
+        max_size=12,
+    ),
+    st.permutations([f"node-{i}" for i in range(14)]),
+)
+def test_best_scored_are_the_nodes_the_0_to_10_mapping_gives_10_in_the_given_order(
+    raw: dict[str, float], order: list[str]
+) -> None:
+    scores = to_extender_scores(raw)
+    assert best_scored(raw, order) == [name for name in order if scores.get(name) == 10]
