@@ -20,7 +20,7 @@ from typing import Any
 from scheduler_extender.objects import PodRecord
 from scheduler_extender.status import NOTHING, READY, Condition, ObjectRef, Status, StatusOf, reserved_by
 from vgpu import compute_percent
-from vgpu.names import LABEL_NODE_POOL
+from vgpu.names import LABEL_NODE_POOL, IsolationMode
 from vgpu.quantity import format_bytes, format_milli
 from vgpu.scheduling.model import NodeState
 
@@ -49,25 +49,47 @@ def is_gpu_node(node: NodeState) -> bool:
 
 
 def pool_totals(nodes: Iterable[NodeState]) -> dict[str, PoolTotals]:
-    """Sum the GPU nodes by pool."""
-    totals: dict[str, PoolTotals] = {}
+    """Sum the GPU nodes by pool: one pass over the GPUs, each pool's totals built once at the end."""
+    counts: dict[str, list[int]] = {}  # pool -> [nodes, GPUs, healthy GPUs, TFLOPS (milli), VRAM (bytes)]
+    modes: dict[str, Counter[frozenset[IsolationMode]]] = {}  # pool -> how many healthy GPUs serve each set
+    products: dict[str, list[tuple[str, int]]] = {}
     for node in nodes:
         if not is_gpu_node(node):
             continue
-        healthy = [g for g in node.gpus if g.healthy]
-        old = totals.get(node.pool, EMPTY_POOL)
-        modes = Counter(dict(old.modes))
-        modes.update(m.value for g in healthy for m in g.isolation)
-        totals[node.pool] = PoolTotals(
-            nodes=old.nodes + 1,
-            gpus=old.gpus + len(node.gpus),
-            healthy_gpus=old.healthy_gpus + len(healthy),
-            tflops_milli=old.tflops_milli + sum(g.tflops for g in healthy),
-            vram_bytes=old.vram_bytes + sum(g.vram for g in healthy),
-            modes=tuple(sorted(modes.items())),
-            sizes=tuple(sorted(compute_percent.largest((*old.sizes, *((g.model, g.tflops) for g in healthy))).items())),
+        pool = node.pool
+        if pool not in counts:
+            counts[pool], modes[pool], products[pool] = [0, 0, 0, 0, 0], Counter(), []
+        count, served, sizes = counts[pool], modes[pool], products[pool]
+        count[0] += 1
+        count[1] += len(node.gpus)
+        for gpu in node.gpus:
+            if gpu.healthy:
+                count[2] += 1
+                count[3] += gpu.tflops
+                count[4] += gpu.vram
+                served[gpu.isolation] += 1
+                sizes.append((gpu.model, gpu.tflops))
+    return {
+        pool: PoolTotals(
+            nodes=n,
+            gpus=gpus,
+            healthy_gpus=healthy,
+            tflops_milli=tflops,
+            vram_bytes=vram,
+            modes=_by_mode(modes[pool]),
+            sizes=tuple(sorted(compute_percent.largest(products[pool]).items())),
         )
-    return totals
+        for pool, (n, gpus, healthy, tflops, vram) in counts.items()
+    }
+
+
+def _by_mode(served: Counter[frozenset[IsolationMode]]) -> tuple[tuple[str, int], ...]:
+    """(isolation mode, healthy GPUs serving it), by mode, from how many GPUs serve each set of modes."""
+    counts: Counter[str] = Counter()
+    for modes, gpus in served.items():
+        for mode in modes:
+            counts[mode.value] += gpus
+    return tuple(sorted(counts.items()))
 
 
 def _count(n: int, noun: str) -> str:
