@@ -43,6 +43,9 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # decode (schema checks, exact quantities) is ~0.1 ms, so remember it per text. GpuRequest is frozen and
 # nothing mutates its mappings; a text that fails to decode raises each time (exceptions are not kept).
 _decode_request = lru_cache(maxsize=1024)(resolved_contract.decode)
+# A pod's allocation is read again at each of its watch events after the bind (its first status, the kubelet's
+# later writes, deletion), and at a relist; ~65 us a decode. Each text names its pod: no two pods share one.
+_decode_allocation = lru_cache(maxsize=4096)(allocation_contract.decode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,7 +229,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     raw = ann.get(SystemAnnotation.ALLOCATION)
     if raw is not None:
         try:
-            alloc = allocation_contract.decode(raw)
+            alloc = _decode_allocation(raw)
         except DomainError as exc:
             alloc_error = str(exc)
         else:
