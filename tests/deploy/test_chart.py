@@ -194,19 +194,20 @@ def test_admission_policy_protects_every_system_annotation() -> None:
     assert f"'{RESOURCE_VGPU}'" in text and f"'{LABEL_ENABLED}'" in text
     bindings = [o for o in objects() if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     policies = {o["metadata"]["name"] for o in objects() if o["kind"] == "ValidatingAdmissionPolicy"}
-    assert {b["spec"]["policyName"] for b in bindings} == policies and len(policies) == 4
+    assert {b["spec"]["policyName"] for b in bindings} == policies and len(policies) == 3
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
 
 
-def test_the_qos_grant_policy_reads_the_namespace_label_and_names_our_high_classes() -> None:
+def test_the_qos_rule_reads_the_namespace_label_and_names_our_high_classes() -> None:
     """Static: the classes it guards are the webhook's for high and critical, and the label it reads is the one
     the docs tell operators to set. Only a real API server evaluates the CEL: tests/e2e/test_preemption.py."""
-    policy = one("ValidatingAdmissionPolicy", "qos-grant")["spec"]
-    text = json.dumps(policy)
+    policy = one("ValidatingAdmissionPolicy", "pod-contract")["spec"]
+    (rule,) = [v for v in policy["validations"] if "variables.granted" in v["expression"]]
+    text = json.dumps([rule, policy["variables"]])
     assert LABEL_NAMESPACE_MAX_QOS in text
     assert all(f"'{q.priority_class}'" in text for q in (Qos.HIGH, Qos.CRITICAL))
     assert f"'{Qos.MEDIUM.priority_class}'" not in text and f"'{Qos.LOW.priority_class}'" not in text
-    assert policy["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    assert rule["expression"].startswith("request.operation != 'CREATE' ||")  # a pod's class is fixed at creation
 
 
 def test_vgpu_bypass_check_covers_init_containers() -> None:

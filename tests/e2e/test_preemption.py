@@ -30,7 +30,7 @@ from vgpu.timefmt import parse_rfc3339
 
 from .cluster import REAL_NODE, Cluster
 from .kube import events_for, eventually, wait_running
-from .pods import allocation_of, gpu_pod
+from .pods import IMAGE, allocation_of, gpu_pod
 
 A100_MILLI = 312_000
 OTHERS_MAX = 20_000  # what other scenarios' pods may still hold on a GPU of the node, for the arithmetic above
@@ -167,7 +167,8 @@ def test_a_tenant_cannot_preempt_by_asking_for_a_higher_qos(
 ) -> None:
     """As a tenant with pod-create rights in a namespace no operator granted a QoS: pods asking for high or
     critical, alone, with a lower PriorityClass and with a higher one, are all refused at admission with the
-    reason, so none runs and no pod of another namespace (here: low pods filling the node) is evicted."""
+    reason, so none runs and no pod of another namespace (here: low pods filling the node) is evicted. So is a
+    plain pod that names the class with no tensor-fusion label, annotation or resource at all."""
     own = cluster.namespace(f"e2e-tenant-asks-{qos}")
     tenant = cluster.grant_tenant(own, "edit")
     node_nearly_empty(core, OTHERS_MAX)
@@ -187,7 +188,14 @@ def test_a_tenant_cannot_preempt_by_asking_for_a_higher_qos(
             tenant.create_namespaced_pod(own, pod)
         except ApiException as exc:
             refused.append(json.loads(exc.body)["message"])
-    assert len(refused) == 3, refused
+    plain = {"metadata": {"name": f"plain-{qos}"}, "spec": {"priorityClassName": f"tensor-fusion-{qos}"}}
+    plain["spec"]["containers"] = [{"name": "main", "image": IMAGE}]
+    try:
+        tenant.create_namespaced_pod(own, plain)
+    except ApiException as exc:
+        refused.append(json.loads(exc.body)["message"])
+    assert len(refused) == 4, refused
+    assert "may ask for qos medium at most" in refused[3]
     assert "may ask for qos medium at most" in refused[0] and "tensor-fusion.ai/max-qos" in refused[0]
     assert "contradicts tensor-fusion.ai/qos" in refused[1]
     assert ("contradicts" in refused[2]) == (qos == "high") and ("may ask for qos medium" in refused[2]) == (
