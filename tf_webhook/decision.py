@@ -219,7 +219,24 @@ def _layer(
         return None
 
 
-def _pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
+class _LastParsed:
+    """The pools parsed last, by the identity of the sequence they came from. The webhook's pool cache publishes
+    one tuple until a pool changes, so the admissions in between reuse its parse; a live LIST is parsed anew.
+    The pair is one attribute, read and written whole, so concurrent admissions never see half of it."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Sequence[Mapping[str, Any]], _Pools] | None = None
+
+    def __call__(self, raw: Sequence[Mapping[str, Any]]) -> _Pools:
+        last = self._last
+        if last is not None and last[0] is raw:
+            return last[1]
+        pools = _parse_pools(raw)
+        self._last = (raw, pools)
+        return pools
+
+
+def _parse_pools(raw: Sequence[Mapping[str, Any]]) -> _Pools:
     specs: dict[str, ProfileSpec] = {}
     broken: dict[str, DomainError] = {}
     defaults: list[str] = []
@@ -317,3 +334,6 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _deny_errors(errors: Sequence[FieldError], warnings: tuple[str, ...] = ()) -> Verdict:
     return deny("; ".join(str(e) for e in errors), warnings=warnings)
+
+
+_pools = _LastParsed()

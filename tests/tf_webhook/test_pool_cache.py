@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tf_shell.kube.api import GatewayError, GoneError, Listing, RawObject, WatchEvent
+from tf_webhook.decision import _pools
 from tf_webhook.pool_cache import PoolCache, PoolFeed
 
 
@@ -115,3 +116,17 @@ def test_stop_ends_the_thread() -> None:
     running.stop()
     thread.join(5)
     assert not thread.is_alive() and names(cache) == ["a"]
+
+
+def test_admissions_reuse_the_parse_of_the_published_pools_until_a_pool_changes() -> None:
+    """The parse is kept for the tuple the cache publishes; the tuple published after a change is parsed anew."""
+    cache = PoolCache()
+    cache.replace([pool("a", default=True)])
+    held = cache.held()
+    assert held is not None
+    first = _pools(held)
+    assert _pools(cache.held() or ()) is first and first.defaults == ("a",)
+    cache.apply(WatchEvent("MODIFIED", pool("a", "2", default=False)))
+    changed = _pools(cache.held() or ())
+    assert changed is not first and changed.defaults == ()
+    assert _pools([pool("a", default=True)]).defaults == ("a",)  # a live LIST, parsed as it is
