@@ -4,8 +4,8 @@ explain, health, readiness and metrics.
 Two routers because two listeners: anyone who can reach ``/bind`` can pin a pod to a node, so the verbs
 listen on loopback for the kube-scheduler beside the extender (``app.py``, ``main.py``). Every JSON
 body is decoded by ``strict_json``. bind's work runs in the thread pool with its deadline taken on
-arrival; filter and prioritize run on the event loop while the cache's lock is free, and a good JSON
-body reaches them past FastAPI's request handling (``HotVerbs``). Any unexpected exception in a verb
+arrival; filter and prioritize run on the event loop while the cache's lock is free. A good JSON body
+reaches these three past FastAPI's request handling (``HotVerbs``). Any unexpected exception in a verb
 still becomes HTTP 200 with an ``Error`` or the verb's neutral answer: kube-scheduler cannot read a 5xx.
 Why, and what it saves: scheduler_extender/README.md, section "Request handling".
 """
@@ -13,7 +13,7 @@ Why, and what it saves: scheduler_extender/README.md, section "Request handling"
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
@@ -21,7 +21,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -141,30 +141,45 @@ def _prioritize(ext: Extender, args: ExtenderArgs) -> Response:
 
 
 class HotVerbs:
-    """ASGI middleware: filter and prioritize straight to their verb functions when the body is good."""
+    """ASGI middleware: filter, prioritize and bind straight to their verb functions when the body is good."""
 
     def __init__(self, app: ASGIApp, extender: Extender, prefixes: tuple[str, ...]) -> None:
         self.app = app
         self.extender = extender
-        self.verbs: dict[str, Callable[[Extender, ExtenderArgs], Response]] = {}
+        self.verbs: dict[str, tuple[type[BaseModel], Callable[[Extender, Any], Awaitable[Response]]]] = {}
         for prefix in prefixes:
-            self.verbs[f"{prefix}/filter"] = _filter
-            self.verbs[f"{prefix}/prioritize"] = _prioritize
+            self.verbs[f"{prefix}/filter"] = (ExtenderArgs, _filtered)
+            self.verbs[f"{prefix}/prioritize"] = (ExtenderArgs, _prioritized)
+            self.verbs[f"{prefix}/bind"] = (ExtenderBindingArgs, _bound)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verb = self.verbs.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if verb is None or not _says_json(scope):
             await self.app(scope, receive, send)
             return
+        model, answer = verb
         body, rest = await _read_body(receive)
         try:
-            args = ExtenderArgs.model_validate(strict_json.loads(body))
+            args = model.model_validate(strict_json.loads(body))
         except (ValueError, ValidationError):  # json.JSONDecodeError is a ValueError
             await self.app(scope, _replaying(body, rest), send)
             return
-        ext = self.extender
-        response = await _without_blocking(ext, lambda: verb(ext, args))
+        response = await answer(self.extender, args)
         await response(scope, rest, send)
+
+
+async def _filtered(ext: Extender, args: ExtenderArgs) -> Response:
+    return await _without_blocking(ext, lambda: _filter(ext, args))
+
+
+async def _prioritized(ext: Extender, args: ExtenderArgs) -> Response:
+    return await _without_blocking(ext, lambda: _prioritize(ext, args))
+
+
+async def _bound(ext: Extender, args: ExtenderBindingArgs) -> Response:
+    """As the route: the deadline taken on arrival, the work in the thread pool."""
+    result = await run_in_threadpool(_bind, ext, args, ext.binder.deadline())
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 def _says_json(scope: Scope) -> bool:

@@ -1,4 +1,4 @@
-"""The short way in for filter and prioritize (``routes.HotVerbs``): taken only for a good body on
+"""The short way in for filter, prioritize and bind (``routes.HotVerbs``): taken only for a good body on
 their paths, and everything else reaches the app unchanged, its body replayed byte for byte."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from scheduler_extender.gateway import Kind
 from scheduler_extender.routes import HotVerbs
 from tests.scheduler_extender.conftest import Running
 from tests.scheduler_extender.fakes import GI, FakeGateway, gpu_request, make_node, make_pod
+from tests.scheduler_extender.test_bind import bind_body
 
 
 class Downstream:
@@ -66,6 +67,8 @@ def call(
 def hot(run: Callable[..., Running], fake: FakeGateway) -> tuple[HotVerbs, Downstream, Running]:
     fake.put(Kind.NODE, make_node("big", gpus=2, vram=80 * GI))
     fake.put(Kind.NODE, make_node("small", gpus=1, vram=8 * GI))
+    for name in ("p1", "p2"):  # pods to bind
+        fake.put(Kind.POD, make_pod(name, gpu_request(vram=4 * GI)))
     app = run()
     downstream = Downstream()
     return HotVerbs(downstream, app.ext, ("", "/tf")), downstream, app
@@ -115,13 +118,12 @@ def test_a_bad_body_reaches_the_app_byte_for_byte(hot: tuple[HotVerbs, Downstrea
 @pytest.mark.parametrize(
     ("method", "path", "headers"),
     [
-        ("POST", "/bind", JSON),
         ("GET", "/filter", JSON),
         ("POST", "/other/filter", JSON),
         ("POST", "/filter", []),  # no Content-Type: FastAPI does not read the body as JSON
         ("POST", "/prioritize", [(b"content-type", b"text/plain")]),
     ],
-    ids=["bind", "get", "other-path", "no-content-type", "not-json"],
+    ids=["get", "other-path", "no-content-type", "not-json"],
 )
 def test_other_requests_reach_the_app_unchanged(
     hot: tuple[HotVerbs, Downstream, Running], method: str, path: str, headers: list[tuple[bytes, bytes]]
@@ -131,3 +133,15 @@ def test_other_requests_reach_the_app_unchanged(
     status, _ = call(middleware, method, path, [good], headers)
     assert status == 418
     assert downstream.calls == [(method, path, good)]
+
+
+def test_a_good_bind_body_is_bound_by_the_verb_and_answered_as_the_route_answers(
+    hot: tuple[HotVerbs, Downstream, Running], fake: FakeGateway
+) -> None:
+    middleware, downstream, app = hot
+    status, reply = call(middleware, "POST", "/tf/bind", [json.dumps(bind_body("p1", "big")).encode()])
+    assert status == 200 and downstream.calls == []
+    assert (
+        json.loads(reply) == {"Error": ""} == app.post("/bind", bind_body("p2", "small"))
+    )  # another node: "big" hands over to p1
+    assert fake.bindings == [("default", "p1", "big"), ("default", "p2", "small")]
