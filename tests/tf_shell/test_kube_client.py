@@ -3,15 +3,19 @@ timeout, any other transport failure is a plain error naming the call."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from kubernetes.client import Configuration
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 
 from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError
-from tf_shell.kube.client import api_client, call, throttle_credential_refresh
+from tf_shell.kube.client import api_client, call, send, throttle_credential_refresh
 
 
 def failing(exc: Exception) -> object:
@@ -91,3 +95,57 @@ def test_a_client_from_a_kubeconfig_token_keeps_its_credential_and_refreshes_it_
     assert configuration.auth_settings()["BearerToken"]["value"] == "Bearer secret"
     configuration.api_key["BearerToken"] = "gone"  # what a refresh inside the second would have restored
     assert configuration.auth_settings()["BearerToken"]["value"] == "gone"
+
+
+class _Recording(BaseHTTPRequestHandler):
+    """Answers each request with the status and body queued on the server; records what it got."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_PUT(self) -> None:
+        got = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.seen.append((self.command, self.path, dict(self.headers), got))
+        status, answer = self.server.answers.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    seen: list[tuple[str, str, dict[str, str], bytes]]
+    answers: list[tuple[int, bytes]]
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Recording)
+    srv.seen, srv.answers = [], []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+
+
+def test_send_writes_the_body_as_given_with_the_credential_and_returns_the_answer(server: _Server) -> None:
+    configuration = Configuration(host=f"http://127.0.0.1:{server.server_port}")
+    configuration.api_key["BearerToken"] = "Bearer secret"
+    api = ApiClient(configuration)
+    lease = {"metadata": {"name": "l", "annotations": {"a": "ü"}}, "spec": {"renewTime": "2026-11-27T22:00:54.000001Z"}}
+    server.answers += [
+        (200, b'{"metadata": {"resourceVersion": "7"}}'),
+        (409, b'{"message": "the object has been modified"}'),
+    ]
+    path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"
+    assert send(api, "PUT", path, lease, "update lease ns/l", (1.0, 2.0)) == {"metadata": {"resourceVersion": "7"}}
+    method, seen_path, headers, body = server.seen[0]
+    assert (method, seen_path, json.loads(body)) == ("PUT", path, lease)  # the MicroTime's fraction kept
+    assert headers["authorization"] == "Bearer secret" and headers["Content-Type"] == "application/json"
+    with pytest.raises(GatewayError) as refused:
+        send(api, "PUT", path, lease, "update lease ns/l", (1.0, 2.0))
+    assert refused.value.status == 409 and "update lease ns/l: HTTP 409" in str(refused.value)
+    assert "the object has been modified" in str(refused.value)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import orjson
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -148,20 +150,27 @@ def send(
     The client's typed methods parse a dict body into their model (pydantic) and serialise that: MicroTimes come
     back through ``datetime.isoformat``, which drops the fraction of a whole second (``…:54+00:00``, refused by
     the API server), and the round trip costs more CPU than the request. Writes on a hot path, or with a
-    MicroTime (Leases), go this way."""
-    request = api.param_serialize(
-        method,
-        path,
-        body=body,
-        header_params={"Content-Type": "application/json", "Accept": "application/json"},
-        auth_settings=["BearerToken"],
+    MicroTime (Leases), go this way: encoded once (orjson) and sent on the client's own connection pool, with its
+    TLS, proxy and retry settings and its credential, past the layers that would walk the body again."""
+    config = api.configuration
+    headers = {**api.default_headers, "Content-Type": "application/json", "Accept": "application/json"}
+    for auth in config.auth_settings().values():  # the bearer token; a client certificate is in the pool's TLS
+        if auth["in"] == "header" and auth["value"]:
+            headers[auth["key"]] = auth["value"]
+    data = orjson.dumps(body)
+    url = config.host + path
+    limit = (
+        urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        if isinstance(timeout, tuple)
+        else urllib3.Timeout(total=timeout)
     )
 
     def once() -> RawObject:
-        response = api.call_api(*request, _request_timeout=timeout)
-        data = response.read()  # type: ignore[no-untyped-call]
+        response = api.rest_client.pool_manager.request(method, url, body=data, headers=headers, timeout=limit)
         if not 200 <= int(response.status) < 300:
-            raise ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
+            raise ApiException(
+                status=response.status, reason=response.reason, body=response.data.decode(errors="replace")
+            )
         return json_body(response)
 
     return call(what, once, timeout)
