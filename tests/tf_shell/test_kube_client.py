@@ -129,6 +129,7 @@ def server() -> Iterator[_Server]:
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()
+    srv.server_close()
 
 
 def test_send_writes_the_body_as_given_with_the_credential_and_returns_the_answer(server: _Server) -> None:
@@ -149,3 +150,4 @@ def test_send_writes_the_body_as_given_with_the_credential_and_returns_the_answe
         send(api, "PUT", path, lease, "update lease ns/l", (1.0, 2.0))
     assert refused.value.status == 409 and "update lease ns/l: HTTP 409" in str(refused.value)
     assert "the object has been modified" in str(refused.value)
+    api.close()
