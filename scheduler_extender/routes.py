@@ -16,7 +16,6 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -39,6 +38,7 @@ from scheduler_extender.wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
+    host_priorities_json,
 )
 from tf_shell import strict_json
 from tf_shell.access import Access
@@ -135,9 +135,7 @@ def _prioritize(ext: Extender, args: ExtenderArgs) -> Response:
             log.exception("prioritize failed")
             ext.metrics.errors.labels("prioritize", "internal").inc()
             scores = dict.fromkeys(offered(args).names, 0)
-        # orjson: the stdlib encoder took ~4 ms for 5,000 entries, as long as the scoring itself.
-        body = orjson.dumps([{"Host": host, "Score": score} for host, score in scores.items()])
-        return Response(body, media_type="application/json")
+        return Response(host_priorities_json(scores), media_type="application/json")
 
 
 class HotVerbs:

@@ -9,8 +9,11 @@ See /work/shared/reference/scheduler-extender-protocol.md §2.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 RawObject = dict[str, Any]
@@ -56,6 +59,28 @@ class HostPriority(_Wire):
 
     Host: str
     Score: int = Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)
+
+
+# A node name is a DNS subdomain: lowercase letters, digits, '-' and '.', none of which JSON escapes.
+_PLAIN_NAMES = re.compile(r"[a-z0-9.-]*")
+
+
+def host_priorities_json(scores: Mapping[str, int]) -> bytes:
+    """The prioritize reply (a JSON array of HostPriority), in ``scores``' order. Node names need no escaping, so
+    the array is written as text, a tie's in one join: for 5,000 nodes a list of dicts for orjson took longer
+    than the rest of prioritize. Any other name takes that safe way."""
+    if not _PLAIN_NAMES.fullmatch("".join(scores)):
+        return orjson.dumps([{"Host": host, "Score": score} for host, score in scores.items()])
+    if not scores:
+        return b"[]"
+    values = set(scores.values())
+    if len(values) == 1:
+        score = int(values.pop())
+        between = f'","Score":{score}}},{{"Host":"'
+        return f'[{{"Host":"{between.join(scores)}","Score":{score}}}]'.encode()
+    return (
+        "[" + ",".join(f'{{"Host":"{host}","Score":{int(score)}}}' for host, score in scores.items()) + "]"
+    ).encode()
 
 
 class ExtenderBindingArgs(_Wire):
