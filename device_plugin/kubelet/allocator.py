@@ -289,13 +289,27 @@ class Allocator:
             for key in list(self._stolen)[: len(self._stolen) - STOLEN_KEPT]:
                 del self._stolen[key]
 
-    def preferred_gpus(self, size: int) -> tuple[str, ...]:
+    async def preferred_gpus(self, size: int) -> tuple[str, ...]:
         """GPUs granted to the next container of the one pod whose next container wants ``size`` devices (a hint),
-        else ()."""
+        else (). The kubelet may ask before this plugin's watch shows the pod bound: then the hint waits for it as
+        Allocate does, at most ``lookup_wait_s``, rather than steer the kubelet to device IDs of other GPUs."""
+        hint = self._hint(size)
+        if hint is None:
+            hint = await self._cache.wait_for(lambda: self._hint(size), self._config.lookup_wait_s)
+        return hint or ()
+
+    def _hint(self, size: int) -> tuple[str, ...] | None:
+        """:meth:`preferred_gpus` now: None while no pod awaits an Allocate of ``size`` (one may be on its way)."""
         served = self.served()
         found = awaiting(self._cache.pods(), self._config.node, size, served)
+        if not found:
+            return None
         nxt = next_container(found[0], served.get(found[0].uid, ())) if len(found) == 1 else None
         if nxt is None or found[0].allocation is None:
+            return ()
+        try:
+            return tuple(g.uuid for g in decode(found[0].allocation).gpus_of(nxt[0]))
+        except DomainError:
             return ()
         try:
             return tuple(g.uuid for g in decode(found[0].allocation).gpus_of(nxt[0]))

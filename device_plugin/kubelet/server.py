@@ -79,7 +79,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         responses = []
         for req in request.container_requests:
             size = int(req.allocation_size)
-            favour = self._allocator.preferred_gpus(size)
+            favour = await self._allocator.preferred_gpus(size)
             ids = preferred(list(req.available_deviceIDs), list(req.must_include_deviceIDs), size, favour)
             responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return dp.PreferredAllocationResponse(container_responses=responses)

@@ -82,13 +82,16 @@ def test_preferred_allocation_over_the_socket_follows_the_grant_then_the_freest_
 
     async def scenario() -> None:
         async with plugin(tmp_path, kube, gpu_file(tmp_path / "gpus.yaml")) as (daemon, kubelet):
-            # Nothing awaits Allocate: slices of the GPU with the most free slices.
-            assert await kubelet.preferred(available, [], 1) == [slice_id(GPU0, 0)]
-            assert await kubelet.preferred(available, [], 2) == [slice_id(GPU0, 0), slice_id(GPU0, 1)]
-            # A pod granted GPU1 awaits: its slice comes from GPU1, though GPU0 has more free.
+            # Nothing awaits Allocate (within the plugin's lookup wait): slices of the GPU with the most free slices.
+            alone = await asyncio.gather(kubelet.preferred(available, [], 1), kubelet.preferred(available, [], 2))
+            assert alone == [[slice_id(GPU0, 0)], [slice_id(GPU0, 0), slice_id(GPU0, 1)]]
+            # The kubelet asks before the plugin's watch shows the pod granted GPU1: the hint waits for it, and the
+            # slice comes from GPU1, though GPU0 has more free.
+            asking = asyncio.ensure_future(kubelet.preferred(available, [], 1))
+            await asyncio.sleep(0.2)
             kube.annotate(uid_of(one), ALLOC, allocation(uid_of(one), gpus=[grant(GPU1, index=1)]))
-            await until(lambda: (p := daemon.cache.get(uid_of(one))) is not None and p.allocation is not None)
-            assert await kubelet.preferred(available, [], 1) == [slice_id(GPU1, 2)]
+            assert await asking == [slice_id(GPU1, 2)]
+            assert (p := daemon.cache.get(uid_of(one))) is not None and p.allocation is not None
             await kubelet.allocate(slice_id(GPU1, 2), pod="one")
             await receipt(kube, uid_of(one))
             # A two-GPU pod spans both of its GPUs; a must-include ID stays and comes first.
