@@ -311,7 +311,3 @@ class Allocator:
             return tuple(g.uuid for g in decode(found[0].allocation).gpus_of(nxt[0]))
         except DomainError:
             return ()
-        try:
-            return tuple(g.uuid for g in decode(found[0].allocation).gpus_of(nxt[0]))
-        except DomainError:
-            return ()
