@@ -97,8 +97,7 @@ async def _without_blocking(ext: Extender, work: Callable[[], Response]) -> Resp
 @verbs.post("/filter", tags=["extender"], response_model=ExtenderFilterResult)
 async def filter_(request: Request, args: ExtenderArgs) -> Response:
     """Which of the offered nodes can hold the pod's GPU request, with a reason for each that cannot."""
-    ext = _extender(request)
-    return await _without_blocking(ext, lambda: _filter(ext, args))
+    return await _filtered(_extender(request), args)
 
 
 def _filter(ext: Extender, args: ExtenderArgs) -> Response:
@@ -121,8 +120,7 @@ def _filter(ext: Extender, args: ExtenderArgs) -> Response:
 @verbs.post("/prioritize", tags=["extender"], response_model=list[HostPriority])
 async def prioritize(request: Request, args: ExtenderArgs) -> Response:
     """A 0–10 score for every offered node (nodes that cannot hold the pod get 0)."""
-    ext = _extender(request)
-    return await _without_blocking(ext, lambda: _prioritize(ext, args))
+    return await _prioritized(_extender(request), args)
 
 
 def _prioritize(ext: Extender, args: ExtenderArgs) -> Response:
@@ -167,15 +165,17 @@ class HotVerbs:
 
 
 async def _filtered(ext: Extender, args: ExtenderArgs) -> Response:
+    """filter's answer, for its route and for ``HotVerbs``: on the event loop while the cache's lock is free."""
     return await _without_blocking(ext, lambda: _filter(ext, args))
 
 
 async def _prioritized(ext: Extender, args: ExtenderArgs) -> Response:
+    """prioritize's answer, as filter's."""
     return await _without_blocking(ext, lambda: _prioritize(ext, args))
 
 
 async def _bound(ext: Extender, args: ExtenderBindingArgs) -> Response:
-    """As the route: the deadline taken on arrival, the work in the thread pool."""
+    """bind's answer, for its route and for ``HotVerbs``: the deadline taken on arrival, the work in the thread pool."""
     result = await run_in_threadpool(_bind, ext, args, ext.binder.deadline())
     return Response(result.model_dump_json(), media_type="application/json")
 
@@ -221,12 +221,10 @@ def _replaying(body: bytes, rest: Receive) -> Receive:
     return _replaying_message({"type": "http.request", "body": body, "more_body": False}, rest)
 
 
-@verbs.post("/bind", tags=["extender"])
-async def bind(request: Request, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+@verbs.post("/bind", tags=["extender"], response_model=ExtenderBindingResult)
+async def bind(request: Request, args: ExtenderBindingArgs) -> Response:
     """Choose the pod's GPUs on the node, record them on the pod and create the Binding — or undo all of it."""
-    ext = _extender(request)
-    deadline = ext.binder.deadline()
-    return await run_in_threadpool(_bind, ext, args, deadline)
+    return await _bound(_extender(request), args)
 
 
 def _bind(ext: Extender, args: ExtenderBindingArgs, deadline: Deadline) -> ExtenderBindingResult:
