@@ -263,7 +263,7 @@ class Verbs:
         if not tied:
             return None
         if len(tied) > 1:
-            self.ties.put(pod.ref.uid, Tie(tuple(tied), top_nodes({n: raw[n] for n in tied}, 1)[0]))
+            self.ties.put(pod.ref.uid, Tie(tuple(tied), top_nodes(raw, 1)[0]))  # the best raw score is tied
         return tied
 
     @staticmethod
