@@ -149,7 +149,12 @@ def to_extender_scores(raw: Mapping[str, float]) -> dict[str, int]:
     if high <= low:
         return dict.fromkeys(raw, MAX_EXTENDER_PRIORITY)
     span = high - low
-    return {name: floor(MAX_EXTENDER_PRIORITY * (s - low) / span + 0.5) for name, s in raw.items()}
+    return {name: _extender_score(s, low, span) for name, s in raw.items()}
+
+
+def _extender_score(raw: float, low: float, span: float) -> int:
+    """One raw score's place between ``low`` and ``low + span`` on 0–10, rounded half up."""
+    return floor(MAX_EXTENDER_PRIORITY * (raw - low) / span + 0.5)
 
 
 def best_scored(raw: Mapping[str, float], order: Iterable[str]) -> list[str]:
@@ -166,9 +171,7 @@ def best_scored(raw: Mapping[str, float], order: Iterable[str]) -> list[str]:
     return [
         name
         for name in order
-        if (s := raw.get(name)) is not None
-        and s >= cut
-        and floor(MAX_EXTENDER_PRIORITY * (s - low) / span + 0.5) >= MAX_EXTENDER_PRIORITY
+        if (s := raw.get(name)) is not None and s >= cut and _extender_score(s, low, span) >= MAX_EXTENDER_PRIORITY
     ]
 
 
