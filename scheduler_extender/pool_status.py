@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler_extender.objects import PodRecord
@@ -48,39 +48,49 @@ def is_gpu_node(node: NodeState) -> bool:
     return bool(node.gpus) or node.inventory_error is not None or LABEL_NODE_POOL in node.labels
 
 
+@dataclass(slots=True)
+class _Sums:
+    """One pool's running totals while :func:`pool_totals` walks the nodes."""
+
+    nodes: int = 0
+    gpus: int = 0
+    healthy_gpus: int = 0
+    tflops_milli: int = 0
+    vram_bytes: int = 0
+    served: Counter[frozenset[IsolationMode]] = field(default_factory=Counter)  # healthy GPUs per set of modes
+    sizes: list[tuple[str, int]] = field(default_factory=list)  # (product, TFLOPS) of each healthy GPU
+
+    def totals(self) -> PoolTotals:
+        return PoolTotals(
+            nodes=self.nodes,
+            gpus=self.gpus,
+            healthy_gpus=self.healthy_gpus,
+            tflops_milli=self.tflops_milli,
+            vram_bytes=self.vram_bytes,
+            modes=_by_mode(self.served),
+            sizes=tuple(sorted(compute_percent.largest(self.sizes).items())),
+        )
+
+
 def pool_totals(nodes: Iterable[NodeState]) -> dict[str, PoolTotals]:
     """Sum the GPU nodes by pool: one pass over the GPUs, each pool's totals built once at the end."""
-    counts: dict[str, list[int]] = {}  # pool -> [nodes, GPUs, healthy GPUs, TFLOPS (milli), VRAM (bytes)]
-    modes: dict[str, Counter[frozenset[IsolationMode]]] = {}  # pool -> how many healthy GPUs serve each set
-    products: dict[str, list[tuple[str, int]]] = {}
+    sums: dict[str, _Sums] = {}
     for node in nodes:
         if not is_gpu_node(node):
             continue
-        pool = node.pool
-        if pool not in counts:
-            counts[pool], modes[pool], products[pool] = [0, 0, 0, 0, 0], Counter(), []
-        count, served, sizes = counts[pool], modes[pool], products[pool]
-        count[0] += 1
-        count[1] += len(node.gpus)
+        pool = sums.get(node.pool)
+        if pool is None:
+            pool = sums[node.pool] = _Sums()
+        pool.nodes += 1
+        pool.gpus += len(node.gpus)
         for gpu in node.gpus:
             if gpu.healthy:
-                count[2] += 1
-                count[3] += gpu.tflops
-                count[4] += gpu.vram
-                served[gpu.isolation] += 1
-                sizes.append((gpu.model, gpu.tflops))
-    return {
-        pool: PoolTotals(
-            nodes=n,
-            gpus=gpus,
-            healthy_gpus=healthy,
-            tflops_milli=tflops,
-            vram_bytes=vram,
-            modes=_by_mode(modes[pool]),
-            sizes=tuple(sorted(compute_percent.largest(products[pool]).items())),
-        )
-        for pool, (n, gpus, healthy, tflops, vram) in counts.items()
-    }
+                pool.healthy_gpus += 1
+                pool.tflops_milli += gpu.tflops
+                pool.vram_bytes += gpu.vram
+                pool.served[gpu.isolation] += 1
+                pool.sizes.append((gpu.model, gpu.tflops))
+    return {name: pool.totals() for name, pool in sums.items()}
 
 
 def _by_mode(served: Counter[frozenset[IsolationMode]]) -> tuple[tuple[str, int], ...]:
