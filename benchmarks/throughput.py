@@ -57,6 +57,7 @@ from typing import Any
 from kubernetes.client import CoreV1Api
 from kubernetes.watch.watch import iter_resp_lines
 
+from benchmarks import api_calls
 from benchmarks.hardware import describe
 from scheduler_extender.claim_board import ClaimBoard
 from scheduler_extender.events import REASON_GRANTED
@@ -282,6 +283,7 @@ class Result:
     seconds: float
     cpu_ms_per_pod: dict[str, float]
     binds: dict[str, float]
+    calls: dict[str, float]  # what kube-apiserver served per pod (api_calls.py)
 
     @property
     def rate(self) -> float | None:
@@ -348,6 +350,17 @@ class Bench:
                 seconds[proc.name] = (int(fields[11]) + int(fields[12])) / TICKS
         return seconds
 
+    def _api_counts(self) -> dict[str, float]:
+        """kube-apiserver's request, watch-event and webhook-call counters so far (api_calls.py)."""
+        cp = self.cluster.cp
+        assert cp is not None
+        request = urllib.request.Request(
+            f"{cp.server}/metrics", headers={"Authorization": f"Bearer {cp.identities['admin'].token}"}
+        )
+        context = ssl._create_unverified_context()  # the self-signed serving certificate, on loopback
+        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT, context=context) as answer:
+            return api_calls.counts(answer.read().decode())
+
     def profile(self, seconds: int, prefix: str) -> list[threading.Thread]:
         """Fetch the CPU profiles of kube-apiserver and kube-scheduler over the next ``seconds`` into
         ``<process>-<prefix>.pprof`` in the working directory (their pprof endpoints, with the admin's token: the
@@ -382,7 +395,7 @@ class Bench:
         plugin = CoreV1Api(self.plugin) if self.receipts else None
         kubelet = CoreV1Api(self.admin) if self.admit else None
         recorder = Recorder(self.core, plugin, since, binder=binder, kubelet=kubelet)
-        cpu, binds = self._cpu(), self._counts()
+        cpu, binds, calls = self._cpu(), self._counts(), self._api_counts()
 
         def create(i: int) -> None:
             drained(self.core.create_namespaced_pod(NAMESPACE, build(names[i], i), _preload_content=False))
@@ -402,12 +415,13 @@ class Bench:
         if failures():
             raise RuntimeError(f"case {case}: {failures()[0]!r}")
         seconds = max(recorder.bound.values(), default=started) - started
-        after, binds_after = self._cpu(), self._counts()
+        after, binds_after, calls_after = self._cpu(), self._counts(), self._api_counts()
         per_pod = {name: round((after[name] - cpu.get(name, 0)) * 1000 / pods, 1) for name in after}
         outcome = {k: v - binds.get(k, 0) for k, v in binds_after.items() if v - binds.get(k, 0)}
         emptied(self.core, NAMESPACE)
         time.sleep(2)  # the extender's and the scheduler's caches see the deletions
-        return Result(case, pods, len(recorder.bound), seconds, per_pod, outcome)
+        calls_per_pod = api_calls.per_pod(calls, calls_after, pods)
+        return Result(case, pods, len(recorder.bound), seconds, per_pod, outcome, calls_per_pod)
 
 
 def ratio(part: float | None, whole: float | None) -> str:
@@ -458,6 +472,10 @@ def main() -> None:
                     rate = f"{r.rate:.0f} pods/s" if r.rate else f"unfinished: {r.bound}/{r.pods} bound"
                     print(f"{nodes} nodes run {run} {r.case}: {rate} ({r.seconds:.1f} s); CPU ms/pod "
                           f"{r.cpu_ms_per_pod}; extender {r.binds}", flush=True)  # fmt: skip
+                    print(f"{nodes} nodes run {run} {r.case}: API per pod {r.calls}", flush=True)
+                    if r.case != "B" and "B" in results:
+                        extra = api_calls.beyond(r.calls, results["B"].calls)
+                        print(f"{nodes} nodes run {run} {r.case}: API per pod beyond B {extra}", flush=True)
                 rates = {case: r.rate for case, r in results.items()}
                 rows.append((nodes, run, rates))
     against_b = [c for c in args.cases if c != "B"]
