@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
+from benchmarks.isolation.hami_step import STEPS, STOCK
 from benchmarks.isolation.plan import ORDER, BudgetError, plan, render_plan
 from vgpu.names import IsolationMode
 
@@ -35,6 +36,12 @@ def parser() -> argparse.ArgumentParser:
         default=ORDER,
         help=f"comma-separated, of {','.join(ORDER)} (default all)",
     )
+    made.add_argument(
+        "--hami-step",
+        choices=STEPS,
+        default=STOCK,
+        help="soft's HAMi-core: stock, or its limiter's correction step linear in SMs (hami_step.py)",
+    )
     made.add_argument("--dry-run", action="store_true", help="print the plan and stop; touches no GPU")
     return made
 
@@ -54,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A timeout's SIGTERM unwinds like an error, so that the MPS daemon is quit and the compute mode restored.
     before = signal.signal(signal.SIGTERM, terminated)
     try:
-        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes)
+        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, args.hami_step)
     finally:
         signal.signal(signal.SIGTERM, before)
 

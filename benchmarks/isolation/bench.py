@@ -23,6 +23,7 @@ from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
+from benchmarks.isolation.hami_step import DESCRIBED, LINEAR, STOCK, with_linear_step
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import BASELINE, TAMPER_CAP, Plan, Step, measured, ordered, plan, render_plan
 from benchmarks.isolation.prereqs import blocked, check
@@ -220,13 +221,17 @@ def paths_for(lib: Path | None) -> EnforcementPaths:
     )
 
 
-def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> None:
+def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], hami_step: str = STOCK) -> None:
     """The plan's runs, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
     gpu = gpu_facts(smi_xml())
     result["gpu"] = dataclasses.asdict(gpu)
     say(f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), driver {gpu.driver}, CUDA {gpu.cuda}, MIG {gpu.mig}")
     binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
-    lib = build_hami(hami_src, out) if IsolationMode.SOFT in made.modes else None
+    lib = None
+    if IsolationMode.SOFT in made.modes:
+        lib = build_hami(
+            with_linear_step(hami_src, WORK / "hami-core-linear") if hami_step == LINEAR else hami_src, out
+        )
     Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
     HAMI_LOG.unlink(missing_ok=True)  # this run's lines only
     bench = Bench(binary, gpu, paths_for(lib), result)
@@ -259,13 +264,13 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any]) -> No
             (out / "hami-watcher.log").write_bytes(HAMI_LOG.read_bytes()[-WATCHER_LOG_KEPT:])
 
 
-def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...]) -> int:
+def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...], hami_step: str = STOCK) -> int:
     """The whole benchmark; 0 when every mode that could run was measured, else 1."""
     started = time.time()
     set_budget(budget)
     out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    needs = check(asked, hami_src)
+    needs = check(asked, hami_src, hami_step)
     say("prerequisites:")
     for need in needs:
         say(f"  {need.line()}")
@@ -273,6 +278,7 @@ def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode
     result: dict[str, Any] = {
         "budget_s": budget,
         "asked": list(ordered(asked)),
+        "hami_step": DESCRIBED[hami_step],
         "prerequisites": [need.line() for need in needs],
         "modes": {m: {"status": "not measured", "reasons": blocked(needs, m)} for m in ordered(asked)},
         "notes": [],
@@ -285,7 +291,7 @@ def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode
             result["pair_s"] = made.pair_s
             for mode in runnable:
                 result["modes"][mode] = {"status": "measured"}
-            measure(made, hami_src, out, result)
+            measure(made, hami_src, out, result, hami_step)
         else:
             say("no mode can run here: see the prerequisites above")
     except Exception:  # recorded; the report is still written

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu_check.procs import run as run_command
+from benchmarks.isolation.hami_step import LINEAR, STOCK, WATCHER, check_source
 from vgpu.names import IsolationMode
 
 Which = Callable[[str], str | None]
@@ -84,6 +85,7 @@ def gpu_needs(which: Which, run: Runner) -> list[Need]:
 def check(
     modes: Sequence[IsolationMode],
     hami_src: Path,
+    step: str = STOCK,
     *,
     which: Which = shutil.which,
     run: Runner = run_command,
@@ -103,6 +105,11 @@ def check(
                 soft,
             )
         )
+        if step == LINEAR and source.exists():
+            why = check_source(hami_src)
+            needs.append(
+                Need("HAMi-core's limiter step (--hami-step linear)", why is None, why or f"applies to {WATCHER}", soft)
+            )
         builders = [p for p in ("cmake", "gcc") if which(p)]
         needs.append(Need("cmake or gcc (builds HAMi-core)", bool(builders), ", ".join(builders) or "neither", soft))
     if IsolationMode.HARD in modes:

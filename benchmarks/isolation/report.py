@@ -125,6 +125,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Budget {result.get('budget_s')} s, ran {result.get('wall_s', '?')} s; two-tenant splits "
         f"{num(result.get('pair_s'), 0)} s each.",
         "Shares are of the same load's uncapped rate alone; points are share minus limit.",
+        *(
+            [f"soft's HAMi-core: {step}."]
+            if (step := result.get("hami_step")) and IsolationMode.SOFT in result.get("modes", {})
+            else []
+        ),
         *[f"- note: {n}" for n in result.get("notes", [])],
         "",
         "Prerequisites:",
