@@ -5,8 +5,8 @@ are available: …" fragments; ours adds the core's one-line summary (``0/12 nod
 VRAM (need 4Gi per GPU, most free 2Gi on A100), …``). A filter runs every backoff period (1–10 s)
 for a pending pod, so the same message is posted at most once per ``interval`` per pod, and the
 API call happens in worker threads so a slow API server never slows down filter. Every bound GPU pod gets a
-GpuGranted Event; one thread posting them one at a time fell behind the binds of a burst (the throughput
-benchmark's API price list counted 0.3-0.9 posted per bound pod while the burst lasted), so ``WORKERS`` post.
+GpuGranted Event, and a burst binds faster than one thread posts at the API server's latency, so ``WORKERS``
+post (benchmarks/README.md, "The price list, read from the API server").
 """
 
 from __future__ import annotations

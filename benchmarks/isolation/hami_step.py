@@ -1,13 +1,10 @@
 """HAMi-core with its compute limiter's correction step linear in the GPU's SM count: `soft`'s candidate fix.
 
-HAMi-core's utilisation watcher (``delta()`` in ``src/multiprocess/multiprocess_utilization_watcher.c``, as of
-8f3a89c) refills a token pool of ``sm_num × max threads per SM × 32`` by a step it scales with ``sm_num²``, so
-the step's share of the pool grows with the GPU: on an H100 (132 SMs) one step refills much of the pool, and the
-limiter swings between no limit and a stall instead of settling at the cap (HAMi-core issues #274 and #314; on
-an H100 a compute loop capped at 50 % was not slowed, and 30/70 tenants split 47/47: docs/isolation.md). The
-change proposed upstream (HAMi-core PR #317) drops one ``sm_num`` factor, so that the step is the same share of
-the pool on any GPU. ``--hami-step linear`` measures `soft` on a copy of the exported source with that change,
-so that one command gives the fix's figures; the stock build's stay in the docs as the anchor.
+HAMi-core's utilisation watcher (``delta()`` in ``src/multiprocess/multiprocess_utilization_watcher.c``) refills a
+token pool that grows with the SM count by a step that grows with its square, so on a GPU of many SMs the limiter
+swings between no limit and a stall instead of settling at the cap. ``--hami-step linear`` builds `soft` from a
+copy of the exported source with one SM factor dropped (the change proposed upstream, HAMi-core PR #317), so one
+command measures it beside the stock build's figures (benchmarks/README.md, "soft with HAMi-core's limiter fixed").
 """
 
 from __future__ import annotations
