@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client import CoreV1Api
 
+from scheduler_extender.events import REASON_GRANTED
 from vgpu.contract import allocation
 from vgpu.names import Annotation
 from vgpu.quantity import parse_bytes, parse_milli
@@ -96,6 +97,23 @@ def test_burst_of_50_never_overcommits_and_every_env_matches(cluster: Cluster, c
     burst(core, fresh, 50)
     pods = settle(core, fresh, 50, timeout=300)
     check_invariants(cluster, core, pods)
+    granted_once_each(core, fresh, [p for p in pods if p.spec.node_name])
+
+
+def granted_once_each(core: CoreV1Api, namespace: str, bound: list[Any]) -> None:
+    """Every bound pod of a burst gets exactly one GpuGranted Event, naming its own grant: none dropped behind the
+    binds, none posted twice."""
+    assert bound, "no pod was bound: nothing was tested"
+    expected = {p.metadata.uid: allocation_of(p).describe() for p in bound}
+
+    def granted() -> dict[str, list[str]] | None:
+        found: dict[str, list[str]] = {}
+        for e in core.list_namespaced_event(namespace, field_selector=f"reason={REASON_GRANTED}").items:
+            found.setdefault(e.involved_object.uid, []).append(e.message)
+        return found if set(found) >= set(expected) else None
+
+    found = eventually(f"a {REASON_GRANTED} Event for each of the {len(bound)} bound pods", granted, timeout=30)
+    assert found == {uid: [message] for uid, message in expected.items()}
 
 
 @pytest.mark.timeout(420)
