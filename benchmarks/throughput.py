@@ -350,33 +350,32 @@ class Bench:
                 seconds[proc.name] = (int(fields[11]) + int(fields[12])) / TICKS
         return seconds
 
-    def _api_counts(self) -> dict[str, float]:
-        """kube-apiserver's request, watch-event and webhook-call counters so far (api_calls.py)."""
+    def _admin_get(self, url: str, timeout: float) -> bytes:
+        """GET ``url`` of a control-plane process with the admin's token (the e2e control plane delegates
+        kube-scheduler's authentication to the API server), trusting its self-signed certificate on loopback."""
         cp = self.cluster.cp
         assert cp is not None
-        request = urllib.request.Request(
-            f"{cp.server}/metrics", headers={"Authorization": f"Bearer {cp.identities['admin'].token}"}
-        )
-        context = ssl._create_unverified_context()  # the self-signed serving certificate, on loopback
-        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT, context=context) as answer:
-            return api_calls.counts(answer.read().decode())
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {cp.identities['admin'].token}"})
+        with urllib.request.urlopen(request, timeout=timeout, context=ssl._create_unverified_context()) as answer:
+            return bytes(answer.read())
+
+    def _api_counts(self) -> dict[str, float]:
+        """kube-apiserver's request, watch-event and webhook-call counters so far (api_calls.py)."""
+        assert self.cluster.cp is not None
+        return api_calls.counts(self._admin_get(f"{self.cluster.cp.server}/metrics", CALL_TIMEOUT).decode())
 
     def profile(self, seconds: int, prefix: str) -> list[threading.Thread]:
         """Fetch the CPU profiles of kube-apiserver and kube-scheduler over the next ``seconds`` into
-        ``<process>-<prefix>.pprof`` in the working directory (their pprof endpoints, with the admin's token: the
-        e2e control plane delegates kube-scheduler's authentication to the API server), each in a thread."""
+        ``<process>-<prefix>.pprof`` in the working directory (their pprof endpoints, ``_admin_get``), each in a
+        thread."""
         cp = self.cluster.cp
         assert cp is not None and cp.scheduler is not None
-        token = cp.identities["admin"].token
-        context = ssl._create_unverified_context()  # self-signed serving certificates, on loopback
         threads = []
         for name, base in (("kube-apiserver", cp.server), ("kube-scheduler", f"https://127.0.0.1:{cp.scheduler.port}")):
             out = Path(f"{name}-{prefix}.pprof").resolve()
 
             def fetch(url: str = f"{base}/debug/pprof/profile?seconds={seconds}", out: Path = out) -> None:
-                request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-                with urllib.request.urlopen(request, timeout=seconds + 30, context=context) as answer:
-                    out.write_bytes(answer.read())
+                out.write_bytes(self._admin_get(url, seconds + 30))
                 print(f"CPU profile: {out} (go tool pprof -top {out})", flush=True)
 
             threads.append(threading.Thread(target=fetch, name=f"bench-pprof-{name}", daemon=True))

@@ -87,9 +87,9 @@ class EventRecorder:
             return False
         return True
 
-    def start(self, workers: int = WORKERS) -> None:
+    def start(self) -> None:
         self._threads = [
-            threading.Thread(target=self._run, name=f"event-recorder-{i}", daemon=True) for i in range(workers)
+            threading.Thread(target=self._run, name=f"event-recorder-{i}", daemon=True) for i in range(WORKERS)
         ]
         for thread in self._threads:
             thread.start()
