@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
-from benchmarks.isolation.hami_step import STEPS, STOCK
+from benchmarks.isolation.hami_changes import CHANGES
 from benchmarks.isolation.plan import ORDER, BudgetError, plan, render_plan
 from vgpu.names import IsolationMode
 
@@ -37,10 +37,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"comma-separated, of {','.join(ORDER)} (default all)",
     )
     made.add_argument(
-        "--hami-step",
-        choices=STEPS,
-        default=STOCK,
-        help="soft's HAMi-core: stock, or its limiter's correction step linear in SMs (hami_step.py)",
+        "--hami-change",
+        dest="hami_changes",
+        action="append",
+        choices=CHANGES,
+        default=[],
+        help="a change soft's HAMi-core is built with (repeatable; none: stock): hami_changes.py",
     )
     made.add_argument("--dry-run", action="store_true", help="print the plan and stop; touches no GPU")
     return made
@@ -61,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A timeout's SIGTERM unwinds like an error, so that the MPS daemon is quit and the compute mode restored.
     before = signal.signal(signal.SIGTERM, terminated)
     try:
-        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, args.hami_step)
+        changes = tuple(dict.fromkeys(args.hami_changes))
+        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, changes)
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -23,7 +23,7 @@ from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
-from benchmarks.isolation.hami_step import DESCRIBED, LINEAR, STOCK, with_linear_step
+from benchmarks.isolation.hami_changes import describe, with_changes
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import BASELINE, TAMPER_CAP, Plan, Step, measured, ordered, plan, render_plan
 from benchmarks.isolation.prereqs import blocked, check
@@ -221,7 +221,7 @@ def paths_for(lib: Path | None) -> EnforcementPaths:
     )
 
 
-def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], hami_step: str = STOCK) -> None:
+def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], changes: tuple[str, ...] = ()) -> None:
     """The plan's runs, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
     gpu = gpu_facts(smi_xml())
     result["gpu"] = dataclasses.asdict(gpu)
@@ -229,9 +229,7 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], hami_
     binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
     lib = None
     if IsolationMode.SOFT in made.modes:
-        lib = build_hami(
-            with_linear_step(hami_src, WORK / "hami-core-linear") if hami_step == LINEAR else hami_src, out
-        )
+        lib = build_hami(with_changes(hami_src, WORK / "hami-core-changed", changes) if changes else hami_src, out)
     Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
     HAMI_LOG.unlink(missing_ok=True)  # this run's lines only
     bench = Bench(binary, gpu, paths_for(lib), result)
@@ -264,13 +262,15 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], hami_
             (out / "hami-watcher.log").write_bytes(HAMI_LOG.read_bytes()[-WATCHER_LOG_KEPT:])
 
 
-def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...], hami_step: str = STOCK) -> int:
+def run_all(
+    out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...], changes: tuple[str, ...] = ()
+) -> int:
     """The whole benchmark; 0 when every mode that could run was measured, else 1."""
     started = time.time()
     set_budget(budget)
     out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    needs = check(asked, hami_src, hami_step)
+    needs = check(asked, hami_src, changes)
     say("prerequisites:")
     for need in needs:
         say(f"  {need.line()}")
@@ -278,7 +278,7 @@ def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode
     result: dict[str, Any] = {
         "budget_s": budget,
         "asked": list(ordered(asked)),
-        "hami_step": DESCRIBED[hami_step],
+        "hami_build": describe(changes),
         "prerequisites": [need.line() for need in needs],
         "modes": {m: {"status": "not measured", "reasons": blocked(needs, m)} for m in ordered(asked)},
         "notes": [],
@@ -291,7 +291,7 @@ def run_all(out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode
             result["pair_s"] = made.pair_s
             for mode in runnable:
                 result["modes"][mode] = {"status": "measured"}
-            measure(made, hami_src, out, result, hami_step)
+            measure(made, hami_src, out, result, changes)
         else:
             say("no mode can run here: see the prerequisites above")
     except Exception:  # recorded; the report is still written

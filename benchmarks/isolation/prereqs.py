@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu_check.procs import run as run_command
-from benchmarks.isolation.hami_step import LINEAR, STOCK, WATCHER, check_source
+from benchmarks.isolation.hami_changes import check_source
 from vgpu.names import IsolationMode
 
 Which = Callable[[str], str | None]
@@ -85,7 +85,7 @@ def gpu_needs(which: Which, run: Runner) -> list[Need]:
 def check(
     modes: Sequence[IsolationMode],
     hami_src: Path,
-    step: str = STOCK,
+    changes: Sequence[str] = (),
     *,
     which: Which = shutil.which,
     run: Runner = run_command,
@@ -105,11 +105,10 @@ def check(
                 soft,
             )
         )
-        if step == LINEAR and source.exists():
-            why = check_source(hami_src)
-            needs.append(
-                Need("HAMi-core's limiter step (--hami-step linear)", why is None, why or f"applies to {WATCHER}", soft)
-            )
+        if changes and source.exists():
+            why = check_source(hami_src, changes)
+            named = ", ".join(changes)
+            needs.append(Need(f"HAMi-core changes (--hami-change {named})", why is None, why or "they apply", soft))
         builders = [p for p in ("cmake", "gcc") if which(p)]
         needs.append(Need("cmake or gcc (builds HAMi-core)", bool(builders), ", ".join(builders) or "neither", soft))
     if IsolationMode.HARD in modes:

@@ -126,8 +126,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{num(result.get('pair_s'), 0)} s each.",
         "Shares are of the same load's uncapped rate alone; points are share minus limit.",
         *(
-            [f"soft's HAMi-core: {step}."]
-            if (step := result.get("hami_step")) and IsolationMode.SOFT in result.get("modes", {})
+            [f"soft's HAMi-core: {build}."]
+            if (build := result.get("hami_build")) and IsolationMode.SOFT in result.get("modes", {})
             else []
         ),
         *[f"- note: {n}" for n in result.get("notes", [])],

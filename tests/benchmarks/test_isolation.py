@@ -22,7 +22,7 @@ from benchmarks.gpu_check import report as gpu_report
 from benchmarks.gpu_check.constants import GIB, ROOT
 from benchmarks.isolation import bench, tenants
 from benchmarks.isolation.figures import Split, mean_rate, share, split, together
-from benchmarks.isolation.hami_step import DESCRIBED, LINEAR, STOCK, WATCHER
+from benchmarks.isolation.hami_changes import CHANGES, GRAPH, GRAPH_CHARGE, WATCHER, describe
 from benchmarks.isolation.mps import MpsError, mps_daemon
 from benchmarks.isolation.plan import (
     CAPS,
@@ -40,7 +40,7 @@ from benchmarks.isolation.report import render_markdown, write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
-from tests.benchmarks.test_hami_step import SQUARED_STEP
+from tests.benchmarks.test_hami_changes import SQUARED_STEP, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 
 M = IsolationMode
@@ -134,7 +134,7 @@ def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
     with pytest.raises(SystemExit) as stopped:
         entry.main(["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"])
     assert (stopped.value.code, unwound) == (128 + signal.SIGTERM, ["put back"])
-    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), "stock")]
+    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), ())]
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -336,12 +336,7 @@ def fake_bin(folder: Path, **programs: str) -> Path:
 
 
 def hami_source(tmp_path: Path) -> Path:
-    (tmp_path / "hami" / "src").mkdir(parents=True)
-    (tmp_path / "hami" / "src" / "libvgpu.c").write_text("")
-    watcher = tmp_path / "hami" / WATCHER
-    watcher.parent.mkdir(parents=True)
-    watcher.write_text(f"int64_t increment = {SQUARED_STEP};\n")
-    return tmp_path / "hami"
+    return hami_tree(tmp_path / "hami")
 
 
 def test_with_every_command_there_every_whole_gpu_mode_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -605,9 +600,9 @@ esac
 """
 
 
-@pytest.mark.parametrize("hami_step", [STOCK, LINEAR])
+@pytest.mark.parametrize("changes", [(), CHANGES])
 def test_a_whole_run_on_fake_gpu_commands(
-    hami_step: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    changes: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lib = tmp_path / "libvgpu.so"
     lib.write_text("")
@@ -635,22 +630,23 @@ def test_a_whole_run_on_fake_gpu_commands(
     monkeypatch.setenv("FAKE_HAMI_LOG", str(tmp_path / "vgpulog"))
     (tmp_path / "vgpulog").write_text("an earlier run's line\n")
     source = hami_source(tmp_path)
-    built = source if hami_step == STOCK else tmp_path / "work" / "hami-core-linear"  # soft's HAMi-core: a copy
+    built = tmp_path / "work" / "hami-core-changed" if changes else source  # soft's HAMi-core: a copy if changed
     monkeypatch.setattr(bench, "build_hami", lambda src, out: lib if src == built else None)
-    monkeypatch.setattr(bench, "check", lambda modes, src, step: check(modes, src, step, euid=lambda: 0))
+    monkeypatch.setattr(bench, "check", lambda modes, src, changes: check(modes, src, changes, euid=lambda: 0))
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
     try:
-        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL, hami_step) == 0
+        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL, changes) == 0
     finally:
         procs.DEADLINE[0] = kept
     result = json.loads((tmp_path / "out" / "isolation.json").read_text())
     modes = result["modes"]
     assert [m["status"] for m in modes.values()] == ["measured", "measured", "measured", "not measured"]
-    assert result["hami_step"] == DESCRIBED[hami_step]
+    assert result["hami_build"] == describe(changes)
     assert (source / WATCHER).read_text() == f"int64_t increment = {SQUARED_STEP};\n"  # the export is never changed
-    if hami_step == LINEAR:
+    if changes:
         assert (built / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+        assert (built / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
     assert [s["rate"] for s in result["baseline"]["single"]] == [1000.0] * 3
     for mode in ("soft", "hard"):
         assert [(s["kernel"], s["target"], s["share"]) for s in modes[mode]["single"]] == [

@@ -1,0 +1,177 @@
+"""Changes to HAMi-core's source that `soft` can be measured with: its candidate fixes, applied to a copy.
+
+- ``linear-step``: HAMi-core's utilisation watcher (``delta()``) refills a token pool that grows with the SM count
+  by a step that grows with its square, so on a GPU of many SMs the limiter swings between no limit and a stall.
+  One SM factor dropped: the change proposed upstream (HAMi-core PR #317).
+- ``graph-launch``: a CUDA Graph replay launches its kernels inside the driver, where the limiter never sees
+  them, and cuGetProcAddress hands out no ``cuGraph*`` hook. Each graph's kernel blocks are summed when it is
+  instantiated and charged at each launch (``hami_graph_launch.c``).
+
+Each edit must find its anchor exactly once, or the prerequisites say why before any GPU time: a HAMi-core
+whose code moved is not patched blind. The export is never changed; ``--hami-change`` (repeatable) names them,
+and the report says which build `soft` ran (benchmarks/README.md, "soft with HAMi-core's limiter fixed").
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+HERE = Path(__file__).resolve().parent
+LINEAR_STEP: Final = "linear-step"
+GRAPH_LAUNCH: Final = "graph-launch"
+WATCHER: Final = Path("src/multiprocess/multiprocess_utilization_watcher.c")
+GRAPH: Final = Path("src/cuda/graph.c")
+HOOK: Final = Path("src/cuda/hook.c")
+VERSIONED: Final = Path("src/include/multi_func_hook.h")
+ENTRIES: Final = Path("src/include/libcuda_hook.h")
+DLSYM: Final = Path("src/libvgpu.c")
+GRAPH_CHARGE: Final = HERE / "hami_graph_launch.c"
+CHARGED: Final = ("cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy")
+ADDED: Final = "cuGraphInstantiateWithParams"  # not hooked by HAMi-core: an entry in each of its three lists
+HANDED_OUT: Final = (*CHARGED[1:], ADDED)  # by cuGetProcAddress: the hooks whose signature never changed
+STOCK_BUILD: Final = "stock (the exported source as it is)"
+
+
+class ChangeError(ValueError):
+    """The source is not the one a change was written for: the message says what was found."""
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """One replacement in one file of the source: ``pattern`` must match exactly once."""
+
+    path: Path
+    what: str  # what the anchor is, for the message when it is not found once
+    pattern: re.Pattern[str]
+    replacement: str
+
+    def apply(self, text: str, change: str) -> str:
+        found = len(self.pattern.findall(text))
+        if found != 1:
+            raise ChangeError(
+                f"{self.path}: expected {self.what} exactly once, found it {found} times; this HAMi-core is not the "
+                f"one --hami-change {change} was written for (leave that change out)"
+            )
+        return self.pattern.sub(lambda _: self.replacement, text)
+
+
+def _definition(name: str) -> re.Pattern[str]:
+    """A function's whole definition in HAMi-core's style: its signature at a line's start, its closing brace
+    alone at another's."""
+    return re.compile(rf"^CUresult {name}\(.*?^\}}\n", re.S | re.M)
+
+
+# The step's two sm_num factors, as delta() writes them: "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] *"
+_SQUARED = re.compile(r"\(int64_t\)\s*g_sm_num\[device_id\]\s*\*\s*\(int64_t\)\s*g_sm_num\[device_id\]\s*\*")
+_GRAPH_SKIP = 'if (strncmp(symbol, "cuGraph", 7) == 0) {'
+_FIND = "void *find_symbols_in_table(const char *symbol) {"
+# The last entry of g_func_map, HAMi-core's table of names whose signature changed with a CUDA version.
+_LAST_VERSIONED = '{"cuGraphKernelNodeSetParams", 12000, 99999, "cuGraphKernelNodeSetParams_v2"}'
+# cuGetProcAddress("cuGraphInstantiate") answers by the version asked: the five-argument form before CUDA 12, the
+# three-argument cuGraphInstantiateWithFlags from it on (cudaTypedefs.h: PFN_cuGraphInstantiate).
+_INSTANTIATE_VERSIONS = (
+    ',\n    {"cuGraphInstantiate", 10000, 11999, "cuGraphInstantiate"},\n'
+    '    {"cuGraphInstantiate", 12000, 99999, "cuGraphInstantiateWithFlags"}'
+)
+_HANDED_OUT = "\n".join(
+    [
+        "/* The graph hooks that charge launches to the compute limiter (--hami-change graph-launch). */",
+        "static int tf_graph_charged(const char *symbol) {",
+        *[f'    if (strcmp(symbol, "{name}") == 0) return 1;' for name in HANDED_OUT],
+        "    return 0;",
+        "}",
+        "",
+        _FIND,
+    ]
+)
+
+
+def _listed(path: Path, line: str) -> Edit:
+    """cuGraphInstantiateWithParams listed right after cuGraphInstantiateWithFlags in one of HAMi-core's three lists
+    of hooks (``line`` with ``{name}`` where each name goes)."""
+    anchor = line.format(name=CHARGED[1])
+    return Edit(path, repr(anchor), re.compile(re.escape(anchor)), f"{anchor}\n{line.format(name=ADDED)}")
+
+
+def _graph_edits() -> tuple[Edit, ...]:
+    removed = tuple(
+        Edit(GRAPH, f"the pass-through {name}()", _definition(name), "") for name in CHARGED
+    )  # before the append below: its own definitions would match too
+    appended = Edit(GRAPH, "the file's end", re.compile(r"\Z"), "\n" + GRAPH_CHARGE.read_text())
+    skip = Edit(
+        HOOK,
+        "find_symbols_in_table()'s skip of every cuGraph* symbol",
+        re.compile(re.escape(_GRAPH_SKIP)),
+        'if (strncmp(symbol, "cuGraph", 7) == 0 && !tf_graph_charged(symbol)) {',
+    )
+    helper = Edit(HOOK, "find_symbols_in_table()'s definition", re.compile(f"^{re.escape(_FIND)}", re.M), _HANDED_OUT)
+    versioned = Edit(
+        VERSIONED,
+        "g_func_map's last entry (cuGraphKernelNodeSetParams from 12000)",
+        re.compile(re.escape(_LAST_VERSIONED)),
+        _LAST_VERSIONED + _INSTANTIATE_VERSIONS,
+    )
+    listed = (
+        _listed(ENTRIES, "    CUDA_OVERRIDE_ENUM({name}),"),  # the entry's index ...
+        _listed(HOOK, '    {{.name = "{name}"}},'),  # ... and its name, at the same place in the table
+        _listed(DLSYM, "    DLSYM_HOOK_FUNC({name});"),  # what dlsym finds
+    )
+    return (*removed, appended, skip, helper, versioned, *listed)
+
+
+EDITS: Final[dict[str, tuple[Edit, ...]]] = {
+    LINEAR_STEP: (
+        Edit(WATCHER, "delta()'s correction step with sm_num twice", _SQUARED, "(int64_t)g_sm_num[device_id] *"),
+    ),
+    GRAPH_LAUNCH: _graph_edits(),
+}
+CHANGES: Final = tuple(EDITS)
+DESCRIBED: Final = {
+    LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
+    GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (benchmarks/isolation/hami_graph_launch.c)",
+}
+
+
+def describe(changes: Sequence[str]) -> str:
+    """The build `soft` runs, as the report names it."""
+    if not changes:
+        return STOCK_BUILD
+    return "changed by the benchmark: " + "; ".join(DESCRIBED[c] for c in changes)
+
+
+def changed_files(src: Path, changes: Sequence[str]) -> dict[Path, str]:
+    """Every file the changes touch, relative to ``src``, with its new text (:class:`ChangeError` when an
+    anchor is not there exactly once, a missing file said as such)."""
+    texts: dict[Path, str] = {}
+    for change in changes:
+        for edit in EDITS[change]:
+            if edit.path not in texts:
+                if not (src / edit.path).exists():
+                    raise ChangeError(f"no {src / edit.path}: --hami-change {change} needs it")
+                texts[edit.path] = (src / edit.path).read_text()
+            texts[edit.path] = edit.apply(texts[edit.path], change)
+    return texts
+
+
+def check_source(src: Path, changes: Sequence[str]) -> str | None:
+    """Why ``changes`` cannot be made to this exported source, or None when they can."""
+    try:
+        changed_files(src, changes)
+    except ChangeError as exc:
+        return str(exc)
+    return None
+
+
+def with_changes(src: Path, into: Path, changes: Sequence[str]) -> Path:
+    """A copy of the exported source at ``into`` (replaced if there) with ``changes`` made; ``into`` returned."""
+    texts = changed_files(src, changes)
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(src, into, symlinks=True)
+    for path, text in texts.items():
+        (into / path).write_text(text)
+    return into

@@ -1,0 +1,215 @@
+"""--hami-change: soft's HAMi-core built from a copy of the exported source with its candidate fixes (the limiter's
+step linear in SMs, graph launches charged), refused before any GPU time where an anchor is not there once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import benchmarks.isolation.__main__ as entry
+from benchmarks.isolation.hami_changes import (
+    DLSYM,
+    ENTRIES,
+    GRAPH,
+    GRAPH_CHARGE,
+    GRAPH_LAUNCH,
+    HOOK,
+    LINEAR_STEP,
+    STOCK_BUILD,
+    VERSIONED,
+    WATCHER,
+    ChangeError,
+    changed_files,
+    check_source,
+    describe,
+    with_changes,
+)
+from benchmarks.isolation.prereqs import blocked, check
+from vgpu.names import IsolationMode
+
+# The step as delta() writes it (two sm_num factors, then the rest of the product), spacing varied as C allows.
+SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * rest"
+PASS_THROUGH = 'CUresult {name}({args}) {{\n\tLOG_DEBUG("{name}");\n\treturn CUDA_OVERRIDE_CALL(x,{name},y);\n}}\n\n'
+GRAPH_TEXT = "".join(
+    PASS_THROUGH.format(name=name, args=args)
+    for name, args in (
+        ("cuGraphDestroyNode", "CUgraphNode hNode"),
+        ("cuGraphInstantiate", "CUgraphExec *e, CUgraph g, CUgraphNode *n, char *l, size_t s"),
+        ("cuGraphInstantiateWithFlags", "CUgraphExec *e, CUgraph g, unsigned long long f"),
+        ("cuGraphUpload", "CUgraphExec e, CUstream s"),
+        ("cuGraphLaunch", "CUgraphExec e, CUstream s"),
+        ("cuGraphExecDestroy", "CUgraphExec e"),
+        ("cuGraphDestroy", "CUgraph g"),
+    )
+)
+HOOK_TEXT = (
+    'cuda_entry_t cuda_library_entry[] = {\n    {.name = "cuGraphInstantiateWithFlags"},\n    {.name = "cuGraphUpload"},\n};\n'
+    "void *find_symbols_in_table(const char *symbol) {\n"
+    '    if (strncmp(symbol, "cuGraph", 7) == 0) {\n        return NULL;\n    }\n    return lookup(symbol);\n}\n'
+)
+VERSIONED_TEXT = (
+    "static CudaFuncMapEntry g_func_map[] = {\n"
+    '    {"cuGraphKernelNodeSetParams", 12000, 99999, "cuGraphKernelNodeSetParams_v2"}\n};\n'
+)
+
+
+def hami_tree(root: Path, watcher_text: str | None = f"int64_t increment = {SQUARED_STEP};\n") -> Path:
+    """An exported source shaped as HAMi-core's where the changes edit it (no watcher with None)."""
+    files = {
+        DLSYM: "    DLSYM_HOOK_FUNC(cuGraphInstantiateWithFlags);\n    DLSYM_HOOK_FUNC(cuGraphUpload);\n",
+        ENTRIES: "    CUDA_OVERRIDE_ENUM(cuGraphInstantiateWithFlags),\n    CUDA_OVERRIDE_ENUM(cuGraphUpload),\n",
+        GRAPH: GRAPH_TEXT,
+        HOOK: HOOK_TEXT,
+        VERSIONED: VERSIONED_TEXT,
+    }
+    if watcher_text is not None:
+        files[WATCHER] = watcher_text
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("step", "linear"),
+    [
+        (SQUARED_STEP, "(int64_t)g_sm_num[device_id] * rest"),
+        (
+            "(int64_t) g_sm_num[device_id]*\n      (int64_t)g_sm_num[device_id] *\n      rest",
+            "(int64_t)g_sm_num[device_id] *\n      rest",
+        ),
+    ],
+)
+def test_linear_step_drops_one_sm_num_factor_and_keeps_the_rest(tmp_path: Path, step: str, linear: str) -> None:
+    src = hami_tree(tmp_path, f"int64_t increment =\n      {step} / 2560;\nint other = g_sm_num[device_id] * 2;\n")
+    assert changed_files(src, [LINEAR_STEP]) == {
+        WATCHER: f"int64_t increment =\n      {linear} / 2560;\nint other = g_sm_num[device_id] * 2;\n"
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "found"), [("increment = sm * sm * threads;", 0), (f"{SQUARED_STEP}; {SQUARED_STEP};", 2)]
+)
+def test_a_limiter_written_otherwise_is_not_patched_blind(tmp_path: Path, text: str, found: int) -> None:
+    with pytest.raises(ChangeError, match=f"{WATCHER}: .* found it {found} times.*--hami-change linear-step"):
+        changed_files(hami_tree(tmp_path, text), [LINEAR_STEP])
+
+
+def test_graph_launch_swaps_the_four_pass_throughs_for_the_charging_hooks(tmp_path: Path) -> None:
+    texts = changed_files(hami_tree(tmp_path), [GRAPH_LAUNCH])
+    graph = texts[GRAPH]
+    kept, added = graph.split(GRAPH_CHARGE.read_text().splitlines()[0])
+    # The pass-throughs it replaces are gone; the others are kept, in order.
+    assert [line.split("(")[0] for line in kept.splitlines() if line.startswith("CUresult")] == [
+        "CUresult cuGraphDestroyNode",
+        "CUresult cuGraphUpload",
+        "CUresult cuGraphDestroy",
+    ]
+    assert graph.endswith(GRAPH_CHARGE.read_text())
+    assert "CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {" in added
+    # cuGetProcAddress hands out the three hooks whose signature never changed, and "cuGraphInstantiate" by version.
+    assert texts[HOOK].index("static int tf_graph_charged") < texts[HOOK].index("void *find_symbols_in_table")
+    assert 'if (strncmp(symbol, "cuGraph", 7) == 0 && !tf_graph_charged(symbol)) {' in texts[HOOK]
+    for name in ("cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphInstantiateWithParams"):
+        assert f'if (strcmp(symbol, "{name}") == 0) return 1;' in texts[HOOK]
+    # cuGraphInstantiateWithParams joins HAMi-core's hooks: its index, its name at that index, what dlsym finds.
+    assert texts[ENTRIES] == (
+        "    CUDA_OVERRIDE_ENUM(cuGraphInstantiateWithFlags),\n    CUDA_OVERRIDE_ENUM(cuGraphInstantiateWithParams),\n"
+        "    CUDA_OVERRIDE_ENUM(cuGraphUpload),\n"
+    )
+    assert texts[HOOK].startswith(
+        'cuda_entry_t cuda_library_entry[] = {\n    {.name = "cuGraphInstantiateWithFlags"},\n'
+        '    {.name = "cuGraphInstantiateWithParams"},\n    {.name = "cuGraphUpload"},\n};\n'
+    )
+    assert texts[DLSYM] == (
+        "    DLSYM_HOOK_FUNC(cuGraphInstantiateWithFlags);\n    DLSYM_HOOK_FUNC(cuGraphInstantiateWithParams);\n"
+        "    DLSYM_HOOK_FUNC(cuGraphUpload);\n"
+    )
+    assert 'strcmp(symbol, "cuGraphInstantiate")' not in texts[HOOK]
+    assert texts[VERSIONED] == (
+        "static CudaFuncMapEntry g_func_map[] = {\n"
+        '    {"cuGraphKernelNodeSetParams", 12000, 99999, "cuGraphKernelNodeSetParams_v2"},\n'
+        '    {"cuGraphInstantiate", 10000, 11999, "cuGraphInstantiate"},\n'
+        '    {"cuGraphInstantiate", 12000, 99999, "cuGraphInstantiateWithFlags"}\n};\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "said"),
+    [
+        (
+            GRAPH,
+            GRAPH_TEXT.replace("cuGraphLaunch(", "cuGraphLaunchX("),
+            "the pass-through cuGraphLaunch() exactly once",
+        ),
+        (HOOK, HOOK_TEXT.replace('"cuGraph", 7', '"cuGraph", 8'), "skip of every cuGraph* symbol exactly once"),
+        (VERSIONED, "static CudaFuncMapEntry g_func_map[] = {};\n", "g_func_map's last entry"),
+        (ENTRIES, "", "'    CUDA_OVERRIDE_ENUM(cuGraphInstantiateWithFlags),' exactly once"),
+    ],
+)
+def test_graph_launch_on_code_that_moved_says_where(tmp_path: Path, path: Path, text: str, said: str) -> None:
+    src = hami_tree(tmp_path)
+    (src / path).write_text(text)
+    assert said in (check_source(src, [GRAPH_LAUNCH]) or "")
+    assert check_source(src, [LINEAR_STEP]) is None  # the other change does not need that file
+
+
+def test_the_copy_has_the_changes_and_the_export_is_untouched(tmp_path: Path) -> None:
+    src = hami_tree(tmp_path / "export")
+    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    copy = with_changes(src, tmp_path / "work" / "changed", [LINEAR_STEP, GRAPH_LAUNCH])
+    assert (copy / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+    assert (copy / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
+    assert (copy / "src" / "libvgpu.c").exists()
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
+    # A second run replaces the copy, it does not change it twice.
+    assert with_changes(src, copy, [LINEAR_STEP, GRAPH_LAUNCH]) == copy
+    assert (copy / GRAPH).read_text().count("tf_graph_blocks(CUgraph graph, int depth) {") == 1
+
+
+def test_check_source_says_why_it_cannot_change_it(tmp_path: Path) -> None:
+    assert check_source(hami_tree(tmp_path / "a"), [LINEAR_STEP, GRAPH_LAUNCH]) is None
+    assert f"no {tmp_path / 'b' / WATCHER}" in (check_source(hami_tree(tmp_path / "b", None), [LINEAR_STEP]) or "")
+    assert "found it 0 times" in (check_source(hami_tree(tmp_path / "c", "x = y;"), [LINEAR_STEP]) or "")
+
+
+def test_the_report_names_the_build() -> None:
+    assert describe(()) == STOCK_BUILD
+    assert describe((LINEAR_STEP, GRAPH_LAUNCH)) == (
+        "changed by the benchmark: the limiter's correction step linear in the SM count (HAMi-core PR #317's "
+        "change); CUDA Graph launches charged to the limiter (benchmarks/isolation/hami_graph_launch.c)"
+    )
+
+
+def test_changes_a_source_cannot_take_block_soft_only(tmp_path: Path) -> None:
+    src = hami_tree(tmp_path / "moved", "x = y;")
+    needs = check(tuple(IsolationMode), src, [LINEAR_STEP], which=lambda _: "/bin/x", euid=lambda: 0)
+    soft = blocked(needs, IsolationMode.SOFT)
+    assert any(
+        r.startswith("HAMi-core changes (--hami-change linear-step): ") and "found it 0 times" in r for r in soft
+    )
+    assert not any("--hami-change" in r for m in (IsolationMode.SHARED, IsolationMode.HARD) for r in blocked(needs, m))
+    stock = check(tuple(IsolationMode), src, (), which=lambda _: "/bin/x", euid=lambda: 0)
+    assert not any("--hami-change" in n.what for n in stock)
+    fine = check(tuple(IsolationMode), hami_tree(tmp_path / "ok"), [GRAPH_LAUNCH], which=lambda _: "/x", euid=lambda: 0)
+    assert [n.line() for n in fine if "--hami-change" in n.what] == [
+        "ok       HAMi-core changes (--hami-change graph-launch): they apply (needed by: soft)"
+    ]
+
+
+def test_the_flag_reaches_the_run_and_a_bad_value_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(entry, "run_all", lambda *a: seen.append(a) or 0)
+    argv = ["--modes", "soft", "--budget", "400", "--hami-change", "linear-step", "--hami-change", "graph-launch"]
+    assert entry.main([*argv, "--hami-change", "linear-step"]) == 0
+    assert seen[-1][-1] == ("linear-step", "graph-launch")  # each once, in the order named
+    assert entry.main(["--modes", "soft", "--budget", "400"]) == 0
+    assert seen[-1][-1] == ()
+    with pytest.raises(SystemExit) as stopped:
+        entry.main(["--hami-change", "quadratic"])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'quadratic'" in capsys.readouterr().err
