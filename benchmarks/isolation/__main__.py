@@ -14,7 +14,7 @@ import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
 from benchmarks.isolation.hami_changes import CHANGES
-from benchmarks.isolation.plan import ORDER, BudgetError, plan, render_plan
+from benchmarks.isolation.plan import ORDER, SCENARIOS, BudgetError, plan, render_plan
 from vgpu.names import IsolationMode
 
 
@@ -27,6 +27,15 @@ def modes(text: str) -> tuple[IsolationMode, ...]:
     return tuple(IsolationMode(n) for n in names)
 
 
+def scenarios(text: str) -> tuple[str, ...]:
+    """``pair,memory``: the scenarios named (at least one, each a known one), in the order they run."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - set(SCENARIOS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown scenario {', '.join(unknown)}" if unknown else "no scenario named")
+    return tuple(s for s in SCENARIOS if s in names)
+
+
 def parser() -> argparse.ArgumentParser:
     made = gpu_parser("isolation-bench", package.__doc__, "isolation-out", "isolation.json, isolation.md and runs.log")
     made.add_argument("--budget", type=float, default=480.0, help="seconds for everything, builds included")
@@ -35,6 +44,12 @@ def parser() -> argparse.ArgumentParser:
         type=modes,
         default=ORDER,
         help=f"comma-separated, of {','.join(ORDER)} (default all)",
+    )
+    made.add_argument(
+        "--scenarios",
+        type=scenarios,
+        default=SCENARIOS,
+        help=f"comma-separated, of {','.join(SCENARIOS)} (default all)",
     )
     made.add_argument(
         "--hami-change",
@@ -54,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.budget <= 0:
         cli.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
     try:
-        made = plan(args.budget, args.modes)
+        made = plan(args.budget, args.modes, args.scenarios)
     except BudgetError as exc:
         cli.error(str(exc))
     print(render_plan(made))
@@ -64,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = signal.signal(signal.SIGTERM, terminated)
     try:
         changes = tuple(dict.fromkeys(args.hami_changes))
-        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, changes)
+        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, changes, args.scenarios)
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -25,7 +25,17 @@ from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
 from benchmarks.isolation.hami_changes import describe, with_changes
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
-from benchmarks.isolation.plan import BASELINE, TAMPER_CAP, Plan, Step, measured, ordered, plan, render_plan
+from benchmarks.isolation.plan import (
+    BASELINE,
+    SCENARIOS,
+    TAMPER_CAP,
+    Plan,
+    Step,
+    measured,
+    ordered,
+    plan,
+    render_plan,
+)
 from benchmarks.isolation.prereqs import blocked, check
 from benchmarks.isolation.report import write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampered, tenant_env
@@ -263,7 +273,12 @@ def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], chang
 
 
 def run_all(
-    out: Path, hami_src: Path, budget: float, asked: tuple[IsolationMode, ...], changes: tuple[str, ...] = ()
+    out: Path,
+    hami_src: Path,
+    budget: float,
+    asked: tuple[IsolationMode, ...],
+    changes: tuple[str, ...] = (),
+    scenarios: tuple[str, ...] = SCENARIOS,
 ) -> int:
     """The whole benchmark; 0 when every mode that could run was measured, else 1."""
     started = time.time()
@@ -279,13 +294,14 @@ def run_all(
         "budget_s": budget,
         "asked": list(ordered(asked)),
         "hami_build": describe(changes),
+        "scenarios": list(scenarios),
         "prerequisites": [need.line() for need in needs],
         "modes": {m: {"status": "not measured", "reasons": blocked(needs, m)} for m in ordered(asked)},
         "notes": [],
     }
     try:
         if runnable:
-            made = plan(budget - (time.time() - started), runnable)
+            made = plan(budget - (time.time() - started), runnable, scenarios)
             say(render_plan(made))
             result["notes"] = list(made.notes)
             result["pair_s"] = made.pair_s

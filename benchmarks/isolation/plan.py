@@ -3,7 +3,9 @@ so that all of them, builds and process starts included, fit in ``--budget`` sec
 
 Every run but the two-tenant splits has a fixed length (a few seconds is enough to read a rate); the splits
 take what is left, up to the issue's 60 s each. Where that is less, they are scaled down and the plan says
-so; below :data:`PAIR_MIN_S` the budget is refused. Pure: ``--dry-run`` prints it without touching a GPU.
+so; below :data:`PAIR_MIN_S` the budget is refused. ``--scenarios`` keeps some of the issue's five (what a GPU
+session still lacks: the splits at full length, say), with the uncapped runs they are measured against.
+Pure: ``--dry-run`` prints it without touching a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ MARGIN = 0.05  # of the budget, kept for what the estimates miss
 ORDER = (IsolationMode.SHARED, IsolationMode.SOFT, IsolationMode.HARD, IsolationMode.PARTITIONED)
 LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
 BASELINE = "baseline"  # the uncapped runs every share is measured against
+SCENARIOS = ("single", "pair", "latency", "memory", "tampering")  # --scenarios: the issue's five, by default all
 
 
 class BudgetError(ValueError):
@@ -84,45 +87,70 @@ def measured(modes: tuple[IsolationMode, ...]) -> tuple[IsolationMode, ...]:
     return tuple(m for m in ordered(modes) if m is not IsolationMode.PARTITIONED)
 
 
-def fixed_steps(modes: tuple[IsolationMode, ...]) -> list[Step]:
-    """Every run of fixed length, in order, with the splits left out."""
+def baseline_kernels(scenarios: tuple[str, ...]) -> tuple[str, ...]:
+    """The uncapped loads the asked runs are measured against: every kernel for the single-tenant runs, the
+    compute one for the splits and the tampering (whose honest rate is a single-tenant compute run)."""
+    if "single" in scenarios:
+        return KERNELS
+    return ("compute",) if {"pair", "tampering"} & set(scenarios) else ()
+
+
+def mode_steps(mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float) -> list[Step]:
+    """One mode's runs in order: single-tenant, splits (``pair_s`` each), latency, memory, tampering."""
+    limited = mode in LIMITED
+    steps = []
+    if limited and "single" in scenarios:
+        steps += [Step(mode, "single", k, (cap,), SINGLE_S, SINGLE_S + START_S) for k in KERNELS for cap in CAPS]
+    elif limited and "tampering" in scenarios:  # its honest rate, to tell what tampering gained
+        steps.append(Step(mode, "single", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S))
+    if "pair" in scenarios:
+        steps += [Step(mode, "pair", "compute", split, pair_s, pair_s + START_S) for split in SPLITS]
+    if "latency" in scenarios:
+        steps += [
+            Step(mode, "latency", "latency", targets, LATENCY_S, LATENCY_S + START_S)
+            for targets in (LATENCY_SPLIT[:1], LATENCY_SPLIT)
+        ]
+    if "memory" in scenarios:
+        steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
+    if limited and "tampering" in scenarios:
+        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S + ALLOC_S))
+    return steps
+
+
+def all_steps(modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...], pair_s: float) -> list[Step]:
+    """Every run, in order: the builds, the uncapped baselines, then each mode's runs."""
     steps = [Step("setup", "setup", "build the tenant load (nvcc)", (), 0.0, SETUP_S["build the tenant load (nvcc)"])]
     if IsolationMode.SOFT in modes:
         steps.append(Step("setup", "setup", "build HAMi-core", (), 0.0, SETUP_S["build HAMi-core"]))
     if IsolationMode.HARD in modes:
         what = "start and stop the MPS daemon"
         steps.append(Step("setup", "setup", what, (), 0.0, SETUP_S[what]))
-    steps += [Step(BASELINE, "single", k, (), SINGLE_S, SINGLE_S + START_S) for k in KERNELS]
+    steps += [Step(BASELINE, "single", k, (), SINGLE_S, SINGLE_S + START_S) for k in baseline_kernels(scenarios)]
     for mode in modes:
-        if mode in LIMITED:
-            steps += [Step(mode, "single", k, (cap,), SINGLE_S, SINGLE_S + START_S) for k in KERNELS for cap in CAPS]
-        steps.append(Step(mode, "latency", "latency", LATENCY_SPLIT[:1], LATENCY_S, LATENCY_S + START_S))
-        steps.append(Step(mode, "latency", "latency", LATENCY_SPLIT, LATENCY_S, LATENCY_S + START_S))
-        steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
-        if mode in LIMITED:
-            steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S + ALLOC_S))
+        steps += mode_steps(mode, scenarios, pair_s)
     return steps
 
 
-def plan(budget: float, modes: tuple[IsolationMode, ...]) -> Plan:
-    """The runs for ``modes`` within ``budget`` seconds; :class:`BudgetError` where they cannot fit."""
+def plan(budget: float, modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...] = SCENARIOS) -> Plan:
+    """The runs of ``scenarios`` for ``modes`` within ``budget`` seconds; :class:`BudgetError` where they cannot
+    fit."""
     runs = measured(modes)
-    fixed = fixed_steps(runs)
-    fixed_cost = sum(s.cost for s in fixed)
-    pairs = len(runs) * len(SPLITS)
-    usable = budget * (1 - MARGIN)
     if not runs:
         raise BudgetError("no mode to run: partitioned (MIG) is reported, not measured; add shared, soft or hard")
-    pair_s = min(PAIR_GOAL_S, (usable - fixed_cost) / pairs - START_S)
-    if pair_s < PAIR_MIN_S:
+    fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0) if s.scenario != "pair")
+    pairs = len(runs) * len(SPLITS) if "pair" in scenarios else 0
+    usable = budget * (1 - MARGIN)
+    pair_s = min(PAIR_GOAL_S, (usable - fixed_cost) / pairs - START_S) if pairs else 0.0
+    if (pairs and pair_s < PAIR_MIN_S) or fixed_cost > usable:
         needed = (fixed_cost + pairs * (PAIR_MIN_S + START_S)) / (1 - MARGIN)
+        splits = f", {pairs} two-tenant splits of at least {PAIR_MIN_S:g} s" if pairs else ""
         raise BudgetError(
             f"--budget {budget:g} s cannot hold the runs for {', '.join(runs)}: they need at least {needed:.0f} s "
-            f"({fixed_cost:.0f} s of builds and fixed runs, {pairs} two-tenant splits of at least {PAIR_MIN_S:g} s, "
-            f"{MARGIN:.0%} margin); raise --budget or measure fewer --modes"
+            f"({fixed_cost:.0f} s of builds and fixed runs{splits}, {MARGIN:.0%} margin); raise --budget or "
+            "measure fewer --modes or --scenarios"
         )
     notes = []
-    if pair_s < PAIR_GOAL_S:
+    if pairs and pair_s < PAIR_GOAL_S:
         full = math.ceil((fixed_cost + pairs * (PAIR_GOAL_S + START_S)) / (1 - MARGIN))
         notes.append(
             f"two-tenant splits scaled down to {pair_s:.0f} s each (the issue asks >= {PAIR_GOAL_S:g} s) to fit "
@@ -133,12 +161,7 @@ def plan(budget: float, modes: tuple[IsolationMode, ...]) -> Plan:
             "partitioned (MIG): reported, not measured in this version (it needs MIG enabled, and then the whole "
             "GPU the other modes run on is not reachable)"
         )
-    steps: list[Step] = []
-    for step in fixed:  # each mode's splits after its single-tenant runs, before its latency runs
-        if step.scenario == "latency" and step.targets == LATENCY_SPLIT[:1]:
-            steps += [Step(step.mode, "pair", "compute", split, pair_s, pair_s + START_S) for split in SPLITS]
-        steps.append(step)
-    return Plan(budget, ordered(modes), tuple(steps), pair_s, tuple(notes))
+    return Plan(budget, ordered(modes), tuple(all_steps(runs, scenarios, pair_s)), pair_s, tuple(notes))
 
 
 def render_plan(made: Plan) -> str:

@@ -31,6 +31,7 @@ from benchmarks.isolation.plan import (
     PAIR_GOAL_S,
     PAIR_MIN_S,
     SPLITS,
+    TAMPER_CAP,
     BudgetError,
     plan,
     render_plan,
@@ -132,9 +133,11 @@ def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
     monkeypatch.chdir(tmp_path)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
-        entry.main(["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"])
+        entry.main(
+            ["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400", "--scenarios", "pair,single"]
+        )
     assert (stopped.value.code, unwound) == (128 + signal.SIGTERM, ["put back"])
-    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), ())]
+    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), (), ("single", "pair"))]
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -189,6 +192,43 @@ def test_the_plan_says_how_much_budget_gives_the_full_splits() -> None:
     assert plan(full, ALL).pair_s == pytest.approx(PAIR_GOAL_S, abs=0.1)
     assert plan(full, ALL).notes == (made.notes[1],)
     assert render_plan(made).splitlines()[-3].endswith("in all (budget 480 s, 5% kept as margin)")
+
+
+def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
+    made = plan(310, (M.SHARED, M.HARD), ("pair",))  # what the splits at full length need
+    assert [(s.mode, s.scenario, s.kernel) for s in made.steps if s.scenario != "pair"] == [
+        ("setup", "setup", "build the tenant load (nvcc)"),
+        ("setup", "setup", "start and stop the MPS daemon"),
+        ("baseline", "single", "compute"),
+    ]
+    assert [(s.mode, s.targets) for s in made.steps if s.scenario == "pair"] == [
+        (m, t) for m in ("shared", "hard") for t in SPLITS
+    ]
+    assert (made.pair_s, made.notes) == (PAIR_GOAL_S, ())
+    # Tampering brings its honest rate (a capped compute run), in the modes with a limit only.
+    tamper = plan(400, (M.SHARED, M.SOFT), ("tampering",)).steps
+    assert [(s.mode, s.scenario, s.targets) for s in tamper if s.mode != "setup"] == [
+        ("baseline", "single", ()),
+        ("soft", "single", (TAMPER_CAP,)),
+        ("soft", "tampering", (TAMPER_CAP,)),
+    ]
+    # Without splits nothing is scaled; a budget below the fixed runs is refused, naming no split.
+    made = plan(100, (M.SHARED,), ("latency", "memory"))
+    assert [s.scenario for s in made.steps] == ["setup", "latency", "latency", "memory"]
+    assert (made.pair_s, made.notes) == (0.0, ())
+    with pytest.raises(BudgetError, match=r"need at least 52 s \(49 s of builds and fixed runs, 5% margin\)"):
+        plan(50, (M.SHARED,), ("latency", "memory"))
+
+
+def test_scenarios_are_checked_as_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert entry.main(["--dry-run", "--modes", "hard", "--scenarios", "memory, pair", "--budget", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "hard      pair" in out and "hard      memory" in out and "latency" not in out
+    for bad, said in (("pair,bogus", "unknown scenario bogus"), (",", "no scenario named")):
+        with pytest.raises(SystemExit) as stopped:
+            entry.main(["--dry-run", "--scenarios", bad])
+        assert stopped.value.code == 2
+        assert said in capsys.readouterr().err
 
 
 # the arithmetic ------------------------------------------------------------------------------------------
