@@ -23,7 +23,7 @@ from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
-from benchmarks.isolation.hami_changes import describe, with_changes
+from benchmarks.isolation.hami_changes import describe, graph_charging, with_changes
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import (
     BASELINE,
@@ -65,6 +65,7 @@ class Bench:
     uncapped: dict[str, float | None] = field(default_factory=dict)
     started: int = 0
     mps: tuple[Path, list[str]] | None = None  # the running MPS daemon's pipe folder and its log
+    stderr: str = ""  # the last finished tenant's
 
     def env(self, mode: IsolationMode, percent: int | None, name: str) -> dict[str, str]:
         self.started += 1
@@ -87,7 +88,7 @@ class Bench:
         return Reader(proc)
 
     def finish(self, label: str, reader: Reader, timeout: float) -> list[dict[str, Any]]:
-        err = reader.finish(timeout)
+        err = self.stderr = reader.finish(timeout)
         for stream in (reader.proc.stdout, reader.proc.stderr):
             if stream is not None:
                 stream.close()
@@ -116,6 +117,7 @@ class Bench:
             "share": share(rate, self.uncapped.get(st.kernel)),
             "per_second": [r["rate"] for r in seconds_rows(rows)],
             "error": step(rows, "error").get("error"),
+            "graph_charging": graph_charging(self.stderr) if mode is IsolationMode.SOFT else None,
         }
 
     def pair(self, mode: IsolationMode, st: Step) -> dict[str, Any]:

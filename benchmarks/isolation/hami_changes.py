@@ -137,6 +137,18 @@ DESCRIBED: Final = {
 }
 
 
+# What hami_graph_launch.c logs (HAMi-core's info and warning lines, on the tenant's stderr).
+CHARGED_LINE: Final = "each launch charged"
+UNCHARGED_LINE: Final = "was not instantiated through HAMi-core"
+
+
+def graph_charging(stderr: str) -> dict[str, int] | None:
+    """What ``graph-launch`` said in a tenant's log: graphs whose launches it charges, and launches it could not
+    (a graph instantiated some other way); None where it said nothing (a build without the change)."""
+    charged, uncharged = stderr.count(CHARGED_LINE), stderr.count(UNCHARGED_LINE)
+    return {"charged_graphs": charged, "uncharged_warnings": uncharged} if charged or uncharged else None
+
+
 def describe(changes: Sequence[str]) -> str:
     """The build `soft` runs, as the report names it."""
     if not changes:

@@ -21,13 +21,21 @@ def num(value: float | None, digits: int = 1, signed: bool = False) -> str:
 
 
 def single_row(s: dict[str, Any]) -> str:
-    head = f"| {s['kernel']}, one tenant | {s['target']} % |"
+    head = f"| {s['kernel']}{charging(s.get('graph_charging'))}, one tenant | {s['target']} % |"
     if s.get("error"):
         return f"{head} failed: {s['error']} | n/a |"
     return (
         f"{head} {num(s['share'])} % of uncapped ({num(s['rate'])} {s.get('unit') or ''}) | "
         f"{num(diff(s['share'], s['target']), signed=True)} points |"
     )
+
+
+def charging(said: dict[str, int] | None) -> str:
+    """What HAMi-core's graph-launch change said of the run (hami_changes.graph_charging), where it said anything."""
+    if not said:
+        return ""
+    uncharged = ", some launches NOT charged" if said["uncharged_warnings"] else ""
+    return f" (graph launches charged: {said['charged_graphs']} graph(s){uncharged})"
 
 
 def diff(value: float | None, target: float) -> float | None:

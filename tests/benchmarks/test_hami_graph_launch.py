@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.isolation.hami_changes import GRAPH_CHARGE
+from benchmarks.isolation.hami_changes import CHARGED_LINE, GRAPH_CHARGE, UNCHARGED_LINE, graph_charging
 
 HARNESS = Path(__file__).parent / "hami_graph_harness"
 MIXED_BLOCKS = 132 * 4 + 8 * 2 + 5 * 2 + 3  # two kernels, a copy, a child graph's kernel and its grandchild's
@@ -74,7 +74,9 @@ def test_each_launch_is_charged_the_blocks_of_every_kernel_in_the_graph(harness:
     launches = [answers[i] for i in (1, 2, 4, 6, 7)]
     assert [a["charged"] for a in launches] == [MIXED_BLOCKS] * 5
     assert [a["driver_launches"] for a in launches] == [1, 2, 3, 4, 5]
-    assert sum(f"each launch charged {MIXED_BLOCKS} blocks" in line for line in logged) == 3
+    assert sum(f"{CHARGED_LINE} {MIXED_BLOCKS} blocks" in line for line in logged) == 3
+    # What the isolation benchmark reads of a tenant's log (the report's graph row says it).
+    assert graph_charging("\n".join(logged)) == {"charged_graphs": 3, "uncharged_warnings": 0}
 
 
 @pytest.mark.parametrize(
@@ -100,7 +102,9 @@ def test_an_exec_it_never_saw_or_destroyed_is_launched_uncharged_and_said_once(h
     assert answers[4]["driver_launches"] == 3  # uncharged, never refused
     assert answers[3] == {"rc": 0}
     assert answers[5] == {"rc": 1, "exec": -1}  # the driver's refusal, passed on
-    assert len([line for line in logged if "was not instantiated through HAMi-core" in line]) == 1
+    assert len([line for line in logged if UNCHARGED_LINE in line]) == 1
+    assert graph_charging("\n".join(logged)) == {"charged_graphs": 1, "uncharged_warnings": 1}
+    assert graph_charging("a build without the change logs neither") is None
 
 
 def test_outside_a_known_container_nothing_is_charged(harness: Path) -> None:

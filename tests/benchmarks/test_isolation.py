@@ -570,6 +570,12 @@ def test_the_report_renders_a_canned_result(tmp_path: Path) -> None:
         "- nvidia-cuda-mps-control (the MPS control daemon): not on PATH"
     )
     assert "- note: two-tenant splits scaled down to 24 s each" in markdown
+    graph = {"kernel": "graph", "target": 25, "rate": 150.0, "unit": "TFLOP/s", "share": 30.0, "error": None}
+    result["modes"]["soft"]["single"].append(graph | {"graph_charging": {"charged_graphs": 1, "uncharged_warnings": 2}})
+    assert (
+        "| graph (graph launches charged: 1 graph(s), some launches NOT charged), one tenant | 25 % | 30.0 % of "
+        "uncapped (150.0 TFLOP/s) | +5.0 points |"
+    ) in render_markdown(result).splitlines()
 
 
 def test_a_result_that_never_reached_the_gpu_still_renders() -> None:
@@ -609,6 +615,8 @@ for line in open(held).read().splitlines() if mps and os.path.isfile(held) else 
         pct = min(pct, float(words[1]))
     if words[:2] == ["set_default_device_pinned_mem_limit", "0"]:
         mib = min(mib, float(words[2].rstrip("M")))
+if hami and sys.argv[1] == "graph" and "graph-launch" in open(os.environ["LD_PRELOAD"]).read():
+    print("[HAMI-core Info(1:2:graph.c:3)]: graph exec 0x1: each launch charged 16 blocks", file=sys.stderr)
 if hami and os.environ.get("LIBCUDA_LOG_LEVEL") == "3":  # HAMi-core's watcher, at info level
     with open(os.environ["FAKE_HAMI_LOG"], "a") as log:
         log.write(f"device 0: userutil=50 limit={{int(pct)}} {{sys.argv[1]}}\\n")
@@ -645,7 +653,7 @@ def test_a_whole_run_on_fake_gpu_commands(
     changes: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lib = tmp_path / "libvgpu.so"
-    lib.write_text("")
+    lib.write_text(" ".join(changes))  # what the fake load reads to act as that build
     (tmp_path / "load.py").write_text(FAKE_LOAD.format(python=sys.executable))
     folder = fake_bin(
         tmp_path / "bin",
@@ -696,6 +704,12 @@ def test_a_whole_run_on_fake_gpu_commands(
         assert [p["total"] for p in modes[mode]["pairs"]] == [pytest.approx(100)] * 2
         assert (modes[mode]["memory"]["within_ok"], modes[mode]["memory"]["over_ok"]) == (True, False)
         assert modes[mode]["latency"]["alone"]["p99_us"] == 75.0
+    # What the graph-launch build logged reaches the soft graph rows (and only there).
+    charged = {"charged_graphs": 1, "uncharged_warnings": 0} if changes else None
+    assert [s["graph_charging"] for s in modes["soft"]["single"]] == [
+        charged if k == "graph" else None for k in KERNELS for _ in CAPS
+    ]
+    assert {s["graph_charging"] for s in modes["hard"]["single"]} == {None}
     # Soft: raising its own limits gains the whole GPU. Hard: under the plugin's ceiling (the tamperer's own
     # grant, alone on the GPU), its raised variables gain nothing.
     assert modes["soft"]["tampering"]["gain_points"] == pytest.approx(75)
