@@ -62,6 +62,8 @@ class PluginMetrics:
         self.allocate_seconds = histogram(m.ALLOCATE_SECONDS, _LATENCY_BUCKETS)
         self.lookup_wait_seconds = histogram(m.ALLOCATE_LOOKUP_WAIT_SECONDS, _LATENCY_BUCKETS)
         self.errors = counter(m.ERRORS)
+        # Exported at 0 from the start, so that the alert on its increase sees a tenant's first tampering.
+        self.errors.labels(m.WHERE_TAMPER)
         self.registrations = counter(m.REGISTRATIONS)
         self.usage_sample_seconds = histogram(m.USAGE_SAMPLE_SECONDS, _PASS_BUCKETS)
         self.usage_skips = counter(m.USAGE_SKIPS)

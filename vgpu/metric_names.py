@@ -54,6 +54,8 @@ ALLOCATE_LOOKUP_WAIT_SECONDS: Final = Metric(
     "How long Allocate waited for the pod's allocation to reach the pod cache.",
 )
 ERRORS: Final = Metric(f"{DEVICE_PLUGIN}_errors_total", "Errors by where they happened.", ("where",))
+# ERRORS' ``where`` of a container's live limits found tampered with (an alert fires on its first increase).
+WHERE_TAMPER: Final = "live_limits_tamper"
 ENVVAR_GUARD: Final = Metric(
     f"{DEVICE_PLUGIN}_envvar_guard",
     "1 for the state of the node's NVIDIA container toolkit guard: on (GPUs named in NVIDIA_VISIBLE_DEVICES by an "

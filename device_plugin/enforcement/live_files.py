@@ -45,6 +45,7 @@ from device_plugin.enforcement.live_limits import (
 )
 from device_plugin.enforcement.live_watch import DirWatch
 from device_plugin.metrics import PluginMetrics
+from vgpu import metric_names as m
 from vgpu.contract.allocation import PodAllocation
 from vgpu.names import HAMI_REGION_FILE, LIVE_LIMITS_FILE, EnforcementBackend
 from vgpu.timefmt import rfc3339
@@ -257,7 +258,7 @@ class LiveLimits:
     ) -> Tamper | None:
         """Count and log tampering; the Tamper to report the first time this container shows this kind."""
         found = Tamper(want.namespace, want.pod, key[0], key[1], target, kind, detail, restored)
-        self._metrics.errors.labels("live_limits_tamper").inc()
+        self._metrics.errors.labels(m.WHERE_TAMPER).inc()
         first = (key, target, kind) not in self._reported
         log.log(logging.WARNING if first else logging.DEBUG, "live limits tampered with: %s", found.message())
         if not first:

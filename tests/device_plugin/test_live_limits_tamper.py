@@ -343,6 +343,19 @@ OTHER_LIMITS = document(
 )
 
 
+def test_the_tamper_count_is_exported_at_zero_before_any_tampering(tmp_path: Path) -> None:
+    """The alert on its increase (TensorFusionLiveLimitsTampered) sees a node's first tampering only if the series
+    was scraped before it, at 0."""
+    metrics = PluginMetrics()
+    assert metrics.registry.get_sample_value("tf_device_plugin_errors_total", {"where": "live_limits_tamper"}) == 0.0
+    live, home = prepared(tmp_path, metrics)
+    assert live.sync({KEY: WANT}, frozenset({UID})) == []
+    assert tamper_counted(metrics) == 0.0
+    replace_with(home / LIVE_LIMITS_FILE, "{not json")
+    assert len(live.sync({KEY: WANT}, frozenset({UID}))) == 1
+    assert tamper_counted(metrics) == 1.0
+
+
 @pytest.mark.parametrize(
     ("vector", "kind"),
     [

@@ -6,7 +6,8 @@ each panel and alert is about: a GPU pod runs with its use scripted in the fake 
 another, unknown pod beside it, and NVML figures for every GPU); a second pod takes 300 of the 312 TFLOPS
 and 75 of the 80 GiB of the one GPU of a kubelet-less node in a pool of its own; a third waits for a GPU
 model no node has; one GPU fails its health check; the kubelet node's NVIDIA toolkit is left on its defaults
-(any pod may take GPUs by environment); the extender gets a malformed verb; and two targets
+(any pod may take GPUs by environment); the first pod's container rewrites its ``limits.json`` (the
+device plugin puts it back, and counts it); the extender gets a malformed verb; and two targets
 that never answer stand for a crashed device plugin and a crashed extender. Every target expression of
 every panel of ``deploy/dashboards/tensor-fusion.json`` (template variables as "All", ``$__rate_interval``
 as 1m) and every variable query must then succeed and return series; every rule must be loaded healthy,
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vgpu.names import Annotation
+from vgpu.names import LIVE_LIMITS_FILE, Annotation
 
 from .cluster import REAL_NODE, Cluster
 from .conftest import REQUIRED_ENV
@@ -174,6 +175,14 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         undo.callback(cluster.set_gpu_faults, {})
         cluster.write_fake_nvml(yaml.safe_dump(doc, sort_keys=False))
 
+        # A tenant rewriting its own limits, as its container can on the path it sees; the plugin puts it back.
+        limits = cluster.live_limits_dir / busy.metadata.uid / "main" / LIVE_LIMITS_FILE
+        kept = limits.read_text()
+        staged_file = limits.with_name(".tenant")
+        staged_file.write_text("{not json")
+        staged_file.replace(limits)
+        eventually("the tampered limits put back", lambda: limits.read_text() == kept, 10)
+
         # Errors that keep coming: the counter's series appears with the first (no rate can see that one).
         malformed_prioritize(cluster)
         counted = 'tf_extender_errors_total{verb="prioritize", kind="invalid-body"}'
@@ -250,6 +259,7 @@ def test_every_alert_is_loaded_healthy_and_pending_for_what_was_staged(staged: S
         "TensorFusionExtenderErrors": {"verb": "prioritize", "kind": "invalid-body"},
         "TensorFusionComponentDown": {"job": EXTENDER_JOB},
         "TensorFusionGpuNodeOpenToEnvvar": {"node": REAL_NODE, "state": "off"},
+        "TensorFusionLiveLimitsTampered": {"node": REAL_NODE},
     }
     quiet = {"TensorFusionAllocationConflicts"}  # nothing staged conflicts
     assert set(expected) | quiet == {r["alert"] for r in shipped}
