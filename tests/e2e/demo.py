@@ -9,7 +9,8 @@ API server, scheduler, kubelet; our webhook, extender and device plugin), so wha
 what the tests check: pod → node, GPU UUID, TFLOPS and VRAM granted, and the env one container
 was created with, what the device plugin measured of each running container's GPU use (scripted in
 the fake GPU file, read back from its ``/usage``), and the status the extender wrote on the generated
-TensorFusionWorkload; then
+TensorFusionWorkload; what a container that rewrites its own live limits meets (put back, said on the pod,
+counted for the alert); then
 what a pod that tries to skip the scheduler meets (admission denies a preset node; a pod bound by
 hand is admitted by the kubelet but the device plugin refuses to start it), what a pod setting the plugin's
 variables through envFrom gets (its grant), and what a pod that is not ours asking for every GPU by
@@ -34,17 +35,20 @@ from typing import Any
 
 from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
+from device_plugin.cluster.node_events import REASON_LIVE_LIMITS_RESTORED
 from device_plugin.cluster.receipts import ReceiptFile
 from scheduler_extender.claim_board import lease_name
 from vgpu.contract import allocation, usage
 from vgpu.contract import claims as claims_contract
 from vgpu.contract.allocation import decode_handoff
+from vgpu.metric_names import WHERE_TAMPER
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
     LABEL_ENABLED,
     LABEL_NODE_DEVICE_DELIVERY,
     LABEL_NODE_ENVVAR_GUARD,
+    LIVE_LIMITS_FILE,
     PLURAL_WORKLOAD,
     RESOURCE_MILLI_TFLOPS,
     Annotation,
@@ -152,6 +156,7 @@ def run(keep: bool) -> None:
             )
             measured(cluster, running)
             side_doors(cluster, namespace)
+            tampering(cluster, pod, container)
             lean_bind(cluster, running[0])
         workloads = CustomObjectsApi(cluster.admin)
 
@@ -399,6 +404,35 @@ def side_doors(cluster: Cluster, namespace: str) -> None:
         f'\nthe same GET {usage.PATH} off loopback (the pod network\'s view; docs/security.md, "Who reads per-pod data"):'
     )
     print("\n".join(answers))
+
+
+def tampering(cluster: Cluster, pod: Any, container: str) -> None:
+    """The container rewrites its own limits.json, as it can on the path it sees (docs/security.md, "Tampering with
+    live limits"): the device plugin puts it back, says so on the pod, and counts it for the alert."""
+    limits = cluster.live_limits_dir / pod.metadata.uid / container / LIVE_LIMITS_FILE
+    kept = limits.read_text()
+    lifted = kept.replace('"vramLimitBytes": ', '"vramLimitBytes": 9').replace('"smPercent": ', '"smPercent": 9')
+    staged = limits.with_name(".tenant")
+    staged.write_text(lifted)
+    began = time.monotonic()
+    staged.replace(limits)
+    eventually("the tampered limits put back", lambda: limits.read_text() == kept, timeout=10, every=0.005)
+    back = time.monotonic() - began
+    name, namespace = pod.metadata.name, pod.metadata.namespace
+
+    def said() -> list[str] | None:
+        lines = [e for e in events_for(cluster.core, namespace, name) if e.startswith(REASON_LIVE_LIMITS_RESTORED)]
+        return lines or None
+
+    counted = next(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in cluster.plugin_get("/metrics").splitlines()
+        if line.startswith(f'tf_device_plugin_errors_total{{where="{WHERE_TAMPER}"}}')
+    )
+    print(f"\npod/{name} rewrites its own {LIVE_LIMITS_FILE} (VRAM and compute limits lifted) on the path it sees:")
+    print(f"  the device plugin put it back in {back * 1000:.0f} ms; the pod's Event:")
+    print(f"  {eventually('the tampering said on the pod', said, timeout=15)[0]}")
+    print(f"  tampering counted on the node: {counted} (alert TensorFusionLiveLimitsTampered, deploy/alerts)")
 
 
 def skipping_the_scheduler(cluster: Cluster, namespace: str) -> None:
