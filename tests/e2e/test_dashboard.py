@@ -7,7 +7,8 @@ another, unknown pod beside it, and NVML figures for every GPU); a second pod ta
 and 75 of the 80 GiB of the one GPU of a kubelet-less node in a pool of its own; a third waits for a GPU
 model no node has; one GPU fails its health check; the kubelet node's NVIDIA toolkit is left on its defaults
 (any pod may take GPUs by environment); the first pod's container rewrites its ``limits.json`` (the
-device plugin puts it back, and counts it); the extender gets a malformed verb; and two targets
+device plugin puts it back, and counts it); two pods are bound to the kubelet node by hand, without the
+extender's grant (the device plugin refuses their Allocate); the extender gets a malformed verb; and two targets
 that never answer stand for a crashed device plugin and a crashed extender. Every target expression of
 every panel of ``deploy/dashboards/tensor-fusion.json`` (template variables as "All", ``$__rate_interval``
 as 1m) and every variable query must then succeed and return series; every rule must be loaded healthy,
@@ -36,7 +37,7 @@ from .cluster import REAL_NODE, Cluster
 from .conftest import REQUIRED_ENV
 from .deploy import DEPLOY, EXTENDER_PREFIX
 from .fake_nodes import fake_nvml_yaml, gpus
-from .kube import emptied, eventually, wait_bound, wait_running
+from .kube import bind_by_hand, emptied, eventually, wait_bound, wait_running
 from .pods import allocation_of, gpu_pod
 from .procs import free_port
 from .prometheus import (
@@ -184,6 +185,14 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         eventually("the tampered limits put back", lambda: limits.read_text() == kept, 10)
 
         # Errors that keep coming: the counter's series appears with the first (no rate can see that one).
+        refused = f'tf_device_plugin_errors_total{{where="allocate", node="{REAL_NODE}"}}'
+        for i, name in enumerate(("bound-by-hand-0", "bound-by-hand-1")):
+            core.create_namespaced_pod(ns, gpu_pod(name, ABSENT_MODEL))
+            bind_by_hand(core, ns, name, REAL_NODE)
+            if i == 0:
+                eventually(
+                    "the first refused Allocate scraped", lambda: prometheus.query(refused)["data"]["result"], 30
+                )
         malformed_prioritize(cluster)
         counted = 'tf_extender_errors_total{verb="prioritize", kind="invalid-body"}'
         eventually("the first error scraped", lambda: prometheus.query(counted)["data"]["result"], 10)
@@ -260,6 +269,7 @@ def test_every_alert_is_loaded_healthy_and_pending_for_what_was_staged(staged: S
         "TensorFusionComponentDown": {"job": EXTENDER_JOB},
         "TensorFusionGpuNodeOpenToEnvvar": {"node": REAL_NODE, "state": "off"},
         "TensorFusionLiveLimitsTampered": {"node": REAL_NODE},
+        "TensorFusionDevicePluginErrors": {"node": REAL_NODE, "where": "allocate"},
     }
     quiet = {"TensorFusionAllocationConflicts"}  # nothing staged conflicts
     assert set(expected) | quiet == {r["alert"] for r in shipped}
