@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     if args.budget <= 0:
         cli.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
+    if args.hami_changes and IsolationMode.SOFT not in args.modes:
+        cli.error(f"--hami-change changes soft's HAMi-core, and --modes {','.join(args.modes)} has no soft")
     try:
         made = plan(args.budget, args.modes, args.scenarios)
     except BudgetError as exc:

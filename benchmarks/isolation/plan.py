@@ -137,6 +137,12 @@ def plan(budget: float, modes: tuple[IsolationMode, ...], scenarios: tuple[str, 
     runs = measured(modes)
     if not runs:
         raise BudgetError("no mode to run: partitioned (MIG) is reported, not measured; add shared, soft or hard")
+    idle = [m for m in runs if not mode_steps(m, scenarios, 0.0)]
+    if idle:
+        raise BudgetError(
+            f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps and "
+            f"tampering need a compute limit: {', '.join(LIMITED)}); add a scenario or leave that mode out"
+        )
     fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0) if s.scenario != "pair")
     pairs = len(runs) * len(SPLITS) if "pair" in scenarios else 0
     usable = budget * (1 - MARGIN)

@@ -205,13 +205,15 @@ def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
         (m, t) for m in ("shared", "hard") for t in SPLITS
     ]
     assert (made.pair_s, made.notes) == (PAIR_GOAL_S, ())
-    # Tampering brings its honest rate (a capped compute run), in the modes with a limit only.
-    tamper = plan(400, (M.SHARED, M.SOFT), ("tampering",)).steps
+    # Tampering brings its honest rate (a capped compute run); shared has no limit to tamper with.
+    tamper = plan(400, (M.SOFT,), ("tampering",)).steps
     assert [(s.mode, s.scenario, s.targets) for s in tamper if s.mode != "setup"] == [
         ("baseline", "single", ()),
         ("soft", "single", (TAMPER_CAP,)),
         ("soft", "tampering", (TAMPER_CAP,)),
     ]
+    with pytest.raises(BudgetError, match="nothing to measure in shared"):
+        plan(400, (M.SHARED, M.SOFT), ("tampering",))
     # Without splits nothing is scaled; a budget below the fixed runs is refused, naming no split.
     made = plan(100, (M.SHARED,), ("latency", "memory"))
     assert [s.scenario for s in made.steps] == ["setup", "latency", "latency", "memory"]
@@ -224,9 +226,15 @@ def test_scenarios_are_checked_as_flags(capsys: pytest.CaptureFixture[str]) -> N
     assert entry.main(["--dry-run", "--modes", "hard", "--scenarios", "memory, pair", "--budget", "200"]) == 0
     out = capsys.readouterr().out
     assert "hard      pair" in out and "hard      memory" in out and "latency" not in out
-    for bad, said in (("pair,bogus", "unknown scenario bogus"), (",", "no scenario named")):
+    for argv, said in (
+        (["--scenarios", "pair,bogus"], "unknown scenario bogus"),
+        (["--scenarios", ","], "no scenario named"),
+        # A flag that would change nothing is refused, not ignored.
+        (["--modes", "shared,hard", "--scenarios", "tampering"], "has nothing to measure in shared (single-tenant"),
+        (["--modes", "hard", "--hami-change", "graph-launch"], "--modes hard has no soft"),
+    ):
         with pytest.raises(SystemExit) as stopped:
-            entry.main(["--dry-run", "--scenarios", bad])
+            entry.main(["--dry-run", *argv])
         assert stopped.value.code == 2
         assert said in capsys.readouterr().err
 
