@@ -65,7 +65,6 @@ class Bench:
     uncapped: dict[str, float | None] = field(default_factory=dict)
     started: int = 0
     mps: tuple[Path, list[str]] | None = None  # the running MPS daemon's pipe folder and its log
-    stderr: str = ""  # the last finished tenant's
 
     def env(self, mode: IsolationMode, percent: int | None, name: str) -> dict[str, str]:
         self.started += 1
@@ -88,7 +87,7 @@ class Bench:
         return Reader(proc)
 
     def finish(self, label: str, reader: Reader, timeout: float) -> list[dict[str, Any]]:
-        err = self.stderr = reader.finish(timeout)
+        err = reader.finish(timeout)
         for stream in (reader.proc.stdout, reader.proc.stderr):
             if stream is not None:
                 stream.close()
@@ -104,8 +103,8 @@ class Bench:
 
     def single(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
         percent = st.targets[0] if st.targets else None
-        envs = self.env(mode, percent, st.kernel)
-        rows = self.run(f"{st.mode} {st.label}", envs, st.kernel, f"{st.seconds}", seconds=st.seconds)
+        reader = self.start(self.env(mode, percent, st.kernel), st.kernel, f"{st.seconds}")
+        rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
         rate = mean_rate(rows)
         if st.mode == BASELINE:
             self.uncapped[st.kernel] = rate
@@ -117,7 +116,7 @@ class Bench:
             "share": share(rate, self.uncapped.get(st.kernel)),
             "per_second": [r["rate"] for r in seconds_rows(rows)],
             "error": step(rows, "error").get("error"),
-            "graph_charging": graph_charging(self.stderr) if mode is IsolationMode.SOFT else None,
+            "graph_charging": graph_charging("".join(reader.err)) if mode is IsolationMode.SOFT else None,
         }
 
     def pair(self, mode: IsolationMode, st: Step) -> dict[str, Any]:

@@ -23,8 +23,10 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from kubernetes.client import ApiregistrationV1Api, CoreV1Api, RbacAuthorizationV1Api
+from prometheus_client.parser import text_string_to_metric_families
 
 from vgpu.contract import inventory
+from vgpu.metric_names import ERRORS, WHERE_TAMPER
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
@@ -370,6 +372,14 @@ class Cluster(AbstractContextManager["Cluster"]):
         """The body of ``GET path`` on the kubelet node's device plugin (``/metrics``, ``/usage``)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.plugin_metrics_port}{path}", timeout=5) as answer:
             return str(answer.read().decode())
+
+    def tamper_count(self) -> float:
+        """How many live-limits tamperings the kubelet node's device plugin has counted (its /metrics)."""
+        for family in text_string_to_metric_families(self.plugin_get("/metrics")):
+            for s in family.samples:
+                if s.name == ERRORS.name and s.labels.get("where") == WHERE_TAMPER:
+                    return float(s.value)
+        return 0.0
 
     def restart_device_plugin(
         self,

@@ -41,7 +41,6 @@ from scheduler_extender.claim_board import lease_name
 from vgpu.contract import allocation, usage
 from vgpu.contract import claims as claims_contract
 from vgpu.contract.allocation import decode_handoff
-from vgpu.metric_names import WHERE_TAMPER
 from vgpu.names import (
     CRD_GROUP,
     CRD_VERSION,
@@ -85,7 +84,7 @@ from .kube import (
     wait_bound,
     wait_running,
 )
-from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod, hand_over
+from .pods import IMAGE, allocation_of, created_env, created_gpus, gpu_pod, hand_over, rewrite_as_tenant
 from .procs import non_loopback_ipv4
 
 DEMO_POOL = "demo-pool"  # kubelet-less nodes: they hold a GPU share but never run the pod
@@ -412,10 +411,8 @@ def tampering(cluster: Cluster, pod: Any, container: str) -> None:
     limits = cluster.live_limits_dir / pod.metadata.uid / container / LIVE_LIMITS_FILE
     kept = limits.read_text()
     lifted = kept.replace('"vramLimitBytes": ', '"vramLimitBytes": 9').replace('"smPercent": ', '"smPercent": 9')
-    staged = limits.with_name(".tenant")
-    staged.write_text(lifted)
     began = time.monotonic()
-    staged.replace(limits)
+    rewrite_as_tenant(limits, lifted)
     eventually("the tampered limits put back", lambda: limits.read_text() == kept, timeout=10, every=0.005)
     back = time.monotonic() - began
     name, namespace = pod.metadata.name, pod.metadata.namespace
@@ -424,11 +421,7 @@ def tampering(cluster: Cluster, pod: Any, container: str) -> None:
         lines = [e for e in events_for(cluster.core, namespace, name) if e.startswith(REASON_LIVE_LIMITS_RESTORED)]
         return lines or None
 
-    counted = next(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in cluster.plugin_get("/metrics").splitlines()
-        if line.startswith(f'tf_device_plugin_errors_total{{where="{WHERE_TAMPER}"}}')
-    )
+    counted = int(cluster.tamper_count())
     print(f"\npod/{name} rewrites its own {LIVE_LIMITS_FILE} (VRAM and compute limits lifted) on the path it sees:")
     print(f"  the device plugin put it back in {back * 1000:.0f} ms; the pod's Event:")
     print(f"  {eventually('the tampering said on the pod', said, timeout=15)[0]}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client import CoreV1Api
@@ -21,6 +22,14 @@ from vgpu.names import LABEL_ENABLED, Annotation, Env
 from .node import KubeletNode
 
 IMAGE = "registry.local/cuda-app:1.0"
+
+
+def rewrite_as_tenant(path: Path, text: str) -> None:
+    """Replace a container's live-limits file with ``text`` as the container can, on the directory it sees
+    read-write: a file written beside it, renamed over it."""
+    staged = path.with_name(".tenant")
+    staged.write_text(text)
+    staged.replace(path)
 
 
 def gpu_pod(

@@ -38,7 +38,7 @@ from .conftest import REQUIRED_ENV
 from .deploy import DEPLOY, EXTENDER_PREFIX
 from .fake_nodes import fake_nvml_yaml, gpus
 from .kube import bind_by_hand, emptied, eventually, wait_bound, wait_running
-from .pods import allocation_of, gpu_pod
+from .pods import allocation_of, gpu_pod, rewrite_as_tenant
 from .procs import free_port
 from .prometheus import (
     EXTENDER_JOB,
@@ -179,9 +179,7 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         # A tenant rewriting its own limits, as its container can on the path it sees; the plugin puts it back.
         limits = cluster.live_limits_dir / busy.metadata.uid / "main" / LIVE_LIMITS_FILE
         kept = limits.read_text()
-        staged_file = limits.with_name(".tenant")
-        staged_file.write_text("{not json")
-        staged_file.replace(limits)
+        rewrite_as_tenant(limits, "{not json")
         eventually("the tampered limits put back", lambda: limits.read_text() == kept, 10)
 
         # Errors that keep coming: the counter's series appears with the first (no rate can see that one).

@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes.client import CoreV1Api
-from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin.enforcement.hami_region import LIMIT_OFFSET, MAGIC, REGION_SIZE, SM_LIMIT_OFFSET
 from vgpu.names import HAMI_REGION_FILE, LIVE_LIMITS_DIR, LIVE_LIMITS_FILE, Annotation, Env
 
 from .cluster import REAL_NODE, Cluster
 from .kube import emptied, eventually, wait_running
-from .pods import created_env, gpu_pod
+from .pods import created_env, gpu_pod, rewrite_as_tenant
 
 NAMESPACE = "e2e-live-limits-tamper"
 SHARE = {
@@ -120,14 +119,6 @@ def restored_after(what: str, tamper: Callable[[], None], done: Callable[[], boo
     return time.monotonic() - began
 
 
-def tamper_counted(cluster: Cluster) -> float:
-    for family in text_string_to_metric_families(cluster.plugin_get("/metrics")):
-        for s in family.samples:
-            if s.name == "tf_device_plugin_errors_total" and s.labels.get("where") == "live_limits_tamper":
-                return float(s.value)
-    return 0.0
-
-
 def events(core: CoreV1Api, namespace: str, kind: str, name: str, reason: str) -> list[Any]:
     selector = f"involvedObject.kind={kind},involvedObject.name={name},reason={reason}"
     return list(core.list_namespaced_event(namespace, field_selector=selector).items)
@@ -184,12 +175,7 @@ def test_each_tampering_of_a_containers_live_limits_is_put_back_within_its_bound
                 os.close(fd)
 
         def replace_document(text: str) -> Callable[[], None]:
-            def tamper() -> None:
-                staged = home / ".tenant"
-                staged.write_text(text)
-                staged.replace(document)
-
-            return tamper
+            return lambda: rewrite_as_tenant(document, text)
 
         other = kept.replace(f'"vramLimitBytes": {2 << 30}', f'"vramLimitBytes": {LIFTED}')
         assert other != kept
@@ -206,7 +192,7 @@ def test_each_tampering_of_a_containers_live_limits_is_put_back_within_its_bound
             for _ in range(ROUNDS):
                 windows.setdefault(what, []).append(restored_after(what, tamper, done, NOTIFIED_BOUND_S))
         # Truncated: what the container's processes map is gone. Reset to an empty file, reported, counted.
-        before = tamper_counted(cluster)
+        before = cluster.tamper_count()
         windows["region truncated (reset to empty)"] = [
             restored_after(
                 "truncated", lambda: os.truncate(region, 4096), lambda: region.stat().st_size == 0, NOTIFIED_BOUND_S
@@ -231,7 +217,7 @@ def test_each_tampering_of_a_containers_live_limits_is_put_back_within_its_bound
         assert node_reset[0].type == "Warning"
         restored = events(core, ns, "Pod", "tenant", "LiveLimitsRestored")
         assert {e.type for e in restored} == {"Warning"} and len(restored) >= 3  # slots, flag, version, limits...
-        assert tamper_counted(cluster) >= before + 1
+        assert cluster.tamper_count() >= before + 1
         assert document.read_text() == kept
         # The container's next CUDA process initialises it again; the plugin keeps it from then on.
         assert first_cuda_call(region, env) == ours
