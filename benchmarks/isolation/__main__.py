@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
-from benchmarks.isolation.hami_changes import CHANGES
-from benchmarks.isolation.plan import ORDER, SCENARIOS, BudgetError, plan, render_plan
+from benchmarks.isolation.plan import ORDER, SCENARIOS, SINGLE_S, BudgetError, plan, render_plan
+from device_plugin.hami_build.changes import CHANGES
 from vgpu.names import IsolationMode
 
 
@@ -34,6 +34,9 @@ def scenarios(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown scenario {', '.join(unknown)}" if unknown else "no scenario named")
     return tuple(s for s in SCENARIOS if s in names)
+
+
+LIMITED_HINT = "they run in soft and hard, with --scenarios single or tampering"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,7 +60,13 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         choices=CHANGES,
         default=[],
-        help="a change soft's HAMi-core is built with (repeatable; none: stock): hami_changes.py",
+        help="a change soft's HAMi-core is built with (repeatable; none: stock): device_plugin/hami_build",
+    )
+    made.add_argument(
+        "--single-s",
+        type=float,
+        default=SINGLE_S,
+        help=f"seconds of each capped single-tenant run (default {SINGLE_S:g}; longer shows a limiter settle)",
     )
     made.add_argument("--dry-run", action="store_true", help="print the plan and stop; touches no GPU")
     return made
@@ -68,12 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     if args.budget <= 0:
         cli.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
+    if args.single_s < SINGLE_S:
+        cli.error(f"--single-s must be at least {SINGLE_S:g} s (the first second is warm-up), not {args.single_s:g}")
     if args.hami_changes and IsolationMode.SOFT not in args.modes:
         cli.error(f"--hami-change changes soft's HAMi-core, and --modes {','.join(args.modes)} has no soft")
     try:
-        made = plan(args.budget, args.modes, args.scenarios)
+        made = plan(args.budget, args.modes, args.scenarios, args.single_s)
     except BudgetError as exc:
         cli.error(str(exc))
+    if args.single_s != SINGLE_S and not any(s.scenario == "single" and s.targets for s in made.steps):
+        cli.error(f"--single-s lengthens capped single-tenant runs, and this plan has none ({LIMITED_HINT})")
     print(render_plan(made))
     if args.dry_run:
         return 0
@@ -81,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     before = signal.signal(signal.SIGTERM, terminated)
     try:
         changes = tuple(dict.fromkeys(args.hami_changes))
-        return run_all(args.out, args.hami_src.resolve(), args.budget, args.modes, changes, args.scenarios)
+        return run_all(
+            args.out, args.hami_src.resolve(), args.budget, args.modes, changes, args.scenarios, args.single_s
+        )
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -23,11 +23,11 @@ from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
-from benchmarks.isolation.hami_changes import describe, graph_charging, with_changes
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import (
     BASELINE,
     SCENARIOS,
+    SINGLE_S,
     TAMPER_CAP,
     Plan,
     Step,
@@ -41,6 +41,7 @@ from benchmarks.isolation.report import write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampered, tenant_env
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
+from device_plugin.hami_build.changes import describe, graph_charging, with_changes
 from vgpu.names import IsolationMode
 
 HERE = Path(__file__).resolve().parent
@@ -280,6 +281,7 @@ def run_all(
     asked: tuple[IsolationMode, ...],
     changes: tuple[str, ...] = (),
     scenarios: tuple[str, ...] = SCENARIOS,
+    single_s: float = SINGLE_S,
 ) -> int:
     """The whole benchmark; 0 when every mode that could run was measured, else 1."""
     started = time.time()
@@ -302,7 +304,7 @@ def run_all(
     }
     try:
         if runnable:
-            made = plan(budget - (time.time() - started), runnable, scenarios)
+            made = plan(budget - (time.time() - started), runnable, scenarios, single_s)
             say(render_plan(made))
             result["notes"] = list(made.notes)
             result["pair_s"] = made.pair_s

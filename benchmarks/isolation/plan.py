@@ -1,10 +1,11 @@
 """The budget planner: which runs the isolation benchmark makes for the modes asked, and how long each lasts
 so that all of them, builds and process starts included, fit in ``--budget`` seconds.
 
-Every run but the two-tenant splits has a fixed length (a few seconds is enough to read a rate); the splits
-take what is left, up to the issue's 60 s each. Where that is less, they are scaled down and the plan says
-so; below :data:`PAIR_MIN_S` the budget is refused. ``--scenarios`` keeps some of the issue's five (what a GPU
-session still lacks: the splits at full length, say), with the uncapped runs they are measured against.
+Every run but the two-tenant splits has a fixed length (a few seconds is enough to read a rate; a capped
+single-tenant run can be made longer, ``--single-s``, to see a limiter settle); the splits take what is
+left, up to the issue's 60 s each. Where that is less, they are scaled down and the plan says so; below
+:data:`PAIR_MIN_S` the budget is refused. ``--scenarios`` keeps some of the issue's five (what a GPU session
+still lacks: the splits at full length, say), with the uncapped runs they are measured against.
 Pure: ``--dry-run`` prints it without touching a GPU.
 """
 
@@ -22,7 +23,7 @@ LATENCY_SPLIT = (50, 50)  # the latency stream's limit and its saturating neighb
 TAMPER_CAP = 25  # the limit a tampering tenant was granted (its honest rate: the single-tenant run at it)
 PAIR_GOAL_S = 60.0  # what the issue asks of each split
 PAIR_MIN_S = 10.0  # shorter splits say nothing: refused
-SINGLE_S = 4.0  # one single-tenant run (its first second is left out as warm-up)
+SINGLE_S = 4.0  # one single-tenant run by default (its first second is left out as warm-up)
 LATENCY_S = 6.0
 START_S = 2.0  # a process's CUDA start and warm-up, beside its measured seconds
 ALLOC_S = 3.0  # one allocation probe, its start included
@@ -95,14 +96,17 @@ def baseline_kernels(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     return ("compute",) if {"pair", "tampering"} & set(scenarios) else ()
 
 
-def mode_steps(mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float) -> list[Step]:
-    """One mode's runs in order: single-tenant, splits (``pair_s`` each), latency, memory, tampering."""
+def mode_steps(
+    mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
+) -> list[Step]:
+    """One mode's runs in order: single-tenant (``single_s`` each), splits (``pair_s`` each), latency, memory,
+    tampering."""
     limited = mode in LIMITED
     steps = []
     if limited and "single" in scenarios:
-        steps += [Step(mode, "single", k, (cap,), SINGLE_S, SINGLE_S + START_S) for k in KERNELS for cap in CAPS]
+        steps += [Step(mode, "single", k, (cap,), single_s, single_s + START_S) for k in KERNELS for cap in CAPS]
     elif limited and "tampering" in scenarios:  # its honest rate, to tell what tampering gained
-        steps.append(Step(mode, "single", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S))
+        steps.append(Step(mode, "single", "compute", (TAMPER_CAP,), single_s, single_s + START_S))
     if "pair" in scenarios:
         steps += [Step(mode, "pair", "compute", split, pair_s, pair_s + START_S) for split in SPLITS]
     if "latency" in scenarios:
@@ -113,11 +117,13 @@ def mode_steps(mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float) -
     if "memory" in scenarios:
         steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
     if limited and "tampering" in scenarios:
-        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), SINGLE_S, SINGLE_S + START_S + ALLOC_S))
+        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), single_s, single_s + START_S + ALLOC_S))
     return steps
 
 
-def all_steps(modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...], pair_s: float) -> list[Step]:
+def all_steps(
+    modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
+) -> list[Step]:
     """Every run, in order: the builds, the uncapped baselines, then each mode's runs."""
     steps = [Step("setup", "setup", "build the tenant load (nvcc)", (), 0.0, SETUP_S["build the tenant load (nvcc)"])]
     if IsolationMode.SOFT in modes:
@@ -127,13 +133,18 @@ def all_steps(modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...], pair
         steps.append(Step("setup", "setup", what, (), 0.0, SETUP_S[what]))
     steps += [Step(BASELINE, "single", k, (), SINGLE_S, SINGLE_S + START_S) for k in baseline_kernels(scenarios)]
     for mode in modes:
-        steps += mode_steps(mode, scenarios, pair_s)
+        steps += mode_steps(mode, scenarios, pair_s, single_s)
     return steps
 
 
-def plan(budget: float, modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...] = SCENARIOS) -> Plan:
-    """The runs of ``scenarios`` for ``modes`` within ``budget`` seconds; :class:`BudgetError` where they cannot
-    fit."""
+def plan(
+    budget: float,
+    modes: tuple[IsolationMode, ...],
+    scenarios: tuple[str, ...] = SCENARIOS,
+    single_s: float = SINGLE_S,
+) -> Plan:
+    """The runs of ``scenarios`` for ``modes`` within ``budget`` seconds, each capped single-tenant run
+    ``single_s`` long; :class:`BudgetError` where they cannot fit."""
     runs = measured(modes)
     if not runs:
         raise BudgetError("no mode to run: partitioned (MIG) is reported, not measured; add shared, soft or hard")
@@ -143,7 +154,7 @@ def plan(budget: float, modes: tuple[IsolationMode, ...], scenarios: tuple[str, 
             f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps and "
             f"tampering need a compute limit: {', '.join(LIMITED)}); add a scenario or leave that mode out"
         )
-    fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0) if s.scenario != "pair")
+    fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0, single_s) if s.scenario != "pair")
     pairs = len(runs) * len(SPLITS) if "pair" in scenarios else 0
     usable = budget * (1 - MARGIN)
     pair_s = min(PAIR_GOAL_S, (usable - fixed_cost) / pairs - START_S) if pairs else 0.0
@@ -167,7 +178,7 @@ def plan(budget: float, modes: tuple[IsolationMode, ...], scenarios: tuple[str, 
             "partitioned (MIG): reported, not measured in this version (it needs MIG enabled, and then the whole "
             "GPU the other modes run on is not reachable)"
         )
-    return Plan(budget, ordered(modes), tuple(all_steps(runs, scenarios, pair_s)), pair_s, tuple(notes))
+    return Plan(budget, ordered(modes), tuple(all_steps(runs, scenarios, pair_s, single_s)), pair_s, tuple(notes))
 
 
 def render_plan(made: Plan) -> str:

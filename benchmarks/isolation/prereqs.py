@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu_check.procs import run as run_command
-from benchmarks.isolation.hami_changes import check_source
+from device_plugin.hami_build.changes import check_source
 from vgpu.names import IsolationMode
 
 Which = Callable[[str], str | None]

@@ -22,7 +22,6 @@ from benchmarks.gpu_check import report as gpu_report
 from benchmarks.gpu_check.constants import GIB, ROOT
 from benchmarks.isolation import bench, tenants
 from benchmarks.isolation.figures import Split, mean_rate, share, split, together
-from benchmarks.isolation.hami_changes import CHANGES, GRAPH, GRAPH_CHARGE, WATCHER, describe
 from benchmarks.isolation.mps import MpsError, mps_daemon
 from benchmarks.isolation.plan import (
     CAPS,
@@ -30,6 +29,7 @@ from benchmarks.isolation.plan import (
     MARGIN,
     PAIR_GOAL_S,
     PAIR_MIN_S,
+    SINGLE_S,
     SPLITS,
     TAMPER_CAP,
     BudgetError,
@@ -41,7 +41,8 @@ from benchmarks.isolation.report import render_markdown, write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
-from tests.benchmarks.test_hami_changes import SQUARED_STEP, hami_tree
+from device_plugin.hami_build.changes import CHANGES, GRAPH, GRAPH_CHARGE, WATCHER, describe
+from tests.device_plugin.test_hami_changes import SQUARED_STEP, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 
 M = IsolationMode
@@ -134,10 +135,13 @@ def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
         entry.main(
-            ["--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400", "--scenarios", "pair,single"]
+            [
+                *("--out", "o", "--hami-src", "h", "--modes", "soft", "--budget", "400"),
+                *("--scenarios", "pair,single", "--single-s", "12"),
+            ]
         )
     assert (stopped.value.code, unwound) == (128 + signal.SIGTERM, ["put back"])
-    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), (), ("single", "pair"))]
+    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), (), ("single", "pair"), 12.0)]
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -222,6 +226,18 @@ def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
         plan(50, (M.SHARED,), ("latency", "memory"))
 
 
+def test_longer_single_runs_lengthen_the_capped_ones_only_and_count_in_the_budget() -> None:
+    made = plan(600, (M.SOFT,), ("single", "tampering"), single_s=18)
+    lengths = {(s.mode, s.scenario, bool(s.targets)): s.seconds for s in made.steps if s.scenario != "setup"}
+    assert lengths == {
+        ("baseline", "single", False): SINGLE_S,
+        ("soft", "single", True): 18,
+        ("soft", "tampering", True): 18,
+    }
+    fixed = plan(600, (M.SOFT,), ("single", "tampering")).total
+    assert made.total - fixed == pytest.approx((len(KERNELS) * len(CAPS) + 1) * (18 - SINGLE_S))
+
+
 def test_scenarios_are_checked_as_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert entry.main(["--dry-run", "--modes", "hard", "--scenarios", "memory, pair", "--budget", "200"]) == 0
     out = capsys.readouterr().out
@@ -232,6 +248,9 @@ def test_scenarios_are_checked_as_flags(capsys: pytest.CaptureFixture[str]) -> N
         # A flag that would change nothing is refused, not ignored.
         (["--modes", "shared,hard", "--scenarios", "tampering"], "has nothing to measure in shared (single-tenant"),
         (["--modes", "hard", "--hami-change", "graph-launch"], "--modes hard has no soft"),
+        (["--modes", "soft", "--scenarios", "pair", "--single-s", "20"], "this plan has none (they run in soft"),
+        (["--modes", "shared", "--single-s", "20"], "this plan has none"),
+        (["--single-s", "3"], "--single-s must be at least 4 s"),
     ):
         with pytest.raises(SystemExit) as stopped:
             entry.main(["--dry-run", *argv])

@@ -1,15 +1,15 @@
-"""Changes to HAMi-core's source that `soft` can be measured with: its candidate fixes, applied to a copy.
+"""The changes the plugin image makes to HAMi-core's source before building it, so that `soft` holds its compute
+cap (docs/isolation.md); the isolation benchmark measures a build with or without them.
 
 - ``linear-step``: HAMi-core's utilisation watcher (``delta()``) refills a token pool that grows with the SM count
   by a step that grows with its square, so on a GPU of many SMs the limiter swings between no limit and a stall.
   One SM factor dropped: the change proposed upstream (HAMi-core PR #317).
 - ``graph-launch``: a CUDA Graph replay launches its kernels inside the driver, where the limiter never sees
   them, and cuGetProcAddress hands out no ``cuGraph*`` hook. Each graph's kernel blocks are summed when it is
-  instantiated and charged at each launch (``hami_graph_launch.c``).
+  instantiated and charged at each launch (``graph_launch.c``).
 
-Each edit must find its anchor exactly once, or the prerequisites say why before any GPU time: a HAMi-core
-whose code moved is not patched blind. The export is never changed; ``--hami-change`` (repeatable) names them,
-and the report says which build `soft` ran (benchmarks/README.md, "soft with HAMi-core's limiter fixed").
+Each edit must find its anchor exactly once, or the change is refused with the place it did not find: a
+HAMi-core whose code moved is not patched blind. The source given is never changed; a copy is.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ HOOK: Final = Path("src/cuda/hook.c")
 VERSIONED: Final = Path("src/include/multi_func_hook.h")
 ENTRIES: Final = Path("src/include/libcuda_hook.h")
 DLSYM: Final = Path("src/libvgpu.c")
-GRAPH_CHARGE: Final = HERE / "hami_graph_launch.c"
+GRAPH_CHARGE: Final = HERE / "graph_launch.c"
 CHARGED: Final = ("cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy")
 ADDED: Final = "cuGraphInstantiateWithParams"  # not hooked by HAMi-core: an entry in each of its three lists
 HANDED_OUT: Final = (*CHARGED[1:], ADDED)  # by cuGetProcAddress: the hooks whose signature never changed
 STOCK_BUILD: Final = "stock (the exported source as it is)"
+WRITTEN_FOR: Final = (
+    "8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811"  # the HAMi-core commit the changes were written and measured on
+)
 
 
 class ChangeError(ValueError):
@@ -55,7 +58,7 @@ class Edit:
         if found != 1:
             raise ChangeError(
                 f"{self.path}: expected {self.what} exactly once, found it {found} times; this HAMi-core is not the "
-                f"one --hami-change {change} was written for (leave that change out)"
+                f"one the change {change} was written for (leave that change out)"
             )
         return self.pattern.sub(lambda _: self.replacement, text)
 
@@ -80,7 +83,7 @@ _INSTANTIATE_VERSIONS = (
 )
 _HANDED_OUT = "\n".join(
     [
-        "/* The graph hooks that charge launches to the compute limiter (--hami-change graph-launch). */",
+        "/* The graph hooks that charge launches to the compute limiter (the change graph-launch). */",
         "static int tf_graph_charged(const char *symbol) {",
         *[f'    if (strcmp(symbol, "{name}") == 0) return 1;' for name in HANDED_OUT],
         "    return 0;",
@@ -133,11 +136,11 @@ EDITS: Final[dict[str, tuple[Edit, ...]]] = {
 CHANGES: Final = tuple(EDITS)
 DESCRIBED: Final = {
     LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
-    GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (benchmarks/isolation/hami_graph_launch.c)",
+    GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (device_plugin/hami_build/graph_launch.c)",
 }
 
 
-# What hami_graph_launch.c logs (HAMi-core's info and warning lines, on the tenant's stderr).
+# What graph_launch.c logs (HAMi-core's info and warning lines, on the tenant's stderr).
 CHARGED_LINE: Final = "each launch charged"
 UNCHARGED_LINE: Final = "was not instantiated through HAMi-core"
 
@@ -153,7 +156,7 @@ def describe(changes: Sequence[str]) -> str:
     """The build `soft` runs, as the report names it."""
     if not changes:
         return STOCK_BUILD
-    return "changed by the benchmark: " + "; ".join(DESCRIBED[c] for c in changes)
+    return "changed: " + "; ".join(DESCRIBED[c] for c in changes)
 
 
 def changed_files(src: Path, changes: Sequence[str]) -> dict[Path, str]:
@@ -164,7 +167,7 @@ def changed_files(src: Path, changes: Sequence[str]) -> dict[Path, str]:
         for edit in EDITS[change]:
             if edit.path not in texts:
                 if not (src / edit.path).exists():
-                    raise ChangeError(f"no {src / edit.path}: --hami-change {change} needs it")
+                    raise ChangeError(f"no {src / edit.path}: the change {change} needs it")
                 texts[edit.path] = (src / edit.path).read_text()
             texts[edit.path] = edit.apply(texts[edit.path], change)
     return texts

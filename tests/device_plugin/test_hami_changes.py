@@ -1,15 +1,18 @@
-"""--hami-change: soft's HAMi-core built from a copy of the exported source with its candidate fixes (the limiter's
-step linear in SMs, graph launches charged), refused before any GPU time where an anchor is not there once."""
+"""HAMi-core's source changed for the plugin image (the limiter's step linear in SMs, graph launches charged): made
+on a copy, refused where an anchor is not there once, and ``python -m device_plugin.hami_build`` as the image's
+build stage runs it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import benchmarks.isolation.__main__ as entry
-from benchmarks.isolation.hami_changes import (
+import device_plugin.hami_build.__main__ as entry
+from device_plugin.hami_build.changes import (
+    CHANGES,
+    DESCRIBED,
     DLSYM,
     ENTRIES,
     GRAPH,
@@ -20,14 +23,13 @@ from benchmarks.isolation.hami_changes import (
     STOCK_BUILD,
     VERSIONED,
     WATCHER,
+    WRITTEN_FOR,
     ChangeError,
     changed_files,
     check_source,
     describe,
     with_changes,
 )
-from benchmarks.isolation.prereqs import blocked, check
-from vgpu.names import IsolationMode
 
 # The step as delta() writes it (two sm_num factors, then the rest of the product), spacing varied as C allows.
 SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * rest"
@@ -93,7 +95,7 @@ def test_linear_step_drops_one_sm_num_factor_and_keeps_the_rest(tmp_path: Path, 
     ("text", "found"), [("increment = sm * sm * threads;", 0), (f"{SQUARED_STEP}; {SQUARED_STEP};", 2)]
 )
 def test_a_limiter_written_otherwise_is_not_patched_blind(tmp_path: Path, text: str, found: int) -> None:
-    with pytest.raises(ChangeError, match=f"{WATCHER}: .* found it {found} times.*--hami-change linear-step"):
+    with pytest.raises(ChangeError, match=f"{WATCHER}: .* found it {found} times.*the change linear-step"):
         changed_files(hami_tree(tmp_path, text), [LINEAR_STEP])
 
 
@@ -178,38 +180,38 @@ def test_check_source_says_why_it_cannot_change_it(tmp_path: Path) -> None:
 def test_the_report_names_the_build() -> None:
     assert describe(()) == STOCK_BUILD
     assert describe((LINEAR_STEP, GRAPH_LAUNCH)) == (
-        "changed by the benchmark: the limiter's correction step linear in the SM count (HAMi-core PR #317's "
-        "change); CUDA Graph launches charged to the limiter (benchmarks/isolation/hami_graph_launch.c)"
+        "changed: the limiter's correction step linear in the SM count (HAMi-core PR #317's change); CUDA Graph "
+        "launches charged to the limiter (device_plugin/hami_build/graph_launch.c)"
     )
 
 
-def test_changes_a_source_cannot_take_block_soft_only(tmp_path: Path) -> None:
-    src = hami_tree(tmp_path / "moved", "x = y;")
-    needs = check(tuple(IsolationMode), src, [LINEAR_STEP], which=lambda _: "/bin/x", euid=lambda: 0)
-    soft = blocked(needs, IsolationMode.SOFT)
-    assert any(
-        r.startswith("HAMi-core changes (--hami-change linear-step): ") and "found it 0 times" in r for r in soft
-    )
-    assert not any("--hami-change" in r for m in (IsolationMode.SHARED, IsolationMode.HARD) for r in blocked(needs, m))
-    stock = check(tuple(IsolationMode), src, (), which=lambda _: "/bin/x", euid=lambda: 0)
-    assert not any("--hami-change" in n.what for n in stock)
-    fine = check(tuple(IsolationMode), hami_tree(tmp_path / "ok"), [GRAPH_LAUNCH], which=lambda _: "/x", euid=lambda: 0)
-    assert [n.line() for n in fine if "--hami-change" in n.what] == [
-        "ok       HAMi-core changes (--hami-change graph-launch): they apply (needed by: soft)"
-    ]
-
-
-def test_the_flag_reaches_the_run_and_a_bad_value_exits_2(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_build_stage_command_makes_the_changed_copy_and_refuses_what_it_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(entry, "run_all", lambda *a: seen.append(a) or 0)
-    argv = ["--modes", "soft", "--budget", "400", "--hami-change", "linear-step", "--hami-change", "graph-launch"]
-    assert entry.main([*argv, "--hami-change", "linear-step"]) == 0
-    assert seen[-1][4] == ("linear-step", "graph-launch")  # each once, in the order named
-    assert entry.main(["--modes", "soft", "--budget", "400"]) == 0
-    assert seen[-1][4] == ()
-    with pytest.raises(SystemExit) as stopped:
-        entry.main(["--hami-change", "quadratic"])
-    assert stopped.value.code == 2
-    assert "invalid choice: 'quadratic'" in capsys.readouterr().err
+    src = hami_tree(tmp_path / "export")
+    into = tmp_path / "changed"
+    assert entry.main([str(src), str(into), "linear-step", "graph-launch", "linear-step"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{c}: {DESCRIBED[c]}" for c in (LINEAR_STEP, GRAPH_LAUNCH)]
+    assert (into / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+    assert (into / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
+    assert entry.main([str(src), str(tmp_path / "stock")]) == 0  # no change named: a stock copy
+    assert (tmp_path / "stock" / WATCHER).read_text() == (src / WATCHER).read_text()
+    moved = hami_tree(tmp_path / "moved", "x = y;")
+    for argv, said in (
+        ([str(src), str(into), "quadratic"], "unknown change quadratic: the changes are linear-step, graph-launch"),
+        ([str(tmp_path / "none"), str(into)], "is not a directory: give HAMi-core's exported source"),
+        ([str(moved), str(tmp_path / "m"), "linear-step"], "found it 0 times; this HAMi-core is not the one"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            entry.main(argv)
+        assert stopped.value.code == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()  # nothing half-made where a change was refused
+
+
+def test_the_plugin_image_builds_hami_core_with_every_change_at_the_source_they_were_written_for() -> None:
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile.plugin").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=\"?([^\"\n]*)\"?$", dockerfile, re.M))
+    assert args["HAMI_CHANGES"].split() == list(CHANGES)
+    assert args["HAMI_CORE_REF"] == WRITTEN_FOR
+    assert "python -m device_plugin.hami_build /hami-core /hami-core-changed ${HAMI_CHANGES}" in dockerfile

@@ -1,4 +1,4 @@
-"""hami_graph_launch.c, compiled against the real cuda.h and a fake driver (hami_graph_harness/): a graph's launch
+"""graph_launch.c, compiled against the real cuda.h and a fake driver (hami_graph_harness/): a graph's launch
 is charged its kernels' blocks once per launch, every launch still reaches the driver, and what it cannot cost
 (an exec it never saw, a full table) is launched uncharged and said once."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.isolation.hami_changes import CHARGED_LINE, GRAPH_CHARGE, UNCHARGED_LINE, graph_charging
+from device_plugin.hami_build.changes import CHARGED_LINE, GRAPH_CHARGE, UNCHARGED_LINE, graph_charging
 
 HARNESS = Path(__file__).parent / "hami_graph_harness"
 MIXED_BLOCKS = 132 * 4 + 8 * 2 + 5 * 2 + 3  # two kernels, a copy, a child graph's kernel and its grandchild's

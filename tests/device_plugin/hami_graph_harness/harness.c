@@ -1,5 +1,5 @@
-/* Drives benchmarks/isolation/hami_graph_launch.c against a fake driver, one command a line on stdin, one JSON
- * line out per command (tests/benchmarks/test_hami_graph_launch.py asserts them):
+/* Drives device_plugin/hami_build/graph_launch.c against a fake driver, one command a line on stdin, one JSON
+ * line out per command (tests/device_plugin/test_hami_graph_launch.py asserts them):
  *   instantiate[-legacy|-params] GRAPH   -> {"rc": N, "exec": I}   (I: the exec's index, -1 on error; by
  *                                           cuGraphInstantiateWithFlags, cuGraphInstantiate or ...WithParams)
  *   launch I | launch unknown                      -> {"charged": BLOCKS or null, "driver_launches": N}
