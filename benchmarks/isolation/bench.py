@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,14 @@ from benchmarks.gpu_check.hami_runs import nvcc_build
 from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
-from benchmarks.isolation.figures import mean_rate, seconds_rows, share, split, together
+from benchmarks.isolation.figures import around, mean_rate, seconds_rows, share, shares_after, split, together
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import (
     BASELINE,
-    SCENARIOS,
+    BURST_IDLE_S,
+    BURST_RUN_S,
+    ISSUE_SCENARIOS,
+    LIVE_HALF_S,
     SINGLE_S,
     TAMPER_CAP,
     Plan,
@@ -39,10 +43,11 @@ from benchmarks.isolation.plan import (
 from benchmarks.isolation.prereqs import blocked, check
 from benchmarks.isolation.report import write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampered, tenant_env
+from device_plugin.enforcement import hami_region
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
 from device_plugin.hami_build.changes import describe, graph_charging, with_changes
-from vgpu.names import IsolationMode
+from vgpu.names import Env, IsolationMode
 
 HERE = Path(__file__).resolve().parent
 WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's folders, each tenant's limits
@@ -66,6 +71,7 @@ class Bench:
     uncapped: dict[str, float | None] = field(default_factory=dict)
     started: int = 0
     mps: tuple[Path, list[str]] | None = None  # the running MPS daemon's pipe folder and its log
+    pause: Callable[[float], None] = time.sleep  # the wait before a live change (the tests' is instant)
 
     def env(self, mode: IsolationMode, percent: int | None, name: str) -> dict[str, str]:
         self.started += 1
@@ -195,6 +201,48 @@ class Bench:
             "memory": self.allocation(f"{st.mode} tampered allocation", envs),
         }
 
+    def burst(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        """One tenant at its cap, idle, then again: what the limiter lets through in the seconds after the pause."""
+        cap = st.targets[0]
+        args = ("compute", f"{st.seconds}", f"{BURST_RUN_S}", f"{BURST_IDLE_S}")
+        rows = self.run(f"{st.mode} {st.label}", self.env(mode, cap, "burst"), *args, seconds=st.seconds + BURST_IDLE_S)
+        uncapped = self.uncapped.get("compute")
+        paused, resumed = step(rows, "idle").get("wall"), step(rows, "resume").get("wall")
+        after = shares_after(rows, resumed, uncapped) if resumed is not None else []
+        return {
+            "target": cap,
+            "idle_s": BURST_IDLE_S,
+            "before_share": around(rows, paused, uncapped).before if paused is not None else None,
+            "after_shares": after,
+            "worst_points": max(after) - cap if after else None,
+            "error": step(rows, "error").get("error") or (None if resumed is not None else "no resume row"),
+        }
+
+    def live(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        """One tenant at its first cap; halfway, the second written to its HAMi-core region by the plugin's own
+        writer (device_plugin.enforcement.hami_region), as a live limit change or a tampered region put back is."""
+        first, second = st.targets
+        envs = self.env(mode, first, "live")
+        reader = self.start(envs, "compute", f"{st.seconds}")
+        written: dict[str, Any] = {"state": "tenant never ready"}
+        changed = None
+        if reader.wait_for("step", "ready", 60) is not None:
+            self.pause(LIVE_HALF_S)
+            synced = hami_region.sync(Path(envs[Env.HAMI_SHARED_REGION]), [(VRAM_LIMIT, second)])
+            changed = time.time()
+            written = {"state": synced.region.state, "writes": [str(w) for w in synced.writes]}
+        rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
+        uncapped = self.uncapped.get("compute")
+        seen = around(rows, changed, uncapped) if changed is not None else None
+        return {
+            "targets": [first, second],
+            "region": written,
+            "before_share": seen.before if seen else None,
+            "after_share": seen.after if seen else None,
+            "per_second": [share(r["rate"], uncapped) for r in seconds_rows(rows)],
+            "error": step(rows, "error").get("error"),
+        }
+
     def one(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> None:
         """Run ``st`` and file its figures under ``figures``."""
         if st.scenario == "single":
@@ -205,6 +253,10 @@ class Bench:
             figures.setdefault("latency", {})["beside" if len(st.targets) > 1 else "alone"] = self.latency(mode, st)
         elif st.scenario == "memory":
             figures["memory"] = self.allocation(f"{st.mode} allocation", self.env(mode, TAMPER_CAP, "alloc"))
+        elif st.scenario == "burst":
+            figures["burst"] = self.burst(mode, st)
+        elif st.scenario == "live":
+            figures["live"] = self.live(mode, st)
         else:
             figures["tampering"] = self.tampering(mode, st, figures)
 
@@ -280,7 +332,7 @@ def run_all(
     budget: float,
     asked: tuple[IsolationMode, ...],
     changes: tuple[str, ...] = (),
-    scenarios: tuple[str, ...] = SCENARIOS,
+    scenarios: tuple[str, ...] = ISSUE_SCENARIOS,
     single_s: float = SINGLE_S,
 ) -> int:
     """The whole benchmark; 0 when every mode that could run was measured, else 1."""

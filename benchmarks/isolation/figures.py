@@ -1,6 +1,7 @@
 """The isolation benchmark's arithmetic, apart from the GPU: a tenant's rate from its per-second rows, the
-seconds two tenants ran together, shares of the uncapped rate, and a split's distance from its target in
-percentage points. The rows are tenant_load's: ``{"step": "second", "from": wall, "to": wall, "rate": r}``."""
+seconds two tenants ran together, shares of the uncapped rate, a split's distance from its target in
+percentage points, and a run's seconds on either side of a moment (a pause, a limit changed). The rows are
+tenant_load's: ``{"step": "second", "from": wall, "to": wall, "rate": r}``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SETTLE_S = 1.0  # a tenant's first second is left out: limiters (HAMi-core's watcher) take hold after it
+LIVE_SETTLE_S = 2.0  # after a limit is changed, the seconds a limiter is given to follow it
 
 
 def seconds_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,3 +75,29 @@ def split(targets: tuple[int, ...], rates: Sequence[float | None], uncapped: flo
     if any(s is None for s in shares):
         return None
     return Split(targets, tuple(s for s in shares if s is not None))
+
+
+def shares_after(rows: Sequence[dict[str, Any]], at: float, uncapped: float | None) -> list[float]:
+    """The share of each per-second row that starts at or after ``at``, in order."""
+    after = [share(r["rate"], uncapped) for r in seconds_rows(rows) if r["from"] >= at - 1e-6]
+    return [s for s in after if s is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class Around:
+    """A run on either side of a moment: its settled share before, and after it (each None without a whole
+    second there)."""
+
+    before: float | None
+    after: float | None
+
+
+def around(
+    rows: Sequence[dict[str, Any]], at: float, uncapped: float | None, settle_after: float = LIVE_SETTLE_S
+) -> Around:
+    """The share before ``at`` (after the run's settling second) and after ``at`` plus ``settle_after``."""
+    each = seconds_rows(rows)
+    if not each:
+        return Around(None, None)
+    before = mean_rate(rows, None, at) if at - each[0]["from"] > SETTLE_S else None
+    return Around(share(before, uncapped), share(mean_rate(rows, at + settle_after, None), uncapped))

@@ -21,6 +21,11 @@ CAPS = (10, 25, 50)  # single-tenant compute limits, percent of the GPU
 SPLITS = ((30, 70), (10, 90))  # two saturating tenants' limits
 LATENCY_SPLIT = (50, 50)  # the latency stream's limit and its saturating neighbour's
 TAMPER_CAP = 25  # the limit a tampering tenant was granted (its honest rate: the single-tenant run at it)
+BURST_CAP = 25  # the limit of a tenant that runs, idles, and runs again
+BURST_RUN_S = 6.0  # its running before the pause (settled at its cap), and again after it
+BURST_IDLE_S = 20.0  # the pause: long enough for a limiter's refill and bucket to grow back
+LIVE_CAPS = (50, 10)  # a running tenant's limit, then the one written to its HAMi-core region
+LIVE_HALF_S = 8.0  # seconds at each: the change comes halfway
 PAIR_GOAL_S = 60.0  # what the issue asks of each split
 PAIR_MIN_S = 10.0  # shorter splits say nothing: refused
 SINGLE_S = 4.0  # one single-tenant run by default (its first second is left out as warm-up)
@@ -31,8 +36,11 @@ SETUP_S = {"build the tenant load (nvcc)": 30.0, "build HAMi-core": 60.0, "start
 MARGIN = 0.05  # of the budget, kept for what the estimates miss
 ORDER = (IsolationMode.SHARED, IsolationMode.SOFT, IsolationMode.HARD, IsolationMode.PARTITIONED)
 LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
+LIVE = (IsolationMode.SOFT,)  # the mode whose limit the plugin changes in running processes (HAMi-core's region)
 BASELINE = "baseline"  # the uncapped runs every share is measured against
-SCENARIOS = ("single", "pair", "latency", "memory", "tampering")  # --scenarios: the issue's five, by default all
+# --scenarios: the issue's five (the default), then a tenant idling and resuming, and a limit changed live
+SCENARIOS = ("single", "pair", "latency", "memory", "tampering", "burst", "live")
+ISSUE_SCENARIOS = SCENARIOS[:5]
 
 
 class BudgetError(ValueError):
@@ -62,6 +70,10 @@ class Step:
             return "an allocation past the VRAM limit"
         if self.scenario == "tampering":
             return f"compute at {limits} with its own limits raised, and an allocation past the VRAM limit"
+        if self.scenario == "burst":
+            return f"compute at {limits}, idle {BURST_IDLE_S:g} s, then again"
+        if self.scenario == "live":
+            return f"compute at {self.targets[0]} %, lowered to {self.targets[1]} % while it runs"
         return f"{self.kernel} {limits}"
 
 
@@ -90,17 +102,17 @@ def measured(modes: tuple[IsolationMode, ...]) -> tuple[IsolationMode, ...]:
 
 def baseline_kernels(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     """The uncapped loads the asked runs are measured against: every kernel for the single-tenant runs, the
-    compute one for the splits and the tampering (whose honest rate is a single-tenant compute run)."""
+    compute one for the others with a rate (the tampering's honest rate is a single-tenant compute run)."""
     if "single" in scenarios:
         return KERNELS
-    return ("compute",) if {"pair", "tampering"} & set(scenarios) else ()
+    return ("compute",) if {"pair", "tampering", "burst", "live"} & set(scenarios) else ()
 
 
 def mode_steps(
     mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
 ) -> list[Step]:
     """One mode's runs in order: single-tenant (``single_s`` each), splits (``pair_s`` each), latency, memory,
-    tampering."""
+    tampering, burst, live."""
     limited = mode in LIMITED
     steps = []
     if limited and "single" in scenarios:
@@ -118,6 +130,11 @@ def mode_steps(
         steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
     if limited and "tampering" in scenarios:
         steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), single_s, single_s + START_S + ALLOC_S))
+    if limited and "burst" in scenarios:
+        running = 2 * BURST_RUN_S
+        steps.append(Step(mode, "burst", "compute", (BURST_CAP,), running, running + BURST_IDLE_S + START_S))
+    if mode in LIVE and "live" in scenarios:
+        steps.append(Step(mode, "live", "compute", LIVE_CAPS, 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S))
     return steps
 
 
@@ -140,7 +157,7 @@ def all_steps(
 def plan(
     budget: float,
     modes: tuple[IsolationMode, ...],
-    scenarios: tuple[str, ...] = SCENARIOS,
+    scenarios: tuple[str, ...] = ISSUE_SCENARIOS,
     single_s: float = SINGLE_S,
 ) -> Plan:
     """The runs of ``scenarios`` for ``modes`` within ``budget`` seconds, each capped single-tenant run
@@ -151,8 +168,9 @@ def plan(
     idle = [m for m in runs if not mode_steps(m, scenarios, 0.0)]
     if idle:
         raise BudgetError(
-            f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps and "
-            f"tampering need a compute limit: {', '.join(LIMITED)}); add a scenario or leave that mode out"
+            f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps, "
+            f"tampering and burst need a compute limit: {', '.join(LIMITED)}; live a limit the plugin changes in "
+            f"running processes: {', '.join(LIVE)}); add a scenario or leave that mode out"
         )
     fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0, single_s) if s.scenario != "pair")
     pairs = len(runs) * len(SPLITS) if "pair" in scenarios else 0

@@ -89,6 +89,30 @@ def tampering_row(t: dict[str, Any]) -> str:
     )
 
 
+def burst_row(b: dict[str, Any]) -> str:
+    head = f"| after {b['idle_s']:g} s idle, one tenant, compute | {b['target']} % |"
+    if b.get("error"):
+        return f"{head} failed: {b['error']} | n/a |"
+    first = " / ".join(num(s) for s in b["after_shares"][:4])
+    return (
+        f"{head} {num(b['before_share'])} % before the pause; {first} % in the first seconds after it | "
+        f"{num(b['worst_points'], signed=True)} points at most |"
+    )
+
+
+def live_row(lv: dict[str, Any]) -> str:
+    first, second = lv["targets"]
+    head = f"| limit lowered while running (region rewritten), compute | {first} → {second} % |"
+    if lv.get("error"):
+        return f"{head} failed: {lv['error']} | n/a |"
+    region = lv["region"]
+    return (
+        f"{head} {num(lv['before_share'])} % before; {num(lv['after_share'])} % from 2 s after (region "
+        f"{region['state']}, {len(region.get('writes', []))} write(s)) | "
+        f"{num(diff(lv['after_share'], second), signed=True)} points after |"
+    )
+
+
 def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
     backend = BACKENDS[IsolationMode(mode)]
     title = f"## {mode} (enforcement backend {backend})"
@@ -107,6 +131,10 @@ def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> lis
         lines.append(memory_row(figures["memory"]))
     if figures.get("tampering"):
         lines.append(tampering_row(figures["tampering"]))
+    if figures.get("burst"):
+        lines.append(burst_row(figures["burst"]))
+    if figures.get("live"):
+        lines.append(live_row(figures["live"]))
     for label, error in (figures.get("errors") or {}).items():
         lines.append(f"\nFAILED: {label}: {error}")
     if figures.get("out_of_budget"):

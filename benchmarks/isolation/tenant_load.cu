@@ -13,6 +13,10 @@
 //   tenant_load latency SECONDS   a small inference-like kernel (8 blocks, ~20 us) every 200 us; the time
 //                                 of each launch to its end; p50/p99 per second and overall
 //   tenant_load alloc WITHIN_MIB OVER_MIB   cudaMalloc WITHIN_MIB (expected granted), freed, then OVER_MIB
+//   tenant_load KERNEL SECONDS IDLE_AT IDLE_S   compute, memory or graph, idle IDLE_S seconds once after
+//                                 IDLE_AT seconds ({"step":"idle"}, then {"step":"resume"}; the second cut
+//                                 short by the pause is not printed), then on to SECONDS of running: what a
+//                                 limiter lets through after a pause
 //
 // Rows: {"step":"ready",...} after the warm-up, {"step":"second","from":..,"to":..,"rate":..} once a second,
 // {"step":"done","rate":..,"seconds":..} at the end; errors as {"step":"error","error":"cudaError..."}.
@@ -116,7 +120,13 @@ static int prepare(Load *l, const char *name) {
     return 0;
 }
 
-static int run(const char *name, double seconds) {
+static void pause_s(double seconds) {
+    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&t, &t) != 0) {
+    }
+}
+
+static int run(const char *name, double seconds, double idle_at, double idle_s) {
     Load l;
     if (prepare(&l, name)) return 1;
     int latency = strcmp(name, "latency") == 0;
@@ -150,6 +160,17 @@ static int run(const char *name, double seconds) {
             fflush(stdout);
             mark = t;
             in_second = 0;
+        }
+        if (idle_s > 0 && t - start >= idle_at) {
+            printf("{\"step\":\"idle\",\"wall\":%.3f,\"seconds\":%.3f}\n", t, idle_s);
+            fflush(stdout);
+            pause_s(idle_s);
+            mark = wall_s();
+            in_second = 0;
+            printf("{\"step\":\"resume\",\"wall\":%.3f}\n", mark);
+            fflush(stdout);
+            start += mark - t;  // SECONDS counts running time
+            idle_s = 0;
         }
         if (t - start >= seconds) break;
         if (latency) usleep(200);  // a request stream, not a saturating loop
@@ -191,7 +212,9 @@ int main(int argc, char **argv) {
     }
     const char *kinds[] = {"compute", "memory", "graph", "latency"};
     for (int i = 0; argc >= 3 && i < 4; ++i)
-        if (strcmp(argv[1], kinds[i]) == 0) return run(argv[1], atof(argv[2]));
-    fprintf(stderr, "usage: %s compute|memory|graph|latency SECONDS | alloc WITHIN_MIB OVER_MIB\n", argv[0]);
+        if (strcmp(argv[1], kinds[i]) == 0)
+            return run(argv[1], atof(argv[2]), argc >= 5 ? atof(argv[3]) : 0, argc >= 5 ? atof(argv[4]) : 0);
+    fprintf(stderr, "usage: %s compute|memory|graph|latency SECONDS [IDLE_AT IDLE_S] | alloc WITHIN_MIB OVER_MIB\n",
+            argv[0]);
     return 2;
 }

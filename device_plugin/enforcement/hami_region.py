@@ -3,12 +3,12 @@
 HAMi-core (the ``libvgpu.so`` preloaded into hami-core containers) keeps a ``shared_region_t`` in the
 file named by ``CUDA_DEVICE_MEMORY_SHARED_CACHE``, mapped ``MAP_SHARED`` by every CUDA process of the
 container. A new ``limit[dev]`` is live (read on every allocation); a new ``sm_limit[dev]`` reaches
-processes started after it. The file is read with ``pread`` and written, only where a value differs, as
-single aligned stores through a shared mapping, without HAMi-core's own lock. The file is the container's
-to write too: once HAMi-core has initialised it (layout version 1.2 only), any other state is tampering,
-restored in place where it can be and reset to an empty file where it cannot (:func:`decide`). The
-layout, the HAMi-core source lines (commit 8f3a89c6) and why: docs/live-limits.md, sections "HAMi-core"
-and "Tampering".
+processes started after it, and running ones too with the plugin image's HAMi-core (``hami_build``).
+The file is read with ``pread`` and written, only where a value differs, as single aligned stores
+through a shared mapping, without HAMi-core's own lock. The file is the container's to write too: once
+HAMi-core has initialised it (layout version 1.2 only), any other state is tampering, restored in place
+where it can be and reset to an empty file where it cannot (:func:`decide`). The layout, the HAMi-core
+source lines (commit 8f3a89c6) and why: docs/live-limits.md, sections "HAMi-core" and "Tampering".
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ cap (docs/isolation.md); the isolation benchmark measures a build with or withou
 - ``graph-launch``: a CUDA Graph replay launches its kernels inside the driver, where the limiter never sees
   them, and cuGetProcAddress hands out no ``cuGraph*`` hook. Each graph's kernel blocks are summed when it is
   instantiated and charged at each launch (``graph_launch.c``).
+- ``live-sm-limit``: a process reads its SM limit from the shared region once, at its start, so the plugin's
+  rewrite of the region (a live limit change, or a tampered value put back) reached only processes started
+  later; a process started in the instant a tenant had raised it kept the raised cap for its life. The
+  watcher now reads the region's limit at each tick (120 ms).
 
 Each edit must find its anchor exactly once, or the change is refused with the place it did not find: a
 HAMi-core whose code moved is not patched blind. The source given is never changed; a copy is.
@@ -24,6 +28,7 @@ from typing import Final
 HERE = Path(__file__).resolve().parent
 LINEAR_STEP: Final = "linear-step"
 GRAPH_LAUNCH: Final = "graph-launch"
+LIVE_SM_LIMIT: Final = "live-sm-limit"
 WATCHER: Final = Path("src/multiprocess/multiprocess_utilization_watcher.c")
 GRAPH: Final = Path("src/cuda/graph.c")
 HOOK: Final = Path("src/cuda/hook.c")
@@ -69,6 +74,12 @@ def _definition(name: str) -> re.Pattern[str]:
     return re.compile(rf"^CUresult {name}\(.*?^\}}\n", re.S | re.M)
 
 
+# The watcher's skip of a device without a cap, as utilization_watcher() writes it (rate_limiter's own test differs).
+_UNCAPPED_SKIP = "            if (cached_sm_limit[dev] <= 0 || cached_sm_limit[dev] >= 100) {"
+_LIVE_READ = (
+    "            /* The region's limit, at every tick: the device plugin rewrites it (the change live-sm-limit). */\n"
+    "            cached_sm_limit[dev] = get_current_device_sm_limit(dev);\n"
+)
 # The step's two sm_num factors, as delta() writes them: "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] *"
 _SQUARED = re.compile(r"\(int64_t\)\s*g_sm_num\[device_id\]\s*\*\s*\(int64_t\)\s*g_sm_num\[device_id\]\s*\*")
 _GRAPH_SKIP = 'if (strncmp(symbol, "cuGraph", 7) == 0) {'
@@ -132,11 +143,20 @@ EDITS: Final[dict[str, tuple[Edit, ...]]] = {
         Edit(WATCHER, "delta()'s correction step with sm_num twice", _SQUARED, "(int64_t)g_sm_num[device_id] *"),
     ),
     GRAPH_LAUNCH: _graph_edits(),
+    LIVE_SM_LIMIT: (
+        Edit(
+            WATCHER,
+            "utilization_watcher()'s skip of a device without a cap",
+            re.compile(f"^{re.escape(_UNCAPPED_SKIP)}", re.M),
+            _LIVE_READ + _UNCAPPED_SKIP,
+        ),
+    ),
 }
 CHANGES: Final = tuple(EDITS)
 DESCRIBED: Final = {
     LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
     GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (device_plugin/hami_build/graph_launch.c)",
+    LIVE_SM_LIMIT: "the SM limit read from the shared region at every watcher tick, not once at start",
 }
 
 

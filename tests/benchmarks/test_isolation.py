@@ -21,28 +21,35 @@ from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
 from benchmarks.gpu_check.constants import GIB, ROOT
 from benchmarks.isolation import bench, tenants
-from benchmarks.isolation.figures import Split, mean_rate, share, split, together
+from benchmarks.isolation.figures import Around, Split, around, mean_rate, share, shares_after, split, together
 from benchmarks.isolation.mps import MpsError, mps_daemon
 from benchmarks.isolation.plan import (
+    BURST_CAP,
+    BURST_IDLE_S,
+    BURST_RUN_S,
     CAPS,
     KERNELS,
+    LIVE_CAPS,
+    LIVE_HALF_S,
     MARGIN,
     PAIR_GOAL_S,
     PAIR_MIN_S,
+    SCENARIOS,
     SINGLE_S,
     SPLITS,
+    START_S,
     TAMPER_CAP,
     BudgetError,
     plan,
     render_plan,
 )
 from benchmarks.isolation.prereqs import blocked, check
-from benchmarks.isolation.report import render_markdown, write_report
+from benchmarks.isolation.report import burst_row, live_row, render_markdown, write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
 from device_plugin.hami_build.changes import CHANGES, GRAPH, GRAPH_CHARGE, WATCHER, describe
-from tests.device_plugin.test_hami_changes import SQUARED_STEP, hami_tree
+from tests.device_plugin.test_hami_changes import STOCK_WATCHER, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 
 M = IsolationMode
@@ -226,6 +233,23 @@ def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
         plan(50, (M.SHARED,), ("latency", "memory"))
 
 
+def test_a_pause_and_a_live_change_are_asked_for_by_name_and_run_where_they_mean_something() -> None:
+    assert {"burst", "live"}.isdisjoint(s.scenario for s in plan(2000, ALL).steps)  # not in the issue's five
+    made = plan(400, (M.SOFT, M.HARD), ("burst", "live"))
+    assert [(s.mode, s.scenario, s.targets, s.seconds, s.cost) for s in made.steps if s.mode != "setup"] == [
+        ("baseline", "single", (), SINGLE_S, SINGLE_S + START_S),
+        ("soft", "burst", (BURST_CAP,), 2 * BURST_RUN_S, 2 * BURST_RUN_S + BURST_IDLE_S + START_S),
+        ("soft", "live", LIVE_CAPS, 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S),
+        ("hard", "burst", (BURST_CAP,), 2 * BURST_RUN_S, 2 * BURST_RUN_S + BURST_IDLE_S + START_S),
+    ]
+    assert [s.label for s in made.steps if s.scenario in ("burst", "live")][:2] == [
+        "compute at 25 %, idle 20 s, then again",
+        "compute at 50 %, lowered to 10 % while it runs",
+    ]
+    with pytest.raises(BudgetError, match=r"nothing to measure in hard .*live a limit the plugin changes"):
+        plan(400, (M.HARD,), ("live",))
+
+
 def test_longer_single_runs_lengthen_the_capped_ones_only_and_count_in_the_budget() -> None:
     made = plan(600, (M.SOFT,), ("single", "tampering"), single_s=18)
     lengths = {(s.mode, s.scenario, bool(s.targets)): s.seconds for s in made.steps if s.scenario != "setup"}
@@ -289,6 +313,32 @@ def test_split_points_and_total() -> None:
     assert split((10, 90), [50.0, None], 500.0) is None
     assert split((10, 90), [50.0, 450.0], None) is None
     assert share(25.0, 100.0) == 25.0 and share(None, 100.0) is None and share(1.0, 0.0) is None
+
+
+def test_around_a_moment_the_settled_seconds_on_each_side() -> None:
+    rows = [second(t, 500) for t in range(0, 8)] + [second(t, 100) for t in range(8, 16)]
+    seen = around(rows, 8.0, 1000.0)  # before: from the second second; after: from 2 s past the moment
+    assert (seen.before, seen.after) == (pytest.approx(50.0), pytest.approx(10.0))
+    assert around(rows, 0.5, 1000.0).before is None  # no settled second before it
+    assert around(rows, 15.5, 1000.0).after is None  # nor one 2 s after it
+    assert around([], 3.0, 1000.0) == Around(None, None)
+    assert shares_after(rows, 14.0, 1000.0) == [10.0, 10.0] and shares_after(rows, 14.0, None) == []
+
+
+def test_the_burst_and_live_rows_say_what_happened_or_why_not() -> None:
+    burst = {"target": 25, "idle_s": 20.0, "before_share": 24.9, "after_shares": [98.0, 61.0, 30.0, 25.5, 25.0]}
+    assert burst_row(burst | {"worst_points": 73.0, "error": None}) == (
+        "| after 20 s idle, one tenant, compute | 25 % | 24.9 % before the pause; 98.0 / 61.0 / 30.0 / 25.5 % in the "
+        "first seconds after it | +73.0 points at most |"
+    )
+    assert burst_row(burst | {"error": "no resume row"}).endswith("| 25 % | failed: no resume row | n/a |")
+    live = {"targets": [50, 10], "before_share": 49.5, "after_share": 10.4, "error": None}
+    assert live_row(live | {"region": {"state": "ready", "writes": ["sm_limit[0] = 10"]}}) == (
+        "| limit lowered while running (region rewritten), compute | 50 → 10 % | 49.5 % before; 10.4 % from 2 s "
+        "after (region ready, 1 write(s)) | +0.4 points after |"
+    )
+    never = live | {"after_share": None, "region": {"state": "tenant never ready"}}
+    assert "region tenant never ready, 0 write(s)) | n/a points after |" in live_row(never)
 
 
 # tenants' environments -----------------------------------------------------------------------------------
@@ -627,6 +677,7 @@ FAKE_LOAD = """#!{python}
 # tenant_load as a fake GPU would run it: a compute limit holds only where its limiter is really there
 # (HAMi-core preloaded from the file LD_PRELOAD names, or the MPS pipe folder the daemon made)
 import json, os, sys, time
+from pathlib import Path
 
 def limit(key, default):
     return float(os.environ[key].split("=")[-1].rstrip("mM")) if key in os.environ else default
@@ -655,10 +706,36 @@ if kind == "alloc":
         ok = int(want) <= mib
         emit(step=step, mib=int(want), ok=ok, error="" if ok else "cudaErrorMemoryAllocation")
     sys.exit(0)
+seconds = int(float(sys.argv[2]))
+region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
+if hami and "-live/" in region:  # the live scenario: HAMi-core's region, made at start; its past half already run
+    sys.path.insert(0, "{repo}")
+    from tests.device_plugin.hami_layout import SharedRegion, initialised, write_region
+    write_region(Path(region), initialised([(int(mib) << 20, int(pct))]))
+    t0 -= seconds // 2
+    emit(step="ready", kernel=kind, pid=os.getpid(), wall=t0, unit="kernels/s")
+    for i in range(seconds // 2):
+        emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": 10 * pct}})
+    seen = lambda: SharedRegion.from_buffer_copy(Path(region).read_bytes()).sm_limit[0]
+    while seen() == pct and time.time() < t0 + seconds // 2 + 10:  # until the benchmark rewrites it
+        time.sleep(0.02)
+    if "live-sm-limit" in open(os.environ["LD_PRELOAD"]).read():  # read at every tick, not once at start
+        pct = seen()
+    t1 = time.time()
+    for i in range(seconds - seconds // 2):
+        emit(step="second", **{{"from": t1 + i, "to": t1 + i + 1, "rate": 10 * pct}})
+    emit(step="done", kernel=kind, wall=t1 + seconds // 2, rate=10 * pct)
+    sys.exit(0)
 emit(step="ready", kernel=kind, pid=os.getpid(), wall=t0, unit="us" if kind == "latency" else "kernels/s")
-for i in range(int(float(sys.argv[2]))):
-    emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": 10 * pct}})
-emit(step="done", kernel=kind, wall=t0 + float(sys.argv[2]), p50_us=30.0, p99_us=100.0 - pct / 2)
+idle_at, idle = (int(float(sys.argv[3])), float(sys.argv[4])) if len(sys.argv) > 4 else (seconds, 0.0)
+for i in range(seconds):
+    if i == idle_at:  # a pause: HAMi-core's refill grew meanwhile, so its first second runs uncapped
+        emit(step="idle", wall=t0 + i, seconds=idle)
+        t0 += idle
+        emit(step="resume", wall=t0 + i)
+    rate = 1000 if hami and idle and i == idle_at else 10 * pct
+    emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": rate}})
+emit(step="done", kernel=kind, wall=t0 + seconds, p50_us=30.0, p99_us=100.0 - pct / 2)
 """
 
 FAKE_SMI = f"""
@@ -681,7 +758,7 @@ def test_a_whole_run_on_fake_gpu_commands(
 ) -> None:
     lib = tmp_path / "libvgpu.so"
     lib.write_text(" ".join(changes))  # what the fake load reads to act as that build
-    (tmp_path / "load.py").write_text(FAKE_LOAD.format(python=sys.executable))
+    (tmp_path / "load.py").write_text(FAKE_LOAD.format(python=sys.executable, repo=ROOT))
     folder = fake_bin(
         tmp_path / "bin",
         **{
@@ -711,16 +788,18 @@ def test_a_whole_run_on_fake_gpu_commands(
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
     try:
-        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL, changes) == 0
+        monkeypatch.setattr(bench.Bench, "pause", staticmethod(lambda _: None))
+        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL, changes, SCENARIOS) == 0
     finally:
         procs.DEADLINE[0] = kept
     result = json.loads((tmp_path / "out" / "isolation.json").read_text())
     modes = result["modes"]
     assert [m["status"] for m in modes.values()] == ["measured", "measured", "measured", "not measured"]
     assert result["hami_build"] == describe(changes)
-    assert (source / WATCHER).read_text() == f"int64_t increment = {SQUARED_STEP};\n"  # the export is never changed
+    assert (source / WATCHER).read_text() == STOCK_WATCHER  # the export is never changed
     if changes:
-        assert (built / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+        assert (built / WATCHER).read_text().startswith("int64_t increment = (int64_t)g_sm_num[device_id] * rest;")
+        assert "cached_sm_limit[dev] = get_current_device_sm_limit(dev);" in (built / WATCHER).read_text()
         assert (built / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
     assert [s["rate"] for s in result["baseline"]["single"]] == [1000.0] * 3
     for mode in ("soft", "hard"):
@@ -771,5 +850,26 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert "started PID" in (tmp_path / "out" / "runs.log").read_text()
     # HAMi-core's watcher lines, of this run's soft tenants only (the tampering tenant raised its limit to 100).
     watcher = (tmp_path / "out" / "hami-watcher.log").read_text().splitlines()
-    # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation)
-    assert len(watcher) == 9 + 4 + 3 + 1 + 2 and all(line.startswith("device 0: userutil=50") for line in watcher)
+    # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation),
+    # burst, live
+    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 1 + 1 and all(
+        line.startswith("device 0: userutil=50") for line in watcher
+    )
+    # A pause: soft's first second after it ran uncapped, hard's held its cap; shared has no cap to pause under.
+    assert modes["soft"]["burst"] | {"after_shares": modes["soft"]["burst"]["after_shares"][:3]} == {
+        "target": BURST_CAP,
+        "idle_s": BURST_IDLE_S,
+        "before_share": pytest.approx(BURST_CAP),
+        "after_shares": [pytest.approx(100), pytest.approx(BURST_CAP), pytest.approx(BURST_CAP)],
+        "worst_points": pytest.approx(100 - BURST_CAP),
+        "error": None,
+    }
+    assert modes["hard"]["burst"]["worst_points"] == pytest.approx(0) and "burst" not in modes["shared"]
+    # A limit lowered live through the plugin's region writer: it reaches the running process only in a build
+    # that reads the region at every tick.
+    live = modes["soft"]["live"]
+    assert live["region"]["state"] == "ready" and len(live["region"]["writes"]) == 1
+    assert live["before_share"] == pytest.approx(LIVE_CAPS[0])
+    assert live["after_share"] == pytest.approx(LIVE_CAPS[1] if "live-sm-limit" in changes else LIVE_CAPS[0])
+    assert "live" not in modes["hard"] and "live" not in modes["shared"]
+    assert "| limit lowered while running (region rewritten), compute | 50 → 10 % |" in out

@@ -20,6 +20,7 @@ from device_plugin.hami_build.changes import (
     GRAPH_LAUNCH,
     HOOK,
     LINEAR_STEP,
+    LIVE_SM_LIMIT,
     STOCK_BUILD,
     VERSIONED,
     WATCHER,
@@ -33,6 +34,12 @@ from device_plugin.hami_build.changes import (
 
 # The step as delta() writes it (two sm_num factors, then the rest of the product), spacing varied as C allows.
 SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * rest"
+# utilization_watcher()'s skip of an uncapped device, indented as HAMi-core has it.
+UNCAPPED_SKIP = (
+    "            if (cached_sm_limit[dev] <= 0 || cached_sm_limit[dev] >= 100) {\n                continue;\n"
+)
+STOCK_WATCHER = f"int64_t increment = {SQUARED_STEP};\n{UNCAPPED_SKIP}"
+LINEAR_WATCHER = f"int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n{UNCAPPED_SKIP}"
 PASS_THROUGH = 'CUresult {name}({args}) {{\n\tLOG_DEBUG("{name}");\n\treturn CUDA_OVERRIDE_CALL(x,{name},y);\n}}\n\n'
 GRAPH_TEXT = "".join(
     PASS_THROUGH.format(name=name, args=args)
@@ -57,7 +64,7 @@ VERSIONED_TEXT = (
 )
 
 
-def hami_tree(root: Path, watcher_text: str | None = f"int64_t increment = {SQUARED_STEP};\n") -> Path:
+def hami_tree(root: Path, watcher_text: str | None = STOCK_WATCHER) -> Path:
     """An exported source shaped as HAMi-core's where the changes edit it (no watcher with None)."""
     files = {
         DLSYM: "    DLSYM_HOOK_FUNC(cuGraphInstantiateWithFlags);\n    DLSYM_HOOK_FUNC(cuGraphUpload);\n",
@@ -89,6 +96,18 @@ def test_linear_step_drops_one_sm_num_factor_and_keeps_the_rest(tmp_path: Path, 
     assert changed_files(src, [LINEAR_STEP]) == {
         WATCHER: f"int64_t increment =\n      {linear} / 2560;\nint other = g_sm_num[device_id] * 2;\n"
     }
+
+
+def test_live_sm_limit_reads_the_region_at_every_tick_before_the_uncapped_skip(tmp_path: Path) -> None:
+    read = "            cached_sm_limit[dev] = get_current_device_sm_limit(dev);\n"
+    both = changed_files(hami_tree(tmp_path), [LINEAR_STEP, LIVE_SM_LIMIT])[WATCHER]
+    assert both.startswith("int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n            /* The region's")
+    assert both.endswith(f"{read}{UNCAPPED_SKIP}")
+    # rate_limiter()'s own test of the cache is written otherwise, and a source without the skip is refused.
+    rate_limiter = "  if (cached_sm_limit[device_id] >= 100 || cached_sm_limit[device_id] == 0) {\n"
+    assert "found it 0 times" in (check_source(hami_tree(tmp_path / "r", rate_limiter), [LIVE_SM_LIMIT]) or "")
+    twice = hami_tree(tmp_path / "t", UNCAPPED_SKIP * 2)
+    assert "found it 2 times" in (check_source(twice, [LIVE_SM_LIMIT]) or "")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +181,7 @@ def test_the_copy_has_the_changes_and_the_export_is_untouched(tmp_path: Path) ->
     src = hami_tree(tmp_path / "export")
     before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
     copy = with_changes(src, tmp_path / "work" / "changed", [LINEAR_STEP, GRAPH_LAUNCH])
-    assert (copy / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+    assert (copy / WATCHER).read_text() == LINEAR_WATCHER
     assert (copy / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
     assert (copy / "src" / "libvgpu.c").exists()
     assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
@@ -192,7 +211,7 @@ def test_the_build_stage_command_makes_the_changed_copy_and_refuses_what_it_cann
     into = tmp_path / "changed"
     assert entry.main([str(src), str(into), "linear-step", "graph-launch", "linear-step"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{c}: {DESCRIBED[c]}" for c in (LINEAR_STEP, GRAPH_LAUNCH)]
-    assert (into / WATCHER).read_text() == "int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n"
+    assert (into / WATCHER).read_text() == LINEAR_WATCHER
     assert (into / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
     assert entry.main([str(src), str(tmp_path / "stock")]) == 0  # no change named: a stock copy
     assert (tmp_path / "stock" / WATCHER).read_text() == (src / WATCHER).read_text()
