@@ -11,6 +11,13 @@ cap (docs/isolation.md); the isolation benchmark measures a build with or withou
   rewrite of the region (a live limit change, or a tampered value put back) reached only processes started
   later; a process started in the instant a tenant had raised it kept the raised cap for its life. The
   watcher now reads the region's limit at each tick (120 ms).
+- ``idle-hold`` (a candidate, not in the image until measured): the watcher raised a process's refill in every
+  tick its utilisation was under the cap, idle ones too, and its bucket filled to the whole GPU's worth of
+  blocks, so a tenant resuming after a pause could run past its cap for seconds. The refill is now raised only
+  in a tick where the process waited for tokens, and the bucket holds at most four ticks of it.
+
+``IMAGE_CHANGES`` are the ones Dockerfile.plugin makes: those measured to hold, and ``live-sm-limit``, which
+changes nothing in steady state.
 
 Each edit must find its anchor exactly once, or the change is refused with the place it did not find: a
 HAMi-core whose code moved is not patched blind. The source given is never changed; a copy is.
@@ -29,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 LINEAR_STEP: Final = "linear-step"
 GRAPH_LAUNCH: Final = "graph-launch"
 LIVE_SM_LIMIT: Final = "live-sm-limit"
+IDLE_HOLD: Final = "idle-hold"
 WATCHER: Final = Path("src/multiprocess/multiprocess_utilization_watcher.c")
 GRAPH: Final = Path("src/cuda/graph.c")
 HOOK: Final = Path("src/cuda/hook.c")
@@ -80,6 +88,49 @@ _LIVE_READ = (
     "            /* The region's limit, at every tick: the device plugin rewrites it (the change live-sm-limit). */\n"
     "            cached_sm_limit[dev] = get_current_device_sm_limit(dev);\n"
 )
+# idle-hold's anchors in the watcher, as HAMi-core writes them, and what each becomes.
+_TOTAL_DECLARED = "static volatile int64_t g_total_cuda_cores[CUDA_DEVICE_MAX_COUNT] = {0};\n"
+_HOLD_DECLARED = (
+    "static volatile int tf_waited[CUDA_DEVICE_MAX_COUNT] = {0}; /* waited for tokens since the last tick */\n"
+    "#define TF_BUCKET_TICKS 4 /* the most a process holds: four ticks of its refill */\n"
+    "static int64_t tf_bucket(int64_t refill, int device_id) {\n"
+    "  int64_t most = refill * TF_BUCKET_TICKS;\n"
+    "  return most < g_total_cuda_cores[device_id] ? most : g_total_cuda_cores[device_id];\n"
+    "}\n"
+)
+_WAIT = "        nanosleep(&g_cycle, NULL);\n        goto CHECK;\n"
+_CAPPED = (
+    "    if (cuda_cores_after > g_total_cuda_cores[device_id]) {\n"
+    "      cuda_cores_after = g_total_cuda_cores[device_id];\n"
+)
+_RAISED = "              share[dev] = delta(cached_sm_limit[dev], userutil[dev], share[dev], dev);\n"
+_RAISED_WHEN_WAITED = (
+    "              /* Raised only in a tick where the process waited for tokens: no windup while it idles. */\n"
+    "              if (__sync_lock_test_and_set(&tf_waited[dev], 0) || userutil[dev] > cached_sm_limit[dev])\n"
+    "                  share[dev] = delta(cached_sm_limit[dev], userutil[dev], share[dev], dev);\n"
+)
+_IDLE_HOLD = (
+    Edit(
+        WATCHER,
+        "g_total_cuda_cores's declaration",
+        re.compile(f"^{re.escape(_TOTAL_DECLARED)}", re.M),
+        _TOTAL_DECLARED + _HOLD_DECLARED,
+    ),
+    Edit(
+        WATCHER,
+        "rate_limiter()'s wait for tokens",
+        re.compile(re.escape(_WAIT)),
+        "        tf_waited[device_id] = 1;\n" + _WAIT,
+    ),
+    Edit(
+        WATCHER,
+        "change_token()'s cap at the whole pool",
+        re.compile(re.escape(_CAPPED)),
+        _CAPPED.replace("g_total_cuda_cores[device_id]", "tf_bucket(delta, device_id)"),
+    ),
+    Edit(WATCHER, "the watcher's refill update", re.compile(re.escape(_RAISED)), _RAISED_WHEN_WAITED),
+)
+
 # The step's two sm_num factors, as delta() writes them: "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] *"
 _SQUARED = re.compile(r"\(int64_t\)\s*g_sm_num\[device_id\]\s*\*\s*\(int64_t\)\s*g_sm_num\[device_id\]\s*\*")
 _GRAPH_SKIP = 'if (strncmp(symbol, "cuGraph", 7) == 0) {'
@@ -151,12 +202,15 @@ EDITS: Final[dict[str, tuple[Edit, ...]]] = {
             _LIVE_READ + _UNCAPPED_SKIP,
         ),
     ),
+    IDLE_HOLD: _IDLE_HOLD,
 }
 CHANGES: Final = tuple(EDITS)
+IMAGE_CHANGES: Final = (LINEAR_STEP, GRAPH_LAUNCH, LIVE_SM_LIMIT)
 DESCRIBED: Final = {
     LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
     GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (device_plugin/hami_build/graph_launch.c)",
     LIVE_SM_LIMIT: "the SM limit read from the shared region at every watcher tick, not once at start",
+    IDLE_HOLD: "the refill raised only while the process waits for tokens, its bucket four ticks of it",
 }
 
 

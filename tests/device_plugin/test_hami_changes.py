@@ -19,6 +19,8 @@ from device_plugin.hami_build.changes import (
     GRAPH_CHARGE,
     GRAPH_LAUNCH,
     HOOK,
+    IDLE_HOLD,
+    IMAGE_CHANGES,
     LINEAR_STEP,
     LIVE_SM_LIMIT,
     STOCK_BUILD,
@@ -38,8 +40,15 @@ SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * re
 UNCAPPED_SKIP = (
     "            if (cached_sm_limit[dev] <= 0 || cached_sm_limit[dev] >= 100) {\n                continue;\n"
 )
-STOCK_WATCHER = f"int64_t increment = {SQUARED_STEP};\n{UNCAPPED_SKIP}"
-LINEAR_WATCHER = f"int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n{UNCAPPED_SKIP}"
+# idle-hold's four places: the pool's declaration, rate_limiter's wait, change_token's cap, the refill's update.
+HOLD_ANCHORS = (
+    "static volatile int64_t g_total_cuda_cores[CUDA_DEVICE_MAX_COUNT] = {0};\n"
+    "        nanosleep(&g_cycle, NULL);\n        goto CHECK;\n"
+    "    if (cuda_cores_after > g_total_cuda_cores[device_id]) {\n      cuda_cores_after = g_total_cuda_cores[device_id];\n"
+    "              share[dev] = delta(cached_sm_limit[dev], userutil[dev], share[dev], dev);\n"
+)
+STOCK_WATCHER = f"{HOLD_ANCHORS}int64_t increment = {SQUARED_STEP};\n{UNCAPPED_SKIP}"
+LINEAR_WATCHER = f"{HOLD_ANCHORS}int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n{UNCAPPED_SKIP}"
 PASS_THROUGH = 'CUresult {name}({args}) {{\n\tLOG_DEBUG("{name}");\n\treturn CUDA_OVERRIDE_CALL(x,{name},y);\n}}\n\n'
 GRAPH_TEXT = "".join(
     PASS_THROUGH.format(name=name, args=args)
@@ -101,13 +110,35 @@ def test_linear_step_drops_one_sm_num_factor_and_keeps_the_rest(tmp_path: Path, 
 def test_live_sm_limit_reads_the_region_at_every_tick_before_the_uncapped_skip(tmp_path: Path) -> None:
     read = "            cached_sm_limit[dev] = get_current_device_sm_limit(dev);\n"
     both = changed_files(hami_tree(tmp_path), [LINEAR_STEP, LIVE_SM_LIMIT])[WATCHER]
-    assert both.startswith("int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n            /* The region's")
+    assert both.startswith(f"{HOLD_ANCHORS}int64_t increment = (int64_t)g_sm_num[device_id] * rest;\n            /*")
     assert both.endswith(f"{read}{UNCAPPED_SKIP}")
     # rate_limiter()'s own test of the cache is written otherwise, and a source without the skip is refused.
     rate_limiter = "  if (cached_sm_limit[device_id] >= 100 || cached_sm_limit[device_id] == 0) {\n"
     assert "found it 0 times" in (check_source(hami_tree(tmp_path / "r", rate_limiter), [LIVE_SM_LIMIT]) or "")
     twice = hami_tree(tmp_path / "t", UNCAPPED_SKIP * 2)
     assert "found it 2 times" in (check_source(twice, [LIVE_SM_LIMIT]) or "")
+
+
+def test_idle_hold_raises_the_refill_only_after_a_wait_and_bounds_the_bucket(tmp_path: Path) -> None:
+    held = changed_files(hami_tree(tmp_path), [IDLE_HOLD])[WATCHER]
+    assert held.startswith(
+        "static volatile int64_t g_total_cuda_cores[CUDA_DEVICE_MAX_COUNT] = {0};\n"
+        "static volatile int tf_waited[CUDA_DEVICE_MAX_COUNT] = {0};"
+    )
+    assert "  int64_t most = refill * TF_BUCKET_TICKS;\n" in held
+    assert "        tf_waited[device_id] = 1;\n        nanosleep(&g_cycle, NULL);\n        goto CHECK;\n" in held
+    assert (
+        "    if (cuda_cores_after > tf_bucket(delta, device_id)) {\n      cuda_cores_after = tf_bucket(delta, device_id);\n"
+    ) in held
+    assert (
+        "              if (__sync_lock_test_and_set(&tf_waited[dev], 0) || userutil[dev] > cached_sm_limit[dev])\n"
+        "                  share[dev] = delta(cached_sm_limit[dev], userutil[dev], share[dev], dev);\n"
+    ) in held
+    assert "cuda_cores_after = g_total_cuda_cores" not in held
+    # Each place must be there once: a watcher without rate_limiter's wait is refused, naming it.
+    moved = hami_tree(tmp_path / "moved", STOCK_WATCHER.replace("nanosleep(&g_cycle", "usleep(&g_cycle"))
+    assert "rate_limiter()'s wait for tokens exactly once, found it 0 times" in (check_source(moved, [IDLE_HOLD]) or "")
+    assert check_source(moved, [LINEAR_STEP, LIVE_SM_LIMIT]) is None
 
 
 @pytest.mark.parametrize(
@@ -231,6 +262,7 @@ def test_the_build_stage_command_makes_the_changed_copy_and_refuses_what_it_cann
 def test_the_plugin_image_builds_hami_core_with_every_change_at_the_source_they_were_written_for() -> None:
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile.plugin").read_text()
     args = dict(re.findall(r"^ARG (\w+)=\"?([^\"\n]*)\"?$", dockerfile, re.M))
-    assert args["HAMI_CHANGES"].split() == list(CHANGES)
+    assert args["HAMI_CHANGES"].split() == list(IMAGE_CHANGES)
+    assert IDLE_HOLD in CHANGES and IDLE_HOLD not in IMAGE_CHANGES  # a candidate until measured
     assert args["HAMI_CORE_REF"] == WRITTEN_FOR
     assert "python -m device_plugin.hami_build /hami-core /hami-core-changed ${HAMI_CHANGES}" in dockerfile
