@@ -14,7 +14,7 @@ import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
 from benchmarks.isolation.plan import ISSUE_SCENARIOS, ORDER, SCENARIOS, SINGLE_S, BudgetError, plan, render_plan
-from device_plugin.hami_build.changes import CHANGES
+from device_plugin.hami_build.changes import CHANGES, in_order
 from vgpu.names import IsolationMode
 
 
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A timeout's SIGTERM unwinds like an error, so that the MPS daemon is quit and the compute mode restored.
     before = signal.signal(signal.SIGTERM, terminated)
     try:
-        changes = tuple(dict.fromkeys(args.hami_changes))
+        changes = in_order(args.hami_changes)
         return run_all(
             args.out, args.hami_src.resolve(), args.budget, args.modes, changes, args.scenarios, args.single_s
         )

@@ -1,6 +1,7 @@
 """``python -m device_plugin.hami_build SOURCE INTO [CHANGE ...]``: a copy of HAMi-core's exported source at INTO
-with the named changes made (none: a stock copy), as Dockerfile.plugin's HAMi-core stage runs it. A change the
-source cannot take (its code moved) or an unknown name exits 2 naming it, before anything is compiled."""
+with the named changes made, in the order they build on each other (none: a stock copy), as Dockerfile.plugin's
+HAMi-core stage runs it. A change the source cannot take (its code moved) or an unknown name exits 2 naming
+it, before anything is compiled."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from device_plugin.hami_build.changes import CHANGES, DESCRIBED, ChangeError, with_changes
+from device_plugin.hami_build.changes import CHANGES, DESCRIBED, ChangeError, in_order, with_changes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,10 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.source.is_dir():
         cli.error(f"{args.source} is not a directory: give HAMi-core's exported source")
     try:
-        with_changes(args.source, args.into, tuple(dict.fromkeys(args.changes)))
+        with_changes(args.source, args.into, in_order(args.changes))
     except ChangeError as exc:
         cli.error(str(exc))
-    for change in dict.fromkeys(args.changes):
+    for change in in_order(args.changes):
         sys.stdout.write(f"{change}: {DESCRIBED[change]}\n")
     return 0
 

@@ -14,7 +14,12 @@ cap (docs/isolation.md); the isolation benchmark measures a build with or withou
 - ``idle-hold`` (a candidate, not in the image until measured): the watcher raised a process's refill in every
   tick its utilisation was under the cap, idle ones too, and its bucket filled to the whole GPU's worth of
   blocks, so a tenant resuming after a pause could run past its cap for seconds. The refill is now raised only
-  in a tick where the process waited for tokens, and the bucket holds at most four ticks of it.
+  in a tick where the process waited for tokens, and the bucket holds at most two ticks of it.
+- ``share-model`` (a candidate, after ``idle-hold``): a block costs the same whatever it does, so a load of
+  short blocks needs many times the refill of one of long blocks for the same share, and the watcher's fixed
+  step took tens of seconds to get there. The refill is set from what the last second's refills gave
+  (``share_model.c``); a simulation that reproduces the H200's figures of the fixed step settles every load
+  within two seconds with it (tests/device_plugin/test_hami_share_model.py).
 
 ``IMAGE_CHANGES`` are the ones Dockerfile.plugin makes: those measured to hold, and ``live-sm-limit``, which
 changes nothing in steady state.
@@ -37,6 +42,7 @@ LINEAR_STEP: Final = "linear-step"
 GRAPH_LAUNCH: Final = "graph-launch"
 LIVE_SM_LIMIT: Final = "live-sm-limit"
 IDLE_HOLD: Final = "idle-hold"
+SHARE_MODEL: Final = "share-model"
 WATCHER: Final = Path("src/multiprocess/multiprocess_utilization_watcher.c")
 GRAPH: Final = Path("src/cuda/graph.c")
 HOOK: Final = Path("src/cuda/hook.c")
@@ -44,6 +50,7 @@ VERSIONED: Final = Path("src/include/multi_func_hook.h")
 ENTRIES: Final = Path("src/include/libcuda_hook.h")
 DLSYM: Final = Path("src/libvgpu.c")
 GRAPH_CHARGE: Final = HERE / "graph_launch.c"
+SHARE_MODEL_C: Final = HERE / "share_model.c"
 CHARGED: Final = ("cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy")
 ADDED: Final = "cuGraphInstantiateWithParams"  # not hooked by HAMi-core: an entry in each of its three lists
 HANDED_OUT: Final = (*CHARGED[1:], ADDED)  # by cuGetProcAddress: the hooks whose signature never changed
@@ -92,7 +99,7 @@ _LIVE_READ = (
 _TOTAL_DECLARED = "static volatile int64_t g_total_cuda_cores[CUDA_DEVICE_MAX_COUNT] = {0};\n"
 _HOLD_DECLARED = (
     "static volatile int tf_waited[CUDA_DEVICE_MAX_COUNT] = {0}; /* waited for tokens since the last tick */\n"
-    "#define TF_BUCKET_TICKS 4 /* the most a process holds: four ticks of its refill */\n"
+    "#define TF_BUCKET_TICKS 2 /* the most a process holds: two ticks of its refill */\n"
     "static int64_t tf_bucket(int64_t refill, int device_id) {\n"
     "  int64_t most = refill * TF_BUCKET_TICKS;\n"
     "  return most < g_total_cuda_cores[device_id] ? most : g_total_cuda_cores[device_id];\n"
@@ -108,6 +115,13 @@ _RAISED_WHEN_WAITED = (
     "              /* Raised only in a tick where the process waited for tokens: no windup while it idles. */\n"
     "              if (__sync_lock_test_and_set(&tf_waited[dev], 0) || userutil[dev] > cached_sm_limit[dev])\n"
     "                  share[dev] = delta(cached_sm_limit[dev], userutil[dev], share[dev], dev);\n"
+)
+_MODEL_CALL = (
+    "              /* The refill from what the last second's refills gave (share-model). */\n"
+    "              share[dev] = tf_next_refill(&tf_windows[dev], share[dev], cached_sm_limit[dev], userutil[dev],\n"
+    "                                          __sync_lock_test_and_set(&tf_waited[dev], 0),\n"
+    "                                          (int64_t)g_sm_num[dev] * g_max_thread_per_sm[dev] * 5 / 2560,\n"
+    "                                          g_total_cuda_cores[dev]);\n"
 )
 _IDLE_HOLD = (
     Edit(
@@ -203,6 +217,20 @@ EDITS: Final[dict[str, tuple[Edit, ...]]] = {
         ),
     ),
     IDLE_HOLD: _IDLE_HOLD,
+    SHARE_MODEL: (
+        Edit(
+            WATCHER,
+            "idle-hold's bucket (apply idle-hold first)",
+            re.compile(re.escape(_HOLD_DECLARED)),
+            _HOLD_DECLARED + SHARE_MODEL_C.read_text() + "static tf_window_t tf_windows[CUDA_DEVICE_MAX_COUNT];\n",
+        ),
+        Edit(
+            WATCHER,
+            "idle-hold's refill update (apply idle-hold first)",
+            re.compile(re.escape(_RAISED_WHEN_WAITED)),
+            _MODEL_CALL,
+        ),
+    ),
 }
 CHANGES: Final = tuple(EDITS)
 IMAGE_CHANGES: Final = (LINEAR_STEP, GRAPH_LAUNCH, LIVE_SM_LIMIT)
@@ -210,7 +238,8 @@ DESCRIBED: Final = {
     LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
     GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (device_plugin/hami_build/graph_launch.c)",
     LIVE_SM_LIMIT: "the SM limit read from the shared region at every watcher tick, not once at start",
-    IDLE_HOLD: "the refill raised only while the process waits for tokens, its bucket four ticks of it",
+    IDLE_HOLD: "the refill raised only while the process waits for tokens, its bucket two ticks of it",
+    SHARE_MODEL: "the refill set from what the last second's refills gave (device_plugin/hami_build/share_model.c)",
 }
 
 
@@ -224,6 +253,11 @@ def graph_charging(stderr: str) -> dict[str, int] | None:
     (a graph instantiated some other way); None where it said nothing (a build without the change)."""
     charged, uncharged = stderr.count(CHARGED_LINE), stderr.count(UNCHARGED_LINE)
     return {"charged_graphs": charged, "uncharged_warnings": uncharged} if charged or uncharged else None
+
+
+def in_order(changes: Sequence[str]) -> tuple[str, ...]:
+    """Each change named once, in the order they build on each other (share-model edits idle-hold's code)."""
+    return tuple(c for c in CHANGES if c in changes)
 
 
 def describe(changes: Sequence[str]) -> str:

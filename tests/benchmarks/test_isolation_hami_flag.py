@@ -36,9 +36,9 @@ def test_the_flag_reaches_the_run_and_a_bad_value_exits_2(
 ) -> None:
     seen: list[tuple[Any, ...]] = []
     monkeypatch.setattr(entry, "run_all", lambda *a: seen.append(a) or 0)
-    argv = ["--modes", "soft", "--budget", "400", "--hami-change", "linear-step", "--hami-change", "graph-launch"]
-    assert entry.main([*argv, "--hami-change", "linear-step"]) == 0
-    assert seen[-1][4] == ("linear-step", "graph-launch")  # each once, in the order named
+    argv = ["--modes", "soft", "--budget", "400", "--hami-change", "share-model", "--hami-change", "graph-launch"]
+    assert entry.main([*argv, "--hami-change", "idle-hold", "--hami-change", "graph-launch"]) == 0
+    assert seen[-1][4] == ("graph-launch", "idle-hold", "share-model")  # each once, in the order they build on
     assert entry.main(["--modes", "soft", "--budget", "400"]) == 0
     assert seen[-1][4] == ()
     with pytest.raises(SystemExit) as stopped:

@@ -23,6 +23,8 @@ from device_plugin.hami_build.changes import (
     IMAGE_CHANGES,
     LINEAR_STEP,
     LIVE_SM_LIMIT,
+    SHARE_MODEL,
+    SHARE_MODEL_C,
     STOCK_BUILD,
     VERSIONED,
     WATCHER,
@@ -31,6 +33,7 @@ from device_plugin.hami_build.changes import (
     changed_files,
     check_source,
     describe,
+    in_order,
     with_changes,
 )
 
@@ -117,6 +120,22 @@ def test_live_sm_limit_reads_the_region_at_every_tick_before_the_uncapped_skip(t
     assert "found it 0 times" in (check_source(hami_tree(tmp_path / "r", rate_limiter), [LIVE_SM_LIMIT]) or "")
     twice = hami_tree(tmp_path / "t", UNCAPPED_SKIP * 2)
     assert "found it 2 times" in (check_source(twice, [LIVE_SM_LIMIT]) or "")
+
+
+def test_share_model_replaces_idle_holds_update_with_the_model_and_needs_it(tmp_path: Path) -> None:
+    both = changed_files(hami_tree(tmp_path), [IDLE_HOLD, SHARE_MODEL])[WATCHER]
+    model = SHARE_MODEL_C.read_text()
+    assert f"  return most < g_total_cuda_cores[device_id] ? most : g_total_cuda_cores[device_id];\n}}\n{model}" in both
+    assert f"{model}static tf_window_t tf_windows[CUDA_DEVICE_MAX_COUNT];\n" in both
+    assert (
+        "              share[dev] = tf_next_refill(&tf_windows[dev], share[dev], cached_sm_limit[dev], userutil[dev],\n"
+        "                                          __sync_lock_test_and_set(&tf_waited[dev], 0),\n"
+    ) in both
+    assert "share[dev] = delta(" not in both
+    assert "idle-hold's bucket (apply idle-hold first) exactly once, found it 0 times" in (
+        check_source(hami_tree(tmp_path / "alone"), [SHARE_MODEL]) or ""
+    )
+    assert in_order([SHARE_MODEL, LINEAR_STEP, IDLE_HOLD, SHARE_MODEL]) == (LINEAR_STEP, IDLE_HOLD, SHARE_MODEL)
 
 
 def test_idle_hold_raises_the_refill_only_after_a_wait_and_bounds_the_bucket(tmp_path: Path) -> None:
@@ -240,7 +259,7 @@ def test_the_build_stage_command_makes_the_changed_copy_and_refuses_what_it_cann
 ) -> None:
     src = hami_tree(tmp_path / "export")
     into = tmp_path / "changed"
-    assert entry.main([str(src), str(into), "linear-step", "graph-launch", "linear-step"]) == 0
+    assert entry.main([str(src), str(into), "graph-launch", "linear-step", "linear-step"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{c}: {DESCRIBED[c]}" for c in (LINEAR_STEP, GRAPH_LAUNCH)]
     assert (into / WATCHER).read_text() == LINEAR_WATCHER
     assert (into / GRAPH).read_text().endswith(GRAPH_CHARGE.read_text())
