@@ -79,8 +79,8 @@ def _isolation(req: GpuRequest) -> list[str]:
             "GPU: a steady kernel loop settles within 1 point of it in about 3 s, but short kernels and CUDA Graphs "
             "start well below it and take tens of seconds to reach it, a busy neighbour still delays every kernel "
             "(small-kernel p99 x35), and a process that runs without HAMi-core is not limited (measured on an "
-            "H200 with the plugin image's HAMi-core). Ask for isolation hard for a cap the GPU enforces "
-            "(docs/isolation.md)"
+            "H200 with the plugin image's HAMi-core); after a pause a load likely runs past it for seconds "
+            "(predicted, not yet measured). Ask for isolation hard for a cap the GPU enforces (docs/isolation.md)"
         ]
     if mode is IsolationMode.HARD and req.tflops_limit > req.tflops_request:
         return [
