@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.isolation.figures import LIVE_SETTLE_S
 from benchmarks.isolation.tenants import BACKENDS
 from vgpu.names import IsolationMode
 
@@ -107,7 +108,7 @@ def live_row(lv: dict[str, Any]) -> str:
         return f"{head} failed: {lv['error']} | n/a |"
     region = lv["region"]
     return (
-        f"{head} {num(lv['before_share'])} % before; {num(lv['after_share'])} % from 2 s after (region "
+        f"{head} {num(lv['before_share'])} % before; {num(lv['after_share'])} % from {LIVE_SETTLE_S:g} s after (region "
         f"{region['state']}, {len(region.get('writes', []))} write(s)) | "
         f"{num(diff(lv['after_share'], second), signed=True)} points after |"
     )
