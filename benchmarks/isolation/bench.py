@@ -46,7 +46,8 @@ from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampere
 from device_plugin.enforcement import hami_region
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
-from device_plugin.hami_build.changes import describe, graph_charging, with_changes
+from device_plugin.hami_build.changes import describe, with_changes
+from device_plugin.hami_build.graph_edits import graph_charging
 from vgpu.names import Env, IsolationMode
 
 HERE = Path(__file__).resolve().parent

@@ -32,7 +32,7 @@ def single_row(s: dict[str, Any]) -> str:
 
 
 def charging(said: dict[str, int] | None) -> str:
-    """What HAMi-core's graph-launch change said of the run (changes.graph_charging), where it said anything."""
+    """What HAMi-core's graph-launch change said of the run (graph_edits.graph_charging), where it said anything."""
     if not said:
         return ""
     uncharged = ", some launches NOT charged" if said["uncharged_warnings"] else ""

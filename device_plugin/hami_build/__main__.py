@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from device_plugin.hami_build.changes import CHANGES, DESCRIBED, ChangeError, in_order, with_changes
+from device_plugin.hami_build.changes import CHANGES, DESCRIBED, in_order, with_changes
+from device_plugin.hami_build.edit import ChangeError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@
  * nodes' blocks summed (child graphs included), and every launch of it is charged that sum, as the same
  * kernels launched one by one would be.
  *
- * The change graph-launch (device_plugin/hami_build/changes.py) appends this to
+ * The change graph-launch (device_plugin/hami_build/graph_edits.py) appends this to
  * src/cuda/graph.c in place of that file's pass-through cuGraphInstantiate, cuGraphInstantiateWithFlags,
  * cuGraphLaunch and cuGraphExecDestroy, adds cuGraphInstantiateWithParams to HAMi-core's hooks, and lets
  * cuGetProcAddress hand them out (it hands out no cuGraph* hook otherwise; "cuGraphInstantiate" by the CUDA

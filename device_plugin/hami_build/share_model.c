@@ -13,7 +13,7 @@
  * idle-hold's flag): otherwise the second's utilisation is not what the refill gave (the process idled part of
  * it, or its load is lighter than its cap), and raising it would let a resumed load past its cap.
  *
- * The change share-model (device_plugin/hami_build/changes.py) puts this in
+ * The change share-model (device_plugin/hami_build/watcher_edits.py) puts this in
  * src/multiprocess/multiprocess_utilization_watcher.c after idle-hold's declarations and calls it in place of
  * delta(). Standard C only: tests/device_plugin/test_hami_share_model.py drives it, compiled alone, against a
  * simulated GPU. */

@@ -48,7 +48,9 @@ from benchmarks.isolation.report import burst_row, live_row, render_markdown, wr
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
-from device_plugin.hami_build.changes import CHANGES, GRAPH, GRAPH_CHARGE, WATCHER, describe
+from device_plugin.hami_build.changes import CHANGES, describe
+from device_plugin.hami_build.graph_edits import GRAPH, GRAPH_CHARGE
+from device_plugin.hami_build.watcher_edits import WATCHER
 from tests.device_plugin.test_hami_changes import STOCK_WATCHER, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 

@@ -13,29 +13,23 @@ import device_plugin.hami_build.__main__ as entry
 from device_plugin.hami_build.changes import (
     CHANGES,
     DESCRIBED,
-    DLSYM,
-    ENTRIES,
-    GRAPH,
-    GRAPH_CHARGE,
     GRAPH_LAUNCH,
-    HOOK,
     IDLE_HOLD,
     IMAGE_CHANGES,
     LINEAR_STEP,
     LIVE_SM_LIMIT,
     SHARE_MODEL,
-    SHARE_MODEL_C,
     STOCK_BUILD,
-    VERSIONED,
-    WATCHER,
     WRITTEN_FOR,
-    ChangeError,
     changed_files,
     check_source,
     describe,
     in_order,
     with_changes,
 )
+from device_plugin.hami_build.edit import ChangeError
+from device_plugin.hami_build.graph_edits import DLSYM, ENTRIES, GRAPH, GRAPH_CHARGE, HOOK, VERSIONED
+from device_plugin.hami_build.watcher_edits import SHARE_MODEL_C, WATCHER
 
 # The step as delta() writes it (two sm_num factors, then the rest of the product), spacing varied as C allows.
 SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * rest"

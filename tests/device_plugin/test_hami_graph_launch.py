@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from device_plugin.hami_build.changes import CHARGED_LINE, GRAPH_CHARGE, UNCHARGED_LINE, graph_charging
+from device_plugin.hami_build.graph_edits import CHARGED_LINE, GRAPH_CHARGE, UNCHARGED_LINE, graph_charging
 
 HARNESS = Path(__file__).parent / "hami_graph_harness"
 MIXED_BLOCKS = 132 * 4 + 8 * 2 + 5 * 2 + 3  # two kernels, a copy, a child graph's kernel and its grandchild's

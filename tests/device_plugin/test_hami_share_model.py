@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.hami_build.changes import SHARE_MODEL_C
+from device_plugin.hami_build.watcher_edits import SHARE_MODEL_C
 
 TICK_S = 0.12  # the watcher's g_wait
 POLL_S = 0.010  # rate_limiter's g_cycle, between looks at an empty budget
