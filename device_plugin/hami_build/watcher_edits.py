@@ -48,50 +48,39 @@ _MODEL_CALL = (
     "                                          (int64_t)g_sm_num[dev] * g_max_thread_per_sm[dev] * 5 / 2560,\n"
     "                                          g_total_cuda_cores[dev]);\n"
 )
-IDLE_HOLD_EDITS: Final = (
-    Edit(
-        WATCHER,
-        "g_total_cuda_cores's declaration",
-        re.compile(f"^{re.escape(_TOTAL_DECLARED)}", re.M),
-        _TOTAL_DECLARED + _HOLD_DECLARED,
-    ),
-    Edit(
-        WATCHER,
-        "rate_limiter()'s wait for tokens",
-        re.compile(re.escape(_WAIT)),
-        "        tf_waited[device_id] = 1;\n" + _WAIT,
-    ),
-    Edit(
-        WATCHER,
-        "change_token()'s cap at the whole pool",
-        re.compile(re.escape(_CAPPED)),
-        _CAPPED.replace("g_total_cuda_cores[device_id]", "tf_bucket(delta, device_id)"),
-    ),
-    Edit(WATCHER, "the watcher's refill update", re.compile(re.escape(_RAISED)), _RAISED_WHEN_WAITED),
-)
+
+
+def _replaced(what: str, anchor: str, becomes: str, *, line_start: bool = False) -> Edit:
+    """``anchor``, a literal text of the watcher (at a line's start with ``line_start``), made ``becomes``."""
+    return Edit(WATCHER, what, re.compile(("^" if line_start else "") + re.escape(anchor), re.M), becomes)
+
 
 LINEAR_STEP_EDITS: Final = (
     Edit(WATCHER, "delta()'s correction step with sm_num twice", _SQUARED, "(int64_t)g_sm_num[device_id] *"),
 )
 LIVE_SM_LIMIT_EDITS: Final = (
-    Edit(
-        WATCHER,
+    _replaced(
         "utilization_watcher()'s skip of a device without a cap",
-        re.compile(f"^{re.escape(_UNCAPPED_SKIP)}", re.M),
+        _UNCAPPED_SKIP,
         _LIVE_READ + _UNCAPPED_SKIP,
+        line_start=True,
     ),
 )
+IDLE_HOLD_EDITS: Final = (
+    _replaced("g_total_cuda_cores's declaration", _TOTAL_DECLARED, _TOTAL_DECLARED + _HOLD_DECLARED, line_start=True),
+    _replaced("rate_limiter()'s wait for tokens", _WAIT, "        tf_waited[device_id] = 1;\n" + _WAIT),
+    _replaced(
+        "change_token()'s cap at the whole pool",
+        _CAPPED,
+        _CAPPED.replace("g_total_cuda_cores[device_id]", "tf_bucket(delta, device_id)"),
+    ),
+    _replaced("the watcher's refill update", _RAISED, _RAISED_WHEN_WAITED),
+)
 SHARE_MODEL_EDITS: Final = (
-    Edit(
-        WATCHER,
+    _replaced(
         "idle-hold's bucket (apply idle-hold first)",
-        re.compile(re.escape(_HOLD_DECLARED)),
+        _HOLD_DECLARED,
         _HOLD_DECLARED + SHARE_MODEL_C.read_text() + "static tf_window_t tf_windows[CUDA_DEVICE_MAX_COUNT];\n",
     ),
-    Edit(
-        WATCHER,
-        "idle-hold's refill update (apply idle-hold first)",
-        re.compile(re.escape(_RAISED_WHEN_WAITED)),
-        _MODEL_CALL,
-    ),
+    _replaced("idle-hold's refill update (apply idle-hold first)", _RAISED_WHEN_WAITED, _MODEL_CALL),
 )
