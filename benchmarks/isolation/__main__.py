@@ -36,9 +36,6 @@ def scenarios(text: str) -> tuple[str, ...]:
     return tuple(s for s in SCENARIOS if s in names)
 
 
-LIMITED_HINT = "they run in soft and hard, with --scenarios single or tampering"
-
-
 def parser() -> argparse.ArgumentParser:
     made = gpu_parser("isolation-bench", package.__doc__, "isolation-out", "isolation.json, isolation.md and runs.log")
     made.add_argument("--budget", type=float, default=480.0, help="seconds for everything, builds included")
@@ -86,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BudgetError as exc:
         cli.error(str(exc))
     if args.single_s != SINGLE_S and not any(s.scenario == "single" and s.targets for s in made.steps):
-        cli.error(f"--single-s lengthens capped single-tenant runs, and this plan has none ({LIMITED_HINT})")
+        cli.error(
+            "--single-s lengthens capped single-tenant runs, and this plan has none (they run in soft and hard, "
+            "with --scenarios single or tampering)"
+        )
     print(render_plan(made))
     if args.dry_run:
         return 0

@@ -25,11 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.error(f"unknown change {', '.join(unknown)}: the changes are {', '.join(CHANGES)}")
     if not args.source.is_dir():
         cli.error(f"{args.source} is not a directory: give HAMi-core's exported source")
+    changes = in_order(args.changes)
     try:
-        with_changes(args.source, args.into, in_order(args.changes))
+        with_changes(args.source, args.into, changes)
     except ChangeError as exc:
         cli.error(str(exc))
-    for change in in_order(args.changes):
+    for change in changes:
         sys.stdout.write(f"{change}: {DESCRIBED[change]}\n")
     return 0
 

@@ -84,10 +84,11 @@ def describe(changes: Sequence[str]) -> str:
 
 
 def changed_files(src: Path, changes: Sequence[str]) -> dict[Path, str]:
-    """Every file the changes touch, relative to ``src``, with its new text (:class:`ChangeError` when an
-    anchor is not there exactly once, a missing file said as such)."""
+    """Every file the changes touch, relative to ``src``, with its new text, the changes made in the order they
+    build on each other (:class:`ChangeError` when an anchor is not there exactly once, a missing file said as
+    such)."""
     texts: dict[Path, str] = {}
-    for change in changes:
+    for change in in_order(changes):
         for edit in EDITS[change]:
             if edit.path not in texts:
                 if not (src / edit.path).exists():
