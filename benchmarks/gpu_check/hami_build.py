@@ -149,10 +149,11 @@ def gcc_build(src: Path, build: Path, includes: list[Path], libs: Path, env: dic
     return gcc.returncode == 0 and lib.exists()
 
 
-def build_hami(src: Path, out: Path) -> Path | None:
-    """libvgpu.so, by CMake or else by gcc, its log in hami-build.log; None (said) when neither built it."""
+def build_hami(src: Path, out: Path, driver: Path | None = None) -> Path | None:
+    """libvgpu.so, by CMake or else by gcc, its log in hami-build.log; None (said) when neither built it. With
+    ``driver`` (a folder holding libcuda.so and libnvidia-ml.so: the emulated GPU's), by gcc against those."""
     home = cuda_home()
-    libs, chosen = link_dir(home)
+    libs, chosen = (driver, [f"the driver in {driver}"]) if driver is not None else link_dir(home)
     includes = include_dirs(home)
     env = {
         **os.environ,
@@ -168,10 +169,10 @@ def build_hami(src: Path, out: Path) -> Path | None:
     ]
     lib = build / "libvgpu.so"
     how = None
-    if cmake_build(src, build, home, env, log):
+    if driver is None and cmake_build(src, build, home, env, log):
         how = "cmake (build.sh's options, target vgpu)"
     elif gcc_build(src, build, includes, libs, env, log):
-        how = "gcc fallback (build.sh's Debug flags)"
+        how = f"gcc{'' if driver else ' fallback'} (build.sh's Debug flags)"
     (out / "hami-build.log").write_text("\n".join(log))
     REPORT.setdefault("hami", {})["build"] = how or "FAILED"
     if how is None:

@@ -13,7 +13,16 @@ from collections.abc import Sequence
 import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
 from benchmarks.isolation.bench import run_all
-from benchmarks.isolation.plan import ISSUE_SCENARIOS, ORDER, SCENARIOS, SINGLE_S, BudgetError, plan, render_plan
+from benchmarks.isolation.plan import (
+    EMULATED_ORDER,
+    ISSUE_SCENARIOS,
+    ORDER,
+    SCENARIOS,
+    SINGLE_S,
+    BudgetError,
+    plan,
+    render_plan,
+)
 from device_plugin.hami_build.changes import CHANGES, in_order
 from vgpu.names import IsolationMode
 
@@ -42,8 +51,7 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument(
         "--modes",
         type=modes,
-        default=ORDER,
-        help=f"comma-separated, of {','.join(ORDER)} (default all)",
+        help=f"comma-separated, of {','.join(ORDER)} (default all; with --emulated, {','.join(EMULATED_ORDER)})",
     )
     made.add_argument(
         "--scenarios",
@@ -65,6 +73,11 @@ def parser() -> argparse.ArgumentParser:
         default=SINGLE_S,
         help=f"seconds of each capped single-tenant run (default {SINGLE_S:g}; longer shows a limiter settle)",
     )
+    made.add_argument(
+        "--emulated",
+        action="store_true",
+        help="no GPU: HAMi-core's own code on an emulated GPU (benchmarks/isolation/emulated); the model's figures",
+    )
     made.add_argument("--dry-run", action="store_true", help="print the plan and stop; touches no GPU")
     return made
 
@@ -76,10 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
     if args.single_s < SINGLE_S:
         cli.error(f"--single-s must be at least {SINGLE_S:g} s (the first second is warm-up), not {args.single_s:g}")
-    if args.hami_changes and IsolationMode.SOFT not in args.modes:
-        cli.error(f"--hami-change changes soft's HAMi-core, and --modes {','.join(args.modes)} has no soft")
+    asked = args.modes or (EMULATED_ORDER if args.emulated else ORDER)
+    if args.emulated and (beyond := [m for m in asked if m not in EMULATED_ORDER]):
+        cli.error(
+            f"--emulated runs {','.join(EMULATED_ORDER)}; {','.join(beyond)} needs a real GPU "
+            "(hard: NVIDIA's MPS daemon; partitioned: MIG)"
+        )
+    if args.hami_changes and IsolationMode.SOFT not in asked:
+        cli.error(f"--hami-change changes soft's HAMi-core, and --modes {','.join(asked)} has no soft")
     try:
-        made = plan(args.budget, args.modes, args.scenarios, args.single_s)
+        made = plan(args.budget, asked, args.scenarios, args.single_s)
     except BudgetError as exc:
         cli.error(str(exc))
     if args.single_s != SINGLE_S and not any(s.scenario == "single" and s.targets for s in made.steps):
@@ -95,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         changes = in_order(args.hami_changes)
         return run_all(
-            args.out, args.hami_src.resolve(), args.budget, args.modes, changes, args.scenarios, args.single_s
+            args.out, args.hami_src.resolve(), args.budget, asked, changes, args.scenarios, args.single_s, args.emulated
         )
     finally:
         signal.signal(signal.SIGTERM, before)

@@ -23,6 +23,7 @@ from benchmarks.gpu_check.hami_runs import nvcc_build
 from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
+from benchmarks.isolation.emulated import build as emulated
 from benchmarks.isolation.figures import around, mean_rate, seconds_rows, share, shares_after, split, together
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
 from benchmarks.isolation.plan import (
@@ -55,6 +56,10 @@ WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's 
 HAMI_LOG = Path("/tmp/vgpulog")  # where HAMi-core writes its info-level lines
 HAMI_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
 WATCHER_LOG_KEPT = 8 << 20
+EMULATED_NOTE = (
+    "EMULATED GPU: HAMi-core's own code limits the tenants, but the GPU is a model (benchmarks/isolation/emulated): "
+    "these figures are the model's, not a GPU's"
+)
 WITHIN_MIB = 1024  # an allocation inside the VRAM limit: refused only if something else is wrong
 OVER_MIB = VRAM_LIMIT // MIB + 1024  # past it
 
@@ -68,6 +73,7 @@ class Bench:
     gpu: Gpu
     paths: EnforcementPaths
     result: dict[str, Any]
+    machine_env: dict[str, str] = field(default_factory=dict)  # what every tenant needs besides its grant
     log: list[str] = field(default_factory=list)
     uncapped: dict[str, float | None] = field(default_factory=dict)
     started: int = 0
@@ -84,7 +90,7 @@ class Bench:
         )
         # HAMi-core's utilisation watcher logs what it sees and does at info level (a log switch only), into
         # HAMI_LOG: why its compute cap holds or not is read there (kept as hami-watcher.log).
-        return envs | {HAMI_LOG_LEVEL: "3"} if mode is IsolationMode.SOFT else envs
+        return self.machine_env | (envs | {HAMI_LOG_LEVEL: "3"} if mode is IsolationMode.SOFT else envs)
 
     def start(self, envs: dict[str, str], *args: str) -> Reader:
         cmd = [str(self.binary), *args]
@@ -286,18 +292,55 @@ def paths_for(lib: Path | None) -> EnforcementPaths:
     )
 
 
-def measure(made: Plan, hami_src: Path, out: Path, result: dict[str, Any], changes: tuple[str, ...] = ()) -> None:
-    """The plan's runs, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """What the runs are made on: the GPU, the tenant load built for it, soft's HAMi-core (None: not built or
+    not asked), and what every tenant's environment needs besides its grant."""
+
+    gpu: Gpu
+    binary: Path
+    lib: Path | None
+    env: dict[str, str]
+
+
+def real_gpu(made: Plan, hami_src: Path, out: Path) -> Machine:
+    """The machine's GPU (nvidia-smi), the tenant load built with nvcc, HAMi-core from ``hami_src``."""
     gpu = gpu_facts(smi_xml())
-    result["gpu"] = dataclasses.asdict(gpu)
     say(f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), driver {gpu.driver}, CUDA {gpu.cuda}, MIG {gpu.mig}")
     binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
-    lib = None
-    if IsolationMode.SOFT in made.modes:
-        lib = build_hami(with_changes(hami_src, WORK / "hami-core-changed", changes) if changes else hami_src, out)
+    lib = build_hami(hami_src, out) if IsolationMode.SOFT in made.modes else None
+    return Machine(gpu, binary, lib, {})
+
+
+def emulated_gpu(made: Plan, hami_src: Path, out: Path) -> Machine:
+    """The emulated GPU (benchmarks/isolation/emulated), fresh: its driver, the tenant load built with g++
+    against it, HAMi-core linked against it."""
+    driver = emulated.driver(WORK / "emulated")
+    state = WORK / "emulated" / "gpu.state"
+    state.unlink(missing_ok=True)
+    gpu = emulated.gpu(driver)
+    say(f"GPU {gpu.index}: {gpu.name}")
+    binary = emulated.tenant(HERE / "tenant_load.cu", driver, WORK / "tenant_load")
+    lib = build_hami(hami_src, out, driver) if IsolationMode.SOFT in made.modes else None
+    return Machine(gpu, binary, lib, emulated.tenant_env(driver, state))
+
+
+def measure(
+    made: Plan,
+    hami_src: Path,
+    out: Path,
+    result: dict[str, Any],
+    changes: tuple[str, ...] = (),
+    machine: Callable[[Plan, Path, Path], Machine] = real_gpu,
+) -> None:
+    """The plan's runs on ``machine``, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
+    src = with_changes(hami_src, WORK / "hami-core-changed", changes) if changes else hami_src
+    on = machine(made, src, out)
+    gpu, lib = on.gpu, on.lib
+    result["gpu"] = dataclasses.asdict(gpu)
     Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
     HAMI_LOG.unlink(missing_ok=True)  # this run's lines only
-    bench = Bench(binary, gpu, paths_for(lib), result)
+    bench = Bench(on.binary, gpu, paths_for(lib), result, on.env)
     runs = [s for s in made.steps if s.scenario != "setup"]
     try:
         for name, group in itertools.groupby(runs, key=lambda s: s.mode):
@@ -335,13 +378,15 @@ def run_all(
     changes: tuple[str, ...] = (),
     scenarios: tuple[str, ...] = ISSUE_SCENARIOS,
     single_s: float = SINGLE_S,
+    emulated: bool = False,
 ) -> int:
-    """The whole benchmark; 0 when every mode that could run was measured, else 1."""
+    """The whole benchmark (on the emulated GPU with ``emulated``); 0 when every mode that could run was
+    measured, else 1."""
     started = time.time()
     set_budget(budget)
     out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
-    needs = check(asked, hami_src, changes)
+    needs = check(asked, hami_src, changes, emulated=emulated)
     say("prerequisites:")
     for need in needs:
         say(f"  {need.line()}")
@@ -359,11 +404,11 @@ def run_all(
         if runnable:
             made = plan(budget - (time.time() - started), runnable, scenarios, single_s)
             say(render_plan(made))
-            result["notes"] = list(made.notes)
+            result["notes"] = [*([EMULATED_NOTE] if emulated else []), *made.notes]
             result["pair_s"] = made.pair_s
             for mode in runnable:
                 result["modes"][mode] = {"status": "measured"}
-            measure(made, hami_src, out, result, changes)
+            measure(made, hami_src, out, result, changes, emulated_gpu if emulated else real_gpu)
         else:
             say("no mode can run here: see the prerequisites above")
     except Exception:  # recorded; the report is still written

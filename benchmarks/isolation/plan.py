@@ -32,9 +32,14 @@ SINGLE_S = 4.0  # one single-tenant run by default (its first second is left out
 LATENCY_S = 6.0
 START_S = 2.0  # a process's CUDA start and warm-up, beside its measured seconds
 ALLOC_S = 3.0  # one allocation probe, its start included
-SETUP_S = {"build the tenant load (nvcc)": 30.0, "build HAMi-core": 60.0, "start and stop the MPS daemon": 10.0}
+SETUP_S = {
+    "build the tenant load": 30.0,  # nvcc, or g++ for the emulated GPU
+    "build HAMi-core": 60.0,
+    "start and stop the MPS daemon": 10.0,
+}
 MARGIN = 0.05  # of the budget, kept for what the estimates miss
 ORDER = (IsolationMode.SHARED, IsolationMode.SOFT, IsolationMode.HARD, IsolationMode.PARTITIONED)
+EMULATED_ORDER = ORDER[:2]  # the modes the emulated GPU runs (benchmarks/isolation/emulated)
 LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
 LIVE = (IsolationMode.SOFT,)  # the mode whose limit the plugin changes in running processes (HAMi-core's region)
 BASELINE = "baseline"  # the uncapped runs every share is measured against
@@ -142,7 +147,7 @@ def all_steps(
     modes: tuple[IsolationMode, ...], scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
 ) -> list[Step]:
     """Every run, in order: the builds, the uncapped baselines, then each mode's runs."""
-    steps = [Step("setup", "setup", "build the tenant load (nvcc)", (), 0.0, SETUP_S["build the tenant load (nvcc)"])]
+    steps = [Step("setup", "setup", "build the tenant load", (), 0.0, SETUP_S["build the tenant load"])]
     if IsolationMode.SOFT in modes:
         steps.append(Step("setup", "setup", "build HAMi-core", (), 0.0, SETUP_S["build HAMi-core"]))
     if IsolationMode.HARD in modes:

@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.gpu_check.hami_build import cuda_home, include_dirs
 from benchmarks.gpu_check.procs import run as run_command
+from benchmarks.isolation.plan import EMULATED_ORDER
 from device_plugin.hami_build.changes import check_source
 from vgpu.names import IsolationMode
 
@@ -21,6 +23,7 @@ Which = Callable[[str], str | None]
 Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 WHOLE_GPU = frozenset({IsolationMode.SHARED, IsolationMode.SOFT, IsolationMode.HARD})
 ALL = frozenset(IsolationMode)
+EMULATED = frozenset(EMULATED_ORDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +93,31 @@ def check(
     which: Which = shutil.which,
     run: Runner = run_command,
     euid: Callable[[], int] = os.geteuid,
+    emulated: bool = False,
+    headers: Callable[[], list[Path]] = lambda: include_dirs(cuda_home()),
 ) -> list[Need]:
-    """Every need of ``modes``, in the order said."""
-    needs = gpu_needs(which, run)
-    needs.append(on_path(which, "nvcc", WHOLE_GPU, "builds the tenant load, tenant_load.cu"))
+    """Every need of ``modes``, in the order said; on the emulated GPU (``emulated``), its builds' instead of
+    the GPU's and nvcc."""
+    if emulated:
+        needs = [
+            on_path(which, "gcc", EMULATED, "builds the emulated GPU's driver, fake_gpu.c"),
+            on_path(which, "g++", EMULATED, "builds the tenant load's host code, tenant_load.cu"),
+        ]
+        if IsolationMode.SOFT in modes:
+            found = {h for d in headers() for h in ("cuda.h", "nvml.h") if (d / h).exists()}
+            needs.append(
+                Need(
+                    "cuda.h and nvml.h (HAMi-core's build)",
+                    len(found) == 2,
+                    "found"
+                    if len(found) == 2
+                    else "pip install -e '.[dev]' (nvidia-cuda-runtime-cu12, nvidia-nvml-dev-cu12)",
+                    frozenset({IsolationMode.SOFT}),
+                )
+            )
+    else:
+        needs = gpu_needs(which, run)
+        needs.append(on_path(which, "nvcc", WHOLE_GPU, "builds the tenant load, tenant_load.cu"))
     if IsolationMode.SOFT in modes:
         soft = frozenset({IsolationMode.SOFT})
         source = hami_src / "src" / "libvgpu.c"

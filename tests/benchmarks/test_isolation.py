@@ -99,7 +99,13 @@ def test_bad_arguments_exit_2_with_a_message(
 def test_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OUT", raising=False)
     args = entry.parser().parse_args([])
-    assert (args.out, args.budget, args.modes, args.dry_run) == (Path("isolation-out"), 480.0, ALL, False)
+    assert (args.out, args.budget, args.modes, args.dry_run, args.emulated) == (
+        Path("isolation-out"),
+        480.0,
+        None,  # all of them, or with --emulated the two it runs (main)
+        False,
+        False,
+    )
     assert args.hami_src == ROOT / ".gpu" / "hami-core"
     assert entry.parser().parse_args(["--modes", " hard,soft "]).modes == (M.HARD, M.SOFT)
 
@@ -150,7 +156,7 @@ def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
             ]
         )
     assert (stopped.value.code, unwound) == (128 + signal.SIGTERM, ["put back"])
-    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), (), ("single", "pair"), 12.0)]
+    assert seen == [(Path("o"), (tmp_path / "h").resolve(), 400.0, (M.SOFT,), (), ("single", "pair"), 12.0, False)]
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -186,7 +192,7 @@ def test_the_plan_has_each_mode_s_runs_in_order() -> None:
             *(["tampering"] if capped else []),
         ]
     setups = [s.kernel for s in steps if s.scenario == "setup"]
-    assert setups == ["build the tenant load (nvcc)", "build HAMi-core", "start and stop the MPS daemon"]
+    assert setups == ["build the tenant load", "build HAMi-core", "start and stop the MPS daemon"]
     assert [s.kernel for s in plan(2000, (M.SHARED,)).steps if s.scenario == "setup"] == [setups[0]]
 
 
@@ -210,7 +216,7 @@ def test_the_plan_says_how_much_budget_gives_the_full_splits() -> None:
 def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
     made = plan(310, (M.SHARED, M.HARD), ("pair",))  # what the splits at full length need
     assert [(s.mode, s.scenario, s.kernel) for s in made.steps if s.scenario != "pair"] == [
-        ("setup", "setup", "build the tenant load (nvcc)"),
+        ("setup", "setup", "build the tenant load"),
         ("setup", "setup", "start and stop the MPS daemon"),
         ("baseline", "single", "compute"),
     ]
@@ -787,7 +793,9 @@ def test_a_whole_run_on_fake_gpu_commands(
     source = hami_source(tmp_path)
     built = tmp_path / "work" / "hami-core-changed" if changes else source  # soft's HAMi-core: a copy if changed
     monkeypatch.setattr(bench, "build_hami", lambda src, out: lib if src == built else None)
-    monkeypatch.setattr(bench, "check", lambda modes, src, changes: check(modes, src, changes, euid=lambda: 0))
+    monkeypatch.setattr(
+        bench, "check", lambda modes, src, changes, **kw: check(modes, src, changes, euid=lambda: 0, **kw)
+    )
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
     try:
