@@ -79,13 +79,22 @@ def _isolation(req: GpuRequest) -> list[str]:
             "GPU: a steady kernel loop settles within 1 point of it in about 3 s, but short kernels and CUDA Graphs "
             "start well below it and take tens of seconds to reach it, a busy neighbour still delays every kernel "
             "(small-kernel p99 x35), and a process that runs without HAMi-core is not limited (measured on an "
-            "H200 with the plugin image's HAMi-core); after a pause a load likely runs past it for seconds "
-            "(predicted, not yet measured). Ask for isolation hard for a cap the GPU enforces (docs/isolation.md)"
+            "H200 with the plugin image's HAMi-core); after a pause a load runs at up to the whole GPU for seconds "
+            "(on an emulated GPU, not yet on a real one). Ask for isolation hard for a cap the GPU enforces "
+            "(docs/isolation.md)"
         ]
-    if mode is IsolationMode.HARD and req.tflops_limit > req.tflops_request:
-        return [
-            f"{key} 'hard': each pod may use up to its TFLOPS limit ({limit} here), so requests on a GPU are "
-            "guaranteed only while its pods' limits fit in it: the scheduler counts requests, so this pod's request "
-            f"{request} holds where every hard pod on its GPU sets its limit equal to its request (docs/isolation.md)"
-        ]
+    if mode is IsolationMode.HARD:
+        # MPS's active-thread percentage holds each client process, never the pod (docs/isolation-mps.md).
+        per_process = (
+            f"the TFLOPS limit {limit} holds each of the pod's processes, not the pod: N busy processes may use up "
+            "to N times it (MPS limits each client; docs/isolation-mps.md)"
+        )
+        if req.tflops_limit > req.tflops_request:
+            return [
+                f"{key} 'hard': each pod may use up to its TFLOPS limit ({limit} here), so requests on a GPU are "
+                "guaranteed only while its pods' limits fit in it: the scheduler counts requests, so this pod's "
+                f"request {request} holds where every hard pod on its GPU sets its limit equal to its request "
+                f"(docs/isolation.md); and {per_process}"
+            ]
+        return [f"{key} 'hard': {per_process}"]
     return []

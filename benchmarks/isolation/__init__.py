@@ -14,10 +14,15 @@ private pipe folder and EXCLUSIVE_PROCESS compute mode, and puts both back at th
   total against one uncapped tenant (100 %: work-conserving);
 - latency: the p99 of a small kernel stream beside a saturating neighbour, against the stream alone;
 - memory: an allocation past the 4 GiB VRAM limit, refused or not;
-- tampering: what a tenant gains by raising the limits in its own environment (soft and hard).
+- tampering: what a tenant gains by raising the limits in its own environment (soft and hard), beside what the
+  plugin runs against it (hard: its MPS ceiling; soft: its guard, which puts the region back).
+
+Asked for by name: ``burst`` (a pause), ``live`` (a limit lowered in a running process), ``pod`` (two processes
+under one grant).
 
 Run by hand on a machine with one NVIDIA GPU (H100/H200; root for the compute mode; nvcc; HAMi-core's
-source for soft, as for benchmarks.gpu_check), never in the tests; everything in ``--budget`` seconds
+source for soft, as for benchmarks.gpu_check), or with ``--emulated`` on one without (shared and soft, the GPU
+a model: ``benchmarks.isolation.emulated``), never in the tests; everything in ``--budget`` seconds
 (default 480), planned first (``--dry-run`` prints the plan and touches no GPU)::
 
     scripts/isolation-bench [--out DIR] [--budget SECONDS] [--modes shared,soft,hard,partitioned]

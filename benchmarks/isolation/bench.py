@@ -30,8 +30,11 @@ from benchmarks.isolation.plan import (
     BASELINE,
     BURST_IDLE_S,
     BURST_RUN_S,
+    GUARD_S,
     ISSUE_SCENARIOS,
+    LIVE,
     LIVE_HALF_S,
+    POD_PROCS,
     SINGLE_S,
     TAMPER_CAP,
     Plan,
@@ -189,21 +192,43 @@ class Bench:
             raise MpsError(f"the MPS daemon refused the ceiling: {log[-1].strip()}")
         return commands
 
+    def rewrite_region(self, envs: dict[str, str], reader: Reader, after_s: float, sm_limit: int) -> dict[str, Any]:
+        """``after_s`` after the tenant is ready, its HAMi-core region written with ``sm_limit`` (and the VRAM
+        limit) by the plugin's own writer (device_plugin.enforcement.hami_region), as a live limit change or
+        the plugin's guard putting a tampered region back does: what it found and wrote, and when."""
+        if reader.wait_for("step", "ready", 60) is None:
+            return {"state": "tenant never ready", "at": None}
+        self.pause(after_s)
+        synced = hami_region.sync(Path(envs[Env.HAMI_SHARED_REGION]), [(VRAM_LIMIT, sm_limit)])
+        return {"state": synced.region.state, "writes": [str(w) for w in synced.writes], "at": time.time()}
+
     def tampering(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> dict[str, Any]:
+        """A tenant that starts its process with its limits raised. Under hard, beside the plugin's MPS ceiling;
+        under soft, beside the plugin's guard, which puts the region the process made back after GUARD_S: what
+        it gained before and after that."""
         held = self.ceiling() if mode is IsolationMode.HARD else None
         envs, changed = tampered(self.env(mode, TAMPER_CAP, "tamperer"), self.gpu)
-        rows = self.run(f"{st.mode} {st.label}", envs, "compute", f"{st.seconds}", seconds=st.seconds)
+        reader = self.start(envs, "compute", f"{st.seconds}")
+        guard = self.rewrite_region(envs, reader, GUARD_S, TAMPER_CAP) if mode in LIVE else None
+        rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
         honest = next(
             (s["share"] for s in figures.get("single", []) if s["kernel"] == "compute" and s["target"] == TAMPER_CAP),
             None,
         )
-        got = share(mean_rate(rows), self.uncapped.get("compute"))
+        uncapped = self.uncapped.get("compute")
+        seen = around(rows, guard["at"], uncapped) if guard and guard["at"] is not None else None
+        got = seen.before if seen else share(mean_rate(rows), uncapped)
+        # What it keeps: past the honest run's share, or past its limit once the guard has put the region back
+        # (the honest run is short: a limiter may still be settling in it).
+        kept, against = (seen.after, TAMPER_CAP) if seen else (got, honest)
         return {
             "target": TAMPER_CAP,
             "changed": changed,
             "honest_share": honest,
             "tampered_share": got,
-            "gain_points": got - honest if got is not None and honest is not None else None,
+            "guard": guard and {"state": guard["state"], "writes": guard.get("writes", []), "after_s": GUARD_S},
+            "guarded_share": seen.after if seen else None,
+            "gain_points": kept - against if kept is not None and against is not None else None,
             "ceiling": held,
             "memory": self.allocation(f"{st.mode} tampered allocation", envs),
         }
@@ -231,23 +256,40 @@ class Bench:
         first, second = st.targets
         envs = self.env(mode, first, "live")
         reader = self.start(envs, "compute", f"{st.seconds}")
-        written: dict[str, Any] = {"state": "tenant never ready"}
-        changed = None
-        if reader.wait_for("step", "ready", 60) is not None:
-            self.pause(LIVE_HALF_S)
-            synced = hami_region.sync(Path(envs[Env.HAMI_SHARED_REGION]), [(VRAM_LIMIT, second)])
-            changed = time.time()
-            written = {"state": synced.region.state, "writes": [str(w) for w in synced.writes]}
+        written = self.rewrite_region(envs, reader, LIVE_HALF_S, second)
         rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
         uncapped = self.uncapped.get("compute")
-        seen = around(rows, changed, uncapped) if changed is not None else None
+        seen = around(rows, written["at"], uncapped) if written["at"] is not None else None
         return {
             "targets": [first, second],
-            "region": written,
+            "region": {k: v for k, v in written.items() if k != "at"},
             "before_share": seen.before if seen else None,
             "after_share": seen.after if seen else None,
             "per_second": [share(r["rate"], uncapped) for r in seconds_rows(rows)],
             "error": step(rows, "error").get("error"),
+        }
+
+    def pod(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        """One pod's processes, all busy under its one grant (one environment, one HAMi-core region): their
+        total against its limit."""
+        cap = st.targets[0]
+        envs = self.env(mode, cap, "pod")
+        readers = [self.start(envs, "compute", f"{st.seconds}") for _ in range(POD_PROCS)]
+        rows = [
+            self.finish(f"{st.mode} {st.label} (process {i + 1})", r, st.seconds + 30) for i, r in enumerate(readers)
+        ]
+        window = together(*rows)
+        uncapped = self.uncapped.get("compute")
+        shares = [share(mean_rate(r, *window), uncapped) for r in rows] if window else []
+        known = [s for s in shares if s is not None]
+        total = sum(known) if known and len(known) == len(shares) else None
+        return {
+            "target": cap,
+            "processes": POD_PROCS,
+            "seconds_together": round(window[1] - window[0], 1) if window else 0.0,
+            "shares": shares,
+            "total": total,
+            "points": total - cap if total is not None else None,
         }
 
     def one(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> None:
@@ -264,6 +306,8 @@ class Bench:
             figures["burst"] = self.burst(mode, st)
         elif st.scenario == "live":
             figures["live"] = self.live(mode, st)
+        elif st.scenario == "pod":
+            figures["pod"] = self.pod(mode, st)
         else:
             figures["tampering"] = self.tampering(mode, st, figures)
 

@@ -21,11 +21,19 @@ CAPS = (10, 25, 50)  # single-tenant compute limits, percent of the GPU
 SPLITS = ((30, 70), (10, 90))  # two saturating tenants' limits
 LATENCY_SPLIT = (50, 50)  # the latency stream's limit and its saturating neighbour's
 TAMPER_CAP = 25  # the limit a tampering tenant was granted (its honest rate: the single-tenant run at it)
+# soft's tampering runs beside the plugin's guard of the live-limits directory: it puts the region back this long
+# after the tenant is ready, its longest for a region the tenant's own process made (its pass interval,
+# --live-limits-interval; docs/security.md, "Tampering with live limits"), and the run goes on TAMPER_S in all
+GUARD_S = 5.0
+TAMPER_S = 11.0
 BURST_CAP = 25  # the limit of a tenant that runs, idles, and runs again
 BURST_RUN_S = 6.0  # its running before the pause (settled at its cap), and again after it
 BURST_IDLE_S = 20.0  # the pause: long enough for a limiter's refill and bucket to grow back
 LIVE_CAPS = (50, 10)  # a running tenant's limit, then the one written to its HAMi-core region
 LIVE_HALF_S = 8.0  # seconds at each: the change comes halfway
+POD_CAP = 25  # the limit of one pod whose processes all run busy
+POD_PROCS = 2  # its processes, one grant: one environment, one HAMi-core region
+POD_S = 10.0  # long enough for a limiter to settle on them
 PAIR_GOAL_S = 60.0  # what the issue asks of each split
 PAIR_MIN_S = 10.0  # shorter splits say nothing: refused
 SINGLE_S = 4.0  # one single-tenant run by default (its first second is left out as warm-up)
@@ -43,8 +51,9 @@ EMULATED_ORDER = ORDER[:2]  # the modes the emulated GPU runs (benchmarks/isolat
 LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
 LIVE = (IsolationMode.SOFT,)  # the mode whose limit the plugin changes in running processes (HAMi-core's region)
 BASELINE = "baseline"  # the uncapped runs every share is measured against
-# --scenarios: the issue's five (the default), then a tenant idling and resuming, and a limit changed live
-SCENARIOS = ("single", "pair", "latency", "memory", "tampering", "burst", "live")
+# --scenarios: the issue's five (the default), then a tenant idling and resuming, a limit changed live, and a pod
+# of several processes
+SCENARIOS = ("single", "pair", "latency", "memory", "tampering", "burst", "live", "pod")
 ISSUE_SCENARIOS = SCENARIOS[:5]
 
 
@@ -58,7 +67,7 @@ class Step:
     limits in percent of the GPU (one per tenant; none: uncapped), seconds measured, seconds planned."""
 
     mode: str
-    scenario: str  # setup, single, pair, latency, memory, tampering
+    scenario: str  # setup, or one of SCENARIOS
     kernel: str
     targets: tuple[int, ...]
     seconds: float
@@ -79,6 +88,8 @@ class Step:
             return f"compute at {limits}, idle {BURST_IDLE_S:g} s, then again"
         if self.scenario == "live":
             return f"compute at {self.targets[0]} %, lowered to {self.targets[1]} % while it runs"
+        if self.scenario == "pod":
+            return f"one pod at {limits}: {POD_PROCS} compute processes"
         return f"{self.kernel} {limits}"
 
 
@@ -110,14 +121,14 @@ def baseline_kernels(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     compute one for the others with a rate (the tampering's honest rate is a single-tenant compute run)."""
     if "single" in scenarios:
         return KERNELS
-    return ("compute",) if {"pair", "tampering", "burst", "live"} & set(scenarios) else ()
+    return ("compute",) if {"pair", "tampering", "burst", "live", "pod"} & set(scenarios) else ()
 
 
 def mode_steps(
     mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
 ) -> list[Step]:
     """One mode's runs in order: single-tenant (``single_s`` each), splits (``pair_s`` each), latency, memory,
-    tampering, burst, live."""
+    tampering, burst, live, pod."""
     limited = mode in LIMITED
     steps = []
     if limited and "single" in scenarios:
@@ -134,12 +145,15 @@ def mode_steps(
     if "memory" in scenarios:
         steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
     if limited and "tampering" in scenarios:
-        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), single_s, single_s + START_S + ALLOC_S))
+        seconds = max(single_s, TAMPER_S) if mode in LIVE else single_s  # soft's lasts past the guard's restore
+        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), seconds, seconds + START_S + ALLOC_S))
     if limited and "burst" in scenarios:
         running = 2 * BURST_RUN_S
         steps.append(Step(mode, "burst", "compute", (BURST_CAP,), running, running + BURST_IDLE_S + START_S))
     if mode in LIVE and "live" in scenarios:
         steps.append(Step(mode, "live", "compute", LIVE_CAPS, 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S))
+    if limited and "pod" in scenarios:
+        steps.append(Step(mode, "pod", "compute", (POD_CAP,), POD_S, POD_S + START_S))
     return steps
 
 
@@ -174,7 +188,7 @@ def plan(
     if idle:
         raise BudgetError(
             f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps, "
-            f"tampering and burst need a compute limit: {', '.join(LIMITED)}; live a limit the plugin changes in "
+            f"tampering, burst and pod need a compute limit: {', '.join(LIMITED)}; live a limit the plugin changes in "
             f"running processes: {', '.join(LIVE)}); add a scenario or leave that mode out"
         )
     fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0, single_s) if s.scenario != "pair")

@@ -83,10 +83,17 @@ def tampering_row(t: dict[str, Any]) -> str:
     raised = ", ".join(f"{k}={v}" for k, v in sorted(t["changed"].items()))
     memory = "more memory" if t["memory"]["over_ok"] else "no memory"
     under = " (under the plugin's MPS ceiling)" if t.get("ceiling") else ""
+    seen = f"{num(t['tampered_share'])} % of uncapped"
+    if guard := t.get("guard"):
+        under = f" (beside the plugin's guard: region {guard['state']}, put back after {guard['after_s']:g} s)"
+        seen = (
+            f"{num(t['tampered_share'])} % of uncapped until the guard, {num(t['guarded_share'])} % from "
+            f"{LIVE_SETTLE_S:g} s after it"
+        )
+    kept = " kept (past its limit)" if guard else ""
     return (
-        f"| tampering: {raised}{under} | {t['target']} % | {num(t['tampered_share'])} % of uncapped "
-        f"(honest {num(t['honest_share'])} %); {allocation(t['memory'])} | "
-        f"{num(t['gain_points'], signed=True)} points, {memory} |"
+        f"| tampering: {raised}{under} | {t['target']} % | {seen} (honest {num(t['honest_share'])} %); "
+        f"{allocation(t['memory'])} | {num(t['gain_points'], signed=True)} points{kept}, {memory} |"
     )
 
 
@@ -114,6 +121,17 @@ def live_row(lv: dict[str, Any]) -> str:
     )
 
 
+def pod_row(p: dict[str, Any]) -> str:
+    head = f"| one pod, {p['processes']} busy compute processes | {p['target']} % |"
+    if p["total"] is None:
+        return f"{head} n/a (no common second) | n/a |"
+    each = " + ".join(num(s) for s in p["shares"])
+    return (
+        f"{head} {each} = {num(p['total'])} % over {p['seconds_together']} s together | "
+        f"{num(p['points'], signed=True)} points |"
+    )
+
+
 def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
     backend = BACKENDS[IsolationMode(mode)]
     title = f"## {mode} (enforcement backend {backend})"
@@ -136,6 +154,8 @@ def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> lis
         lines.append(burst_row(figures["burst"]))
     if figures.get("live"):
         lines.append(live_row(figures["live"]))
+    if figures.get("pod"):
+        lines.append(pod_row(figures["pod"]))
     for label, error in (figures.get("errors") or {}).items():
         lines.append(f"\nFAILED: {label}: {error}")
     if figures.get("out_of_budget"):

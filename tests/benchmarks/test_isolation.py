@@ -21,36 +21,52 @@ from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
 from benchmarks.gpu_check.constants import GIB, ROOT
 from benchmarks.isolation import bench, tenants
-from benchmarks.isolation.figures import Around, Split, around, mean_rate, share, shares_after, split, together
+from benchmarks.isolation.figures import (
+    LIVE_SETTLE_S,
+    Around,
+    Split,
+    around,
+    mean_rate,
+    share,
+    shares_after,
+    split,
+    together,
+)
 from benchmarks.isolation.mps import MpsError, mps_daemon
 from benchmarks.isolation.plan import (
     BURST_CAP,
     BURST_IDLE_S,
     BURST_RUN_S,
     CAPS,
+    GUARD_S,
     KERNELS,
     LIVE_CAPS,
     LIVE_HALF_S,
     MARGIN,
     PAIR_GOAL_S,
     PAIR_MIN_S,
+    POD_CAP,
+    POD_PROCS,
+    POD_S,
     SCENARIOS,
     SINGLE_S,
     SPLITS,
     START_S,
     TAMPER_CAP,
+    TAMPER_S,
     BudgetError,
     plan,
     render_plan,
 )
 from benchmarks.isolation.prereqs import blocked, check
-from benchmarks.isolation.report import burst_row, live_row, render_markdown, write_report
+from benchmarks.isolation.report import burst_row, live_row, pod_row, render_markdown, tampering_row, write_report
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
 from device_plugin.hami_build.changes import CHANGES, describe
 from device_plugin.hami_build.graph_edits import GRAPH, GRAPH_CHARGE
 from device_plugin.hami_build.watcher_edits import WATCHER
+from device_plugin.settings import PluginSettings
 from tests.device_plugin.test_hami_changes import STOCK_WATCHER, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 
@@ -113,7 +129,7 @@ def test_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("budget", "modes", "expected"),
     [
-        ("480", "shared,soft,hard,partitioned", "note: two-tenant splits scaled down to 24 s each"),
+        ("480", "shared,soft,hard,partitioned", "note: two-tenant splits scaled down to 23 s each"),
         ("1000", "shared,soft,hard", "    62.0 s  hard      pair      compute 10/90 %\n"),
         ("400", "soft", "    62.0 s  soft      pair      compute 30/70 %\n"),
     ],
@@ -241,18 +257,21 @@ def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
         plan(50, (M.SHARED,), ("latency", "memory"))
 
 
-def test_a_pause_and_a_live_change_are_asked_for_by_name_and_run_where_they_mean_something() -> None:
-    assert {"burst", "live"}.isdisjoint(s.scenario for s in plan(2000, ALL).steps)  # not in the issue's five
-    made = plan(400, (M.SOFT, M.HARD), ("burst", "live"))
+def test_a_pause_a_live_change_and_a_pod_are_asked_for_by_name_and_run_where_they_mean_something() -> None:
+    assert {"burst", "live", "pod"}.isdisjoint(s.scenario for s in plan(2000, ALL).steps)  # not the issue's five
+    made = plan(400, (M.SOFT, M.HARD), ("burst", "live", "pod"))
     assert [(s.mode, s.scenario, s.targets, s.seconds, s.cost) for s in made.steps if s.mode != "setup"] == [
         ("baseline", "single", (), SINGLE_S, SINGLE_S + START_S),
         ("soft", "burst", (BURST_CAP,), 2 * BURST_RUN_S, 2 * BURST_RUN_S + BURST_IDLE_S + START_S),
         ("soft", "live", LIVE_CAPS, 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S),
+        ("soft", "pod", (POD_CAP,), POD_S, POD_S + START_S),
         ("hard", "burst", (BURST_CAP,), 2 * BURST_RUN_S, 2 * BURST_RUN_S + BURST_IDLE_S + START_S),
+        ("hard", "pod", (POD_CAP,), POD_S, POD_S + START_S),
     ]
-    assert [s.label for s in made.steps if s.scenario in ("burst", "live")][:2] == [
+    assert [s.label for s in made.steps if s.scenario in ("burst", "live", "pod")][:3] == [
         "compute at 25 %, idle 20 s, then again",
         "compute at 50 %, lowered to 10 % while it runs",
+        "one pod at 25 %: 2 compute processes",
     ]
     with pytest.raises(BudgetError, match=r"nothing to measure in hard .*live a limit the plugin changes"):
         plan(400, (M.HARD,), ("live",))
@@ -267,7 +286,12 @@ def test_longer_single_runs_lengthen_the_capped_ones_only_and_count_in_the_budge
         ("soft", "tampering", True): 18,
     }
     fixed = plan(600, (M.SOFT,), ("single", "tampering")).total
-    assert made.total - fixed == pytest.approx((len(KERNELS) * len(CAPS) + 1) * (18 - SINGLE_S))
+    # soft's tampering runs TAMPER_S at least: past the guard's restore
+    assert made.total - fixed == pytest.approx(len(KERNELS) * len(CAPS) * (18 - SINGLE_S) + (18 - TAMPER_S))
+    assert [s.seconds for s in plan(600, (M.SOFT, M.HARD), ("tampering",)).steps if s.scenario == "tampering"] == [
+        TAMPER_S,
+        SINGLE_S,
+    ]
 
 
 def test_scenarios_are_checked_as_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -333,7 +357,31 @@ def test_around_a_moment_the_settled_seconds_on_each_side() -> None:
     assert shares_after(rows, 14.0, 1000.0) == [10.0, 10.0] and shares_after(rows, 14.0, None) == []
 
 
-def test_the_burst_and_live_rows_say_what_happened_or_why_not() -> None:
+def test_softs_tampering_row_says_what_the_plugins_guard_left_it() -> None:
+    tamper = {
+        "target": 25,
+        "changed": {"CUDA_DEVICE_SM_LIMIT": "100"},
+        "honest_share": 24.8,
+        "tampered_share": 99.7,
+        "guard": {"state": "ready", "writes": ["sm_limit[0] = 25", "limit[0] = 4096 MiB"], "after_s": 5.0},
+        "guarded_share": 25.1,
+        "gain_points": 0.1,
+        "ceiling": None,
+        "memory": {"over_mib": 5120, "over_ok": False, "over_error": "cudaErrorMemoryAllocation", "within_mib": 1024}
+        | {"within_ok": True},
+    }
+    assert tampering_row(tamper) == (
+        "| tampering: CUDA_DEVICE_SM_LIMIT=100 (beside the plugin's guard: region ready, put back after 5 s) | 25 % | "
+        "99.7 % of uncapped until the guard, 25.1 % from 2 s after it (honest 24.8 %); 5120 MiB refused "
+        "(cudaErrorMemoryAllocation), 1024 MiB granted | +0.1 points kept (past its limit), no memory |"
+    )
+
+
+def test_the_guard_acts_when_the_plugins_pass_would_at_the_latest() -> None:
+    assert PluginSettings.model_fields["live_limits_interval"].default == GUARD_S < TAMPER_S - LIVE_SETTLE_S
+
+
+def test_the_burst_live_and_pod_rows_say_what_happened_or_why_not() -> None:
     burst = {"target": 25, "idle_s": 20.0, "before_share": 24.9, "after_shares": [98.0, 61.0, 30.0, 25.5, 25.0]}
     assert burst_row(burst | {"worst_points": 73.0, "error": None}) == (
         "| after 20 s idle, one tenant, compute | 25 % | 24.9 % before the pause; 98.0 / 61.0 / 30.0 / 25.5 % in the "
@@ -347,6 +395,12 @@ def test_the_burst_and_live_rows_say_what_happened_or_why_not() -> None:
     )
     never = live | {"after_share": None, "region": {"state": "tenant never ready"}}
     assert "region tenant never ready, 0 write(s)) | n/a points after |" in live_row(never)
+    pod = {"target": 25, "processes": 2, "seconds_together": 8.9, "shares": [24.0, 25.5], "total": 49.5}
+    assert pod_row(pod | {"points": 24.5}) == (
+        "| one pod, 2 busy compute processes | 25 % | 24.0 + 25.5 = 49.5 % over 8.9 s together | +24.5 points |"
+    )
+    apart = pod | {"seconds_together": 0.0, "shares": [], "total": None, "points": None}
+    assert pod_row(apart) == "| one pod, 2 busy compute processes | 25 % | n/a (no common second) | n/a |"
 
 
 # tenants' environments -----------------------------------------------------------------------------------
@@ -708,17 +762,21 @@ if hami and os.environ.get("LIBCUDA_LOG_LEVEL") == "3":  # HAMi-core's watcher, 
         log.write(f"device 0: userutil=50 limit={{int(pct)}} {{sys.argv[1]}}\\n")
 emit = lambda **row: print(json.dumps(row), flush=True)
 kind, t0 = sys.argv[1], time.time()
+region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
+sys.path.insert(0, "{repo}")
+from tests.device_plugin.hami_layout import SharedRegion, initialised, write_region
 if kind == "alloc":
+    if hami and os.path.isfile(region):  # a region made before: HAMi-core takes its limit, not the environment's
+        mib = SharedRegion.from_buffer_copy(Path(region).read_bytes()).limit[0] >> 20
     emit(step="mem_get_info", total_mib=int(min(mib, 81559)))
     for step, want in (("within", sys.argv[2]), ("over", sys.argv[3])):
         ok = int(want) <= mib
         emit(step=step, mib=int(want), ok=ok, error="" if ok else "cudaErrorMemoryAllocation")
     sys.exit(0)
 seconds = int(float(sys.argv[2]))
-region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
-if hami and "-live/" in region:  # the live scenario: HAMi-core's region, made at start; its past half already run
-    sys.path.insert(0, "{repo}")
-    from tests.device_plugin.hami_layout import SharedRegion, initialised, write_region
+# The live scenario, and soft's tampering beside the plugin's guard: HAMi-core's region, made at start from the
+# environment; its past half already run when the benchmark rewrites the region
+if hami and ("-live/" in region or "-tamperer/" in region):
     write_region(Path(region), initialised([(int(mib) << 20, int(pct))]))
     t0 -= seconds // 2
     emit(step="ready", kernel=kind, pid=os.getpid(), wall=t0, unit="kernels/s")
@@ -742,7 +800,9 @@ for i in range(seconds):
         t0 += idle
         emit(step="resume", wall=t0 + i)
     windup = hami and "idle-hold" not in open(os.environ["LD_PRELOAD"]).read()
-    rate = 1000 if windup and idle and i == idle_at else 10 * pct
+    # A pod's two processes: HAMi-core holds their sum (its watcher sums the region's processes); MPS each one.
+    each = 10 * pct / 2 if hami and "-pod/" in region else 10 * pct
+    rate = 1000 if windup and idle and i == idle_at else each
     emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": rate}})
 emit(step="done", kernel=kind, wall=t0 + seconds, p50_us=30.0, p99_us=100.0 - pct / 2)
 """
@@ -829,8 +889,14 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert {s["graph_charging"] for s in modes["hard"]["single"]} == {None}
     # Soft: raising its own limits gains the whole GPU. Hard: under the plugin's ceiling (the tamperer's own
     # grant, alone on the GPU), its raised variables gain nothing.
-    assert modes["soft"]["tampering"]["gain_points"] == pytest.approx(75)
-    assert modes["soft"]["tampering"]["memory"]["over_ok"] is True and modes["soft"]["tampering"]["ceiling"] is None
+    # Soft, beside the plugin's guard: the region its process made with the raised limits is put back, which a
+    # running process follows only in a build that reads it at every tick; a later allocation finds it put back.
+    soft = modes["soft"]["tampering"]
+    assert soft["guard"] == {"state": "ready", "writes": soft["guard"]["writes"], "after_s": GUARD_S}
+    assert len(soft["guard"]["writes"]) == 2  # the SM limit and the VRAM limit
+    assert soft["tampered_share"] == pytest.approx(100)
+    assert soft["gain_points"] == pytest.approx(0 if "live-sm-limit" in changes else 75)
+    assert soft["memory"]["over_ok"] is False and soft["ceiling"] is None
     assert modes["hard"]["tampering"]["gain_points"] == pytest.approx(0)
     assert modes["hard"]["tampering"]["memory"]["over_ok"] is False
     assert modes["hard"]["tampering"]["ceiling"] == [
@@ -862,8 +928,8 @@ def test_a_whole_run_on_fake_gpu_commands(
     # HAMi-core's watcher lines, of this run's soft tenants only (the tampering tenant raised its limit to 100).
     watcher = (tmp_path / "out" / "hami-watcher.log").read_text().splitlines()
     # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation),
-    # burst, live
-    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 1 + 1 and all(
+    # burst, live, a pod's two processes
+    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 1 + 1 + 2 and all(
         line.startswith("device 0: userutil=50") for line in watcher
     )
     # A pause: soft's first second after it ran uncapped (held with idle-hold), hard's held its cap; shared has no
@@ -886,3 +952,10 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert live["after_share"] == pytest.approx(LIVE_CAPS[1] if "live-sm-limit" in changes else LIVE_CAPS[0])
     assert "live" not in modes["hard"] and "live" not in modes["shared"]
     assert "| limit lowered while running (region rewritten), compute | 50 → 10 % |" in out
+    # A pod of two busy processes: soft holds their sum to the pod's limit, hard (MPS: a limit per client) each.
+    for mode, each in (("soft", POD_CAP / 2), ("hard", POD_CAP)):
+        pod = modes[mode]["pod"]
+        assert pod["shares"] == [pytest.approx(each)] * POD_PROCS and pod["processes"] == POD_PROCS
+        assert pod["points"] == pytest.approx(POD_PROCS * each - POD_CAP) and pod["seconds_together"] > 5
+    assert "pod" not in modes["shared"]
+    assert "| one pod, 2 busy compute processes | 25 % | 12.5 + 12.5 = 25.0 % over" in out

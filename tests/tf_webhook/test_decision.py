@@ -686,7 +686,8 @@ def test_a_pod_not_opted_in_keeps_such_variables_and_other_names_are_not_the_plu
         ("shared", "20", "tensor-fusion.ai/isolation 'shared': the TFLOPS limit 20 is not enforced"),
         ("soft", "20", "tensor-fusion.ai/isolation 'soft': the TFLOPS limit 20 is held by HAMi-core inside the pod"),
         ("hard", "20", "tensor-fusion.ai/isolation 'hard': each pod may use up to its TFLOPS limit (20 here)"),
-        ("hard", "10", None),  # limit = request: the request holds where its neighbours do the same; nothing to say
+        # limit = request: the request holds where its neighbours do the same, but the limit is each process's
+        ("hard", "10", "tensor-fusion.ai/isolation 'hard': the TFLOPS limit 10 holds each of the pod's processes"),
         (None, "20", None),  # no mode named: the node's own, whose promise the docs state
     ],
 )
