@@ -231,6 +231,19 @@ class Bench:
             "gain_points": kept - against if kept is not None and against is not None else None,
             "ceiling": held,
             "memory": self.allocation(f"{st.mode} tampered allocation", envs),
+            "own_region": self.own_region(st, envs) if guard else None,
+        }
+
+    def own_region(self, st: Step, envs: dict[str, str]) -> dict[str, Any]:
+        """The raised limits in a region of the process's own, which no guard watches: its share, its memory."""
+        region = Path(envs[Env.HAMI_SHARED_REGION])
+        own = envs | {Env.HAMI_SHARED_REGION: str(region.with_name(f"own-{region.name}"))}
+        rows = self.run(f"{st.mode} tampering in a region of its own", own, "compute", f"{SINGLE_S}", seconds=SINGLE_S)
+        got = share(mean_rate(rows), self.uncapped.get("compute"))
+        return {
+            "share": got,
+            "gain_points": got - TAMPER_CAP if got is not None else None,
+            "memory": self.allocation(f"{st.mode} allocation in a region of its own", own),
         }
 
     def burst(self, mode: IsolationMode, st: Step) -> dict[str, Any]:

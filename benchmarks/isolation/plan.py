@@ -145,8 +145,12 @@ def mode_steps(
     if "memory" in scenarios:
         steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
     if limited and "tampering" in scenarios:
-        seconds = max(single_s, TAMPER_S) if mode in LIVE else single_s  # soft's lasts past the guard's restore
-        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), seconds, seconds + START_S + ALLOC_S))
+        if mode in LIVE:  # past the guard's restore, then again in a region of its own (a run and a probe)
+            seconds = max(single_s, TAMPER_S)
+            extra = SINGLE_S + START_S + ALLOC_S
+        else:
+            seconds, extra = single_s, 0.0
+        steps.append(Step(mode, "tampering", "compute", (TAMPER_CAP,), seconds, seconds + START_S + ALLOC_S + extra))
     if limited and "burst" in scenarios:
         running = 2 * BURST_RUN_S
         steps.append(Step(mode, "burst", "compute", (BURST_CAP,), running, running + BURST_IDLE_S + START_S))

@@ -97,6 +97,15 @@ def tampering_row(t: dict[str, Any]) -> str:
     )
 
 
+def own_region_row(target: int, own: dict[str, Any]) -> str:
+    memory = "more memory" if own["memory"]["over_ok"] else "no memory"
+    return (
+        f"| tampering: the same, in a region of its own (`CUDA_DEVICE_MEMORY_SHARED_CACHE`; no guard watches it) | "
+        f"{target} % | {num(own['share'])} % of uncapped; {allocation(own['memory'])} | "
+        f"{num(own['gain_points'], signed=True)} points past its limit, {memory} |"
+    )
+
+
 def burst_row(b: dict[str, Any]) -> str:
     head = f"| after {b['idle_s']:g} s idle, one tenant, compute | {b['target']} % |"
     if b.get("error"):
@@ -150,6 +159,8 @@ def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> lis
         lines.append(memory_row(figures["memory"]))
     if figures.get("tampering"):
         lines.append(tampering_row(figures["tampering"]))
+        if own := figures["tampering"].get("own_region"):
+            lines.append(own_region_row(figures["tampering"]["target"], own))
     if figures.get("burst"):
         lines.append(burst_row(figures["burst"]))
     if figures.get("live"):
