@@ -251,6 +251,9 @@ class Env(StrEnum):
     # HAMi-core.
     HAMI_MEMORY_LIMIT_PREFIX = "CUDA_DEVICE_MEMORY_LIMIT_"
     HAMI_SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+    # HAMi-core's switch of its compute limiter: "disable" turns it off whatever the limits say, so the plugin
+    # sets HAMI_POLICY_FORCE (on, whatever the region's own switch says), and a spec copy is removed.
+    HAMI_UTILIZATION_POLICY = "GPU_CORE_UTILIZATION_POLICY"
     # NVIDIA MPS.
     MPS_PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
     MPS_ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -260,6 +263,8 @@ class Env(StrEnum):
     # HAMi-core's shared-region file; pointed into LIVE_LIMITS_DIR so the device plugin can reach it.
     HAMI_SHARED_REGION = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 
+
+HAMI_POLICY_FORCE: Final = "FORCE"  # Env.HAMI_UTILIZATION_POLICY's value: the limiter always on
 
 # --- the per-container live-limits directory the device plugin mounts at Allocate (docs/live-limits.md)
 LIVE_LIMITS_DIR: Final = "/run/tensor-fusion/limits"  # where containers see it

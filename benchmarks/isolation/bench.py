@@ -58,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's folders, each tenant's limits
 HAMI_LOG = Path("/tmp/vgpulog")  # where HAMi-core writes its info-level lines
 HAMI_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+HAMI_POLICY_DISABLE = "disable"  # Env.HAMI_UTILIZATION_POLICY's value that turns HAMi-core's limiter off
 WATCHER_LOG_KEPT = 8 << 20
 EMULATED_NOTE = (
     "EMULATED GPU: HAMi-core's own code limits the tenants, but the GPU is a model (benchmarks/isolation/emulated): "
@@ -235,9 +236,14 @@ class Bench:
         }
 
     def own_region(self, st: Step, envs: dict[str, str]) -> dict[str, Any]:
-        """The raised limits in a region of the process's own, which no guard watches: its share, its memory."""
+        """The raised limits in a region of the process's own, which no guard watches, and HAMi-core's limiter
+        switched off in the process's environment (what the plugin's own value cannot stop there): its share,
+        its memory."""
         region = Path(envs[Env.HAMI_SHARED_REGION])
-        own = envs | {Env.HAMI_SHARED_REGION: str(region.with_name(f"own-{region.name}"))}
+        own = envs | {
+            Env.HAMI_SHARED_REGION: str(region.with_name(f"own-{region.name}")),
+            Env.HAMI_UTILIZATION_POLICY: HAMI_POLICY_DISABLE,
+        }
         rows = self.run(f"{st.mode} tampering in a region of its own", own, "compute", f"{SINGLE_S}", seconds=SINGLE_S)
         got = share(mean_rate(rows), self.uncapped.get("compute"))
         return {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from vgpu.contract.allocation import GpuGrant, PodAllocation
 from vgpu.names import (
+    HAMI_POLICY_FORCE,
     HAMI_REGION_FILE,
     LIVE_LIMITS_DIR,
     LIVE_LIMITS_FILE,
@@ -157,6 +158,7 @@ def build(
             envs[f"{Env.HAMI_MEMORY_LIMIT_PREFIX}{i}"] = f"{hami_mib(g.vram_limit)}m"
             envs[f"{Env.HAMI_SM_LIMIT}_{i}"] = str(percent[g.uuid])
         envs[Env.HAMI_SM_LIMIT] = str(widest)
+        envs[Env.HAMI_UTILIZATION_POLICY] = HAMI_POLICY_FORCE
         mounts = (
             *mounts,
             MountSpec(paths.hami_library, paths.hami_library, True),

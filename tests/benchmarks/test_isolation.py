@@ -746,7 +746,8 @@ def limit(key, default):
 
 hami = os.path.isfile(os.environ.get("LD_PRELOAD", "/nonexistent"))
 mps = os.path.isdir(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"))
-pct = limit("CUDA_DEVICE_SM_LIMIT", 100) if hami else limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100) if mps else 100
+off = os.environ.get("GPU_CORE_UTILIZATION_POLICY", "").lower() == "disable"  # HAMi-core's limiter switched off
+pct = 100 if hami and off else limit("CUDA_DEVICE_SM_LIMIT", 100) if hami else limit("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", 100) if mps else 100
 mib = limit("CUDA_DEVICE_MEMORY_LIMIT_0", 1e9) if hami else limit("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", 1e9) if mps else 1e9
 held = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent"), "ceiling")
 for line in open(held).read().splitlines() if mps and os.path.isfile(held) else ():  # MPS: env only lowers it
@@ -897,7 +898,7 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert soft["tampered_share"] == pytest.approx(100)
     assert soft["gain_points"] == pytest.approx(0 if "live-sm-limit" in changes else 75)
     assert soft["memory"]["over_ok"] is False and soft["ceiling"] is None
-    # In a region of its own, which no guard watches, the raised limits hold for good: compute and memory.
+    # With the limiter switched off and a region of its own, which no guard watches: compute and memory.
     assert soft["own_region"]["share"] == pytest.approx(100) and soft["own_region"]["gain_points"] == pytest.approx(75)
     assert soft["own_region"]["memory"]["over_ok"] is True
     assert modes["hard"]["tampering"]["own_region"] is None
@@ -963,7 +964,4 @@ def test_a_whole_run_on_fake_gpu_commands(
         assert pod["points"] == pytest.approx(POD_PROCS * each - POD_CAP) and pod["seconds_together"] > 5
     assert "pod" not in modes["shared"]
     assert "| one pod, 2 busy compute processes | 25 % | 12.5 + 12.5 = 25.0 % over" in out
-    assert (
-        "| tampering: the same, in a region of its own (`CUDA_DEVICE_MEMORY_SHARED_CACHE`; no guard watches it) | "
-        in out
-    )
+    assert "| tampering: the same, with HAMi-core's switch off (`GPU_CORE_UTILIZATION_POLICY=disable`) and a" in out

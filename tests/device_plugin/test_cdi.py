@@ -79,6 +79,7 @@ def test_the_spec_written_for_an_allocation_carries_every_variable_and_mount_of_
                         "CUDA_DEVICE_MEMORY_LIMIT_0=1024m",
                         "CUDA_DEVICE_SM_LIMIT_0=1",
                         "CUDA_DEVICE_SM_LIMIT=1",
+                        "GPU_CORE_UTILIZATION_POLICY=FORCE",
                         "TENSOR_FUSION_LIVE_LIMITS=/run/tensor-fusion/limits/limits.json",
                         "CUDA_DEVICE_MEMORY_SHARED_CACHE=/run/tensor-fusion/limits/hami.cache",
                     ],

@@ -460,6 +460,7 @@ def overriding(cluster: Cluster, namespace: str) -> None:
         Env.NVIDIA_VISIBLE_DEVICES: ",".join(g.uuid for g in cluster.gpus),
         f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0": "81920m",
         Env.HAMI_SM_LIMIT: "100",
+        Env.HAMI_UTILIZATION_POLICY: "disable",  # HAMi-core's limiter off
     }
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "lift"}, "data": lifted}
     cluster.core.create_namespaced_config_map(namespace, body)

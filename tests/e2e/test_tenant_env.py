@@ -61,6 +61,7 @@ def lifted(all_gpus: str) -> dict[str, str]:
         f"{Env.HAMI_MEMORY_LIMIT_PREFIX}0": "81920m",
         f"{Env.HAMI_SM_LIMIT}_0": "100",
         Env.HAMI_SM_LIMIT: "100",
+        Env.HAMI_UTILIZATION_POLICY: "disable",  # HAMi-core's limiter off
         Env.HAMI_SHARED_REGION: OWN_REGION,
         Env.TF_MEM_LIMIT: every,
         Env.TF_UP_LIMIT: full,
