@@ -18,7 +18,7 @@ private pipe folder and EXCLUSIVE_PROCESS compute mode, and puts both back at th
   plugin runs against it (hard: its MPS ceiling; soft: its guard, which puts the region back).
 
 Asked for by name: ``burst`` (a pause), ``live`` (a limit lowered in a running process), ``pod`` (two processes
-under one grant).
+under one grant), ``switch`` (a 0 written into the HAMi-core region's limiter switch).
 
 Run by hand on a machine with one NVIDIA GPU (H100/H200; root for the compute mode; nvcc; HAMi-core's
 source for soft, as for benchmarks.gpu_check), or with ``--emulated`` on one without (shared and soft, the GPU

@@ -59,6 +59,9 @@ WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's 
 HAMI_LOG = Path("/tmp/vgpulog")  # where HAMi-core writes its info-level lines
 HAMI_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
 HAMI_POLICY_DISABLE = "disable"  # Env.HAMI_UTILIZATION_POLICY's value that turns HAMi-core's limiter off
+# Where HAMi-core 8f3a89c keeps its region's limiter switch (shared_region_t.utilization_switch, an int; 1: on),
+# which its limiter obeys unless the environment forces it on (tests/device_plugin/hami_layout.py has the layout).
+SWITCH_OFFSET = 2008900
 WATCHER_LOG_KEPT = 8 << 20
 EMULATED_NOTE = (
     "EMULATED GPU: HAMi-core's own code limits the tenants, but the GPU is a model (benchmarks/isolation/emulated): "
@@ -311,6 +314,31 @@ class Bench:
             "points": total - cap if total is not None else None,
         }
 
+    def switch(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
+        """One tenant at its cap; halfway, a 0 written into its HAMi-core region's limiter switch, as any process of
+        the container may (the region is mode 0666): whether the cap holds after it."""
+        cap = st.targets[0]
+        envs = self.env(mode, cap, "switch")
+        reader = self.start(envs, "compute", f"{st.seconds}")
+        at = None
+        if reader.wait_for("step", "ready", 60) is not None:
+            self.pause(LIVE_HALF_S)
+            fd = os.open(envs[Env.HAMI_SHARED_REGION], os.O_WRONLY)
+            try:
+                os.pwrite(fd, (0).to_bytes(4, "little"), SWITCH_OFFSET)
+            finally:
+                os.close(fd)
+            at = time.time()
+        rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
+        seen = around(rows, at, self.uncapped.get("compute")) if at is not None else None
+        return {
+            "target": cap,
+            "policy": envs.get(Env.HAMI_UTILIZATION_POLICY),
+            "before_share": seen.before if seen else None,
+            "after_share": seen.after if seen else None,
+            "error": step(rows, "error").get("error") or (None if at is not None else "tenant never ready"),
+        }
+
     def one(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> None:
         """Run ``st`` and file its figures under ``figures``."""
         if st.scenario == "single":
@@ -327,6 +355,8 @@ class Bench:
             figures["live"] = self.live(mode, st)
         elif st.scenario == "pod":
             figures["pod"] = self.pod(mode, st)
+        elif st.scenario == "switch":
+            figures["switch"] = self.switch(mode, st)
         else:
             figures["tampering"] = self.tampering(mode, st, figures)
 

@@ -31,6 +31,7 @@ BURST_RUN_S = 6.0  # its running before the pause (settled at its cap), and agai
 BURST_IDLE_S = 20.0  # the pause: long enough for a limiter's refill and bucket to grow back
 LIVE_CAPS = (50, 10)  # a running tenant's limit, then the one written to its HAMi-core region
 LIVE_HALF_S = 8.0  # seconds at each: the change comes halfway
+SWITCH_CAP = 25  # the limit of a tenant that writes a 0 into its region's limiter switch, halfway
 POD_CAP = 25  # the limit of one pod whose processes all run busy
 POD_PROCS = 2  # its processes, one grant: one environment, one HAMi-core region
 POD_S = 10.0  # long enough for a limiter to settle on them
@@ -51,9 +52,9 @@ EMULATED_ORDER = ORDER[:2]  # the modes the emulated GPU runs (benchmarks/isolat
 LIMITED = (IsolationMode.SOFT, IsolationMode.HARD)  # the modes with a compute limit to cap and to tamper with
 LIVE = (IsolationMode.SOFT,)  # the mode whose limit the plugin changes in running processes (HAMi-core's region)
 BASELINE = "baseline"  # the uncapped runs every share is measured against
-# --scenarios: the issue's five (the default), then a tenant idling and resuming, a limit changed live, and a pod
-# of several processes
-SCENARIOS = ("single", "pair", "latency", "memory", "tampering", "burst", "live", "pod")
+# --scenarios: the issue's five (the default), then a tenant idling and resuming, a limit changed live, a pod of
+# several processes, and a tenant switching its limiter off in its region
+SCENARIOS = ("single", "pair", "latency", "memory", "tampering", "burst", "live", "pod", "switch")
 ISSUE_SCENARIOS = SCENARIOS[:5]
 
 
@@ -88,6 +89,8 @@ class Step:
             return f"compute at {limits}, idle {BURST_IDLE_S:g} s, then again"
         if self.scenario == "live":
             return f"compute at {self.targets[0]} %, lowered to {self.targets[1]} % while it runs"
+        if self.scenario == "switch":
+            return f"compute at {limits}, a 0 written into its region's limiter switch while it runs"
         if self.scenario == "pod":
             return f"one pod at {limits}: {POD_PROCS} compute processes"
         return f"{self.kernel} {limits}"
@@ -121,14 +124,14 @@ def baseline_kernels(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     compute one for the others with a rate (the tampering's honest rate is a single-tenant compute run)."""
     if "single" in scenarios:
         return KERNELS
-    return ("compute",) if {"pair", "tampering", "burst", "live", "pod"} & set(scenarios) else ()
+    return ("compute",) if {"pair", "tampering", "burst", "live", "pod", "switch"} & set(scenarios) else ()
 
 
 def mode_steps(
     mode: IsolationMode, scenarios: tuple[str, ...], pair_s: float, single_s: float = SINGLE_S
 ) -> list[Step]:
     """One mode's runs in order: single-tenant (``single_s`` each), splits (``pair_s`` each), latency, memory,
-    tampering, burst, live, pod."""
+    tampering, burst, live, pod, switch."""
     limited = mode in LIMITED
     steps = []
     if limited and "single" in scenarios:
@@ -158,6 +161,8 @@ def mode_steps(
         steps.append(Step(mode, "live", "compute", LIVE_CAPS, 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S))
     if limited and "pod" in scenarios:
         steps.append(Step(mode, "pod", "compute", (POD_CAP,), POD_S, POD_S + START_S))
+    if mode in LIVE and "switch" in scenarios:
+        steps.append(Step(mode, "switch", "compute", (SWITCH_CAP,), 2 * LIVE_HALF_S, 2 * LIVE_HALF_S + START_S))
     return steps
 
 
@@ -193,7 +198,8 @@ def plan(
         raise BudgetError(
             f"--scenarios {','.join(scenarios)} has nothing to measure in {', '.join(idle)} (single-tenant caps, "
             f"tampering, burst and pod need a compute limit: {', '.join(LIMITED)}; live a limit the plugin changes in "
-            f"running processes: {', '.join(LIVE)}); add a scenario or leave that mode out"
+            f"running processes, and switch HAMi-core's region: {', '.join(LIVE)}); add a scenario or leave that mode "
+            "out"
         )
     fixed_cost = sum(s.cost for s in all_steps(runs, scenarios, 0.0, single_s) if s.scenario != "pair")
     pairs = len(runs) * len(SPLITS) if "pair" in scenarios else 0

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.isolation.figures import LIVE_SETTLE_S
 from benchmarks.isolation.tenants import BACKENDS
-from vgpu.names import IsolationMode
+from vgpu.names import Env, IsolationMode
 
 TABLE_HEAD = ("| scenario | limit | measured | against the limit |", "|---|---|---|---|")
 
@@ -142,6 +142,17 @@ def pod_row(p: dict[str, Any]) -> str:
     )
 
 
+def switch_row(sw: dict[str, Any]) -> str:
+    head = f"| a 0 written into its region's limiter switch while it runs, compute | {sw['target']} % |"
+    if sw.get("error"):
+        return f"{head} failed: {sw['error']} | n/a |"
+    policy = f"{Env.HAMI_UTILIZATION_POLICY}={sw['policy']}" if sw.get("policy") else "no policy variable"
+    return (
+        f"{head} {num(sw['before_share'])} % before; {num(sw['after_share'])} % from {LIVE_SETTLE_S:g} s after "
+        f"({policy}) | {num(diff(sw['after_share'], sw['target']), signed=True)} points after |"
+    )
+
+
 def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> list[str]:
     backend = BACKENDS[IsolationMode(mode)]
     title = f"## {mode} (enforcement backend {backend})"
@@ -168,6 +179,8 @@ def mode_section(mode: str, figures: dict[str, Any], gpu: dict[str, Any]) -> lis
         lines.append(live_row(figures["live"]))
     if figures.get("pod"):
         lines.append(pod_row(figures["pod"]))
+    if figures.get("switch"):
+        lines.append(switch_row(figures["switch"]))
     for label, error in (figures.get("errors") or {}).items():
         lines.append(f"\nFAILED: {label}: {error}")
     if figures.get("out_of_budget"):

@@ -52,6 +52,7 @@ from benchmarks.isolation.plan import (
     SINGLE_S,
     SPLITS,
     START_S,
+    SWITCH_CAP,
     TAMPER_CAP,
     TAMPER_S,
     BudgetError,
@@ -59,7 +60,15 @@ from benchmarks.isolation.plan import (
     render_plan,
 )
 from benchmarks.isolation.prereqs import blocked, check
-from benchmarks.isolation.report import burst_row, live_row, pod_row, render_markdown, tampering_row, write_report
+from benchmarks.isolation.report import (
+    burst_row,
+    live_row,
+    pod_row,
+    render_markdown,
+    switch_row,
+    tampering_row,
+    write_report,
+)
 from benchmarks.isolation.tenants import Gpu, gpu_facts, tampered, tenant_env
 from benchmarks.isolation.tenants import build as plugin_build
 from device_plugin.enforcement.envs import ContainerGrant, EnforcementPaths, MountSpec
@@ -67,6 +76,7 @@ from device_plugin.hami_build.changes import CHANGES, describe
 from device_plugin.hami_build.graph_edits import GRAPH, GRAPH_CHARGE
 from device_plugin.hami_build.watcher_edits import WATCHER
 from device_plugin.settings import PluginSettings
+from tests.device_plugin.hami_layout import SharedRegion
 from tests.device_plugin.test_hami_changes import STOCK_WATCHER, hami_tree
 from vgpu.names import EnforcementBackend, Env, IsolationMode
 
@@ -379,6 +389,23 @@ def test_softs_tampering_row_says_what_the_plugins_guard_left_it() -> None:
 
 def test_the_guard_acts_when_the_plugins_pass_would_at_the_latest() -> None:
     assert PluginSettings.model_fields["live_limits_interval"].default == GUARD_S < TAMPER_S - LIVE_SETTLE_S
+
+
+def test_the_switch_row_and_where_it_writes() -> None:
+    switched = {"target": 25, "policy": "FORCE", "before_share": 24.6, "after_share": 27.0, "error": None}
+    assert switch_row(switched) == (
+        "| a 0 written into its region's limiter switch while it runs, compute | 25 % | 24.6 % before; 27.0 % from "
+        "2 s after (GPU_CORE_UTILIZATION_POLICY=FORCE) | +2.0 points after |"
+    )
+    assert "(no policy variable) | +73.0 points after |" in switch_row(switched | {"policy": None, "after_share": 98.0})
+    assert switch_row(switched | {"error": "tenant never ready"}).endswith("| failed: tenant never ready | n/a |")
+    assert SharedRegion.utilization_switch.offset == bench.SWITCH_OFFSET  # HAMi-core 8f3a89c's layout
+    made = plan(400, (M.SOFT, M.HARD), ("switch", "memory"))
+    assert [(s.mode, s.scenario, s.targets) for s in made.steps if s.scenario == "switch"] == [
+        ("soft", "switch", (SWITCH_CAP,))
+    ]
+    with pytest.raises(BudgetError, match=r"nothing to measure in hard .*switch HAMi-core's region: soft"):
+        plan(400, (M.HARD,), ("switch",))
 
 
 def test_the_burst_live_and_pod_rows_say_what_happened_or_why_not() -> None:
@@ -775,19 +802,23 @@ if kind == "alloc":
         emit(step=step, mib=int(want), ok=ok, error="" if ok else "cudaErrorMemoryAllocation")
     sys.exit(0)
 seconds = int(float(sys.argv[2]))
-# The live scenario, and soft's tampering beside the plugin's guard: HAMi-core's region, made at start from the
-# environment; its past half already run when the benchmark rewrites the region
-if hami and ("-live/" in region or ("-tamperer/" in region and "/own-" not in region)):
-    write_region(Path(region), initialised([(int(mib) << 20, int(pct))]))
+# The live and switch scenarios, and soft's tampering beside the plugin's guard: HAMi-core's region, made at start
+# from the environment (its limiter switch on); its past half already run when the benchmark writes the region
+if hami and ("-live/" in region or "-switch/" in region or ("-tamperer/" in region and "/own-" not in region)):
+    made = initialised([(int(mib) << 20, int(pct))])
+    made.utilization_switch = 1
+    write_region(Path(region), made)
     t0 -= seconds // 2
     emit(step="ready", kernel=kind, pid=os.getpid(), wall=t0, unit="kernels/s")
     for i in range(seconds // 2):
         emit(step="second", **{{"from": t0 + i, "to": t0 + i + 1, "rate": 10 * pct}})
-    seen = lambda: SharedRegion.from_buffer_copy(Path(region).read_bytes()).sm_limit[0]
-    while seen() == pct and time.time() < t0 + seconds // 2 + 10:  # until the benchmark rewrites it
-        time.sleep(0.02)
-    if "live-sm-limit" in open(os.environ["LD_PRELOAD"]).read():  # read at every tick, not once at start
-        pct = seen()
+    seen = lambda: SharedRegion.from_buffer_copy(Path(region).read_bytes())
+    while (seen().sm_limit[0], seen().utilization_switch) == (pct, 1) and time.time() < t0 + seconds // 2 + 10:
+        time.sleep(0.02)  # until the benchmark writes it
+    if seen().utilization_switch == 0 and os.environ.get("GPU_CORE_UTILIZATION_POLICY") != "FORCE":
+        pct = 100  # the region's switch off, and the environment does not force the limiter on
+    elif "live-sm-limit" in open(os.environ["LD_PRELOAD"]).read() and not off:  # read at every tick
+        pct = seen().sm_limit[0]
     t1 = time.time()
     for i in range(seconds - seconds // 2):
         emit(step="second", **{{"from": t1 + i, "to": t1 + i + 1, "rate": 10 * pct}})
@@ -933,8 +964,8 @@ def test_a_whole_run_on_fake_gpu_commands(
     # HAMi-core's watcher lines, of this run's soft tenants only (the tampering tenant raised its limit to 100).
     watcher = (tmp_path / "out" / "hami-watcher.log").read_text().splitlines()
     # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation),
-    # the same in a region of its own (compute, allocation), burst, live, a pod's two processes
-    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 2 + 1 + 1 + 2 and all(
+    # the same in a region of its own (compute, allocation), burst, live, a pod's two processes, switch
+    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 2 + 1 + 1 + 2 + 1 and all(
         line.startswith("device 0: userutil=50") for line in watcher
     )
     # A pause: soft's first second after it ran uncapped (held with idle-hold), hard's held its cap; shared has no
@@ -964,4 +995,13 @@ def test_a_whole_run_on_fake_gpu_commands(
         assert pod["points"] == pytest.approx(POD_PROCS * each - POD_CAP) and pod["seconds_together"] > 5
     assert "pod" not in modes["shared"]
     assert "| one pod, 2 busy compute processes | 25 % | 12.5 + 12.5 = 25.0 % over" in out
+    # The region's limiter switch written 0: the plugin's FORCE keeps soft's limiter on.
+    assert modes["soft"]["switch"] == {
+        "target": SWITCH_CAP,
+        "policy": "FORCE",
+        "before_share": pytest.approx(SWITCH_CAP),
+        "after_share": pytest.approx(SWITCH_CAP),
+        "error": None,
+    }
+    assert "switch" not in modes["hard"] and "switch" not in modes["shared"]
     assert "| tampering: the same, with HAMi-core's switch off (`GPU_CORE_UTILIZATION_POLICY=disable`) and a" in out
