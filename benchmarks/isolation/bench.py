@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
 from device_plugin.hami_build.changes import describe, with_changes
 from device_plugin.hami_build.graph_edits import graph_charging
-from vgpu.names import Env, IsolationMode
+from vgpu.names import LIVE_LIMITS_DIR, Env, IsolationMode
 
 HERE = Path(__file__).resolve().parent
 WORK = Path("/tmp/isolation-bench")  # the tenant load, the preload list, MPS's folders, each tenant's limits
@@ -99,8 +99,8 @@ class Bench:
         # HAMI_LOG: why its compute cap holds or not is read there (kept as hami-watcher.log).
         return self.machine_env | (envs | {HAMI_LOG_LEVEL: "3"} if mode is IsolationMode.SOFT else envs)
 
-    def start(self, envs: dict[str, str], *args: str) -> Reader:
-        cmd = [str(self.binary), *args]
+    def start(self, envs: dict[str, str], *args: str, wrap: Sequence[str] = ()) -> Reader:
+        cmd = [*wrap, str(self.binary), *args]
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **envs}
         )
@@ -118,9 +118,11 @@ class Bench:
         )
         return reader.rows
 
-    def run(self, label: str, envs: dict[str, str], *args: str, seconds: float) -> list[dict[str, Any]]:
-        """A tenant run to its end (``seconds`` measured; killed half a minute after)."""
-        return self.finish(label, self.start(envs, *args), seconds + 30)
+    def run(
+        self, label: str, envs: dict[str, str], *args: str, seconds: float, wrap: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
+        """A tenant run to its end (``seconds`` measured; killed half a minute after), its command after ``wrap``."""
+        return self.finish(label, self.start(envs, *args, wrap=wrap), seconds + 30)
 
     def single(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
         percent = st.targets[0] if st.targets else None
@@ -171,8 +173,8 @@ class Bench:
             "neighbour": st.targets[1] if neighbour else None,
         }
 
-    def allocation(self, label: str, envs: dict[str, str]) -> dict[str, Any]:
-        rows = self.run(label, envs, "alloc", f"{WITHIN_MIB}", f"{OVER_MIB}", seconds=0)
+    def allocation(self, label: str, envs: dict[str, str], wrap: Sequence[str] = ()) -> dict[str, Any]:
+        rows = self.run(label, envs, "alloc", f"{WITHIN_MIB}", f"{OVER_MIB}", seconds=0, wrap=wrap)
         within, over = step(rows, "within"), step(rows, "over")
         return {
             "limit_mib": VRAM_LIMIT // MIB,
@@ -247,12 +249,16 @@ class Bench:
             Env.HAMI_SHARED_REGION: str(region.with_name(f"own-{region.name}")),
             Env.HAMI_UTILIZATION_POLICY: HAMI_POLICY_DISABLE,
         }
-        rows = self.run(f"{st.mode} tampering in a region of its own", own, "compute", f"{SINGLE_S}", seconds=SINGLE_S)
+        # As its container would run it: the pod's live-limits directory mounted where the plugin mounts it.
+        wrap = in_container(region.parent)
+        label = f"{st.mode} tampering in a region of its own"
+        rows = self.run(label, own, "compute", f"{SINGLE_S}", seconds=SINGLE_S, wrap=wrap)
         got = share(mean_rate(rows), self.uncapped.get("compute"))
         return {
             "share": got,
             "gain_points": got - TAMPER_CAP if got is not None else None,
-            "memory": self.allocation(f"{st.mode} allocation in a region of its own", own),
+            "memory": self.allocation(f"{st.mode} allocation in a region of its own", own, wrap),
+            "mount_namespace": bool(wrap),
         }
 
     def burst(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
@@ -372,6 +378,20 @@ class Bench:
             except Exception as exc:  # recorded; the other runs still say something
                 figures.setdefault("errors", {})[st.label] = f"{type(exc).__name__}: {exc}"
                 self.log.append(f"### {st.mode} {st.label}: FAILED\n{traceback.format_exc()}")
+
+
+def in_container(live_dir: Path) -> list[str]:
+    """The prefix that runs a tenant as its container would see the plugin's live-limits directory: in a mount
+    namespace of its own, ``live_dir`` mounted at LIVE_LIMITS_DIR over a private /run (nothing is made on the
+    host, whose other tenants must not find one); none where the benchmark cannot make one (no unshare, not
+    root)."""
+    assert LIVE_LIMITS_DIR.startswith("/run/")
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return []
+    script = (
+        f'mount -t tmpfs none /run && mkdir -p {LIVE_LIMITS_DIR} && mount --bind "$0" {LIVE_LIMITS_DIR} && exec "$@"'
+    )
+    return ["unshare", "-m", "sh", "-c", script, str(live_dir)]
 
 
 def paths_for(lib: Path | None) -> EnforcementPaths:

@@ -99,9 +99,14 @@ def tampering_row(t: dict[str, Any]) -> str:
 
 def own_region_row(target: int, own: dict[str, Any]) -> str:
     memory = "more memory" if own["memory"]["over_ok"] else "no memory"
+    where = (
+        "as its container: the plugin's live-limits directory mounted"
+        if own.get("mount_namespace")
+        else "NOT as its container: no mount namespace here"
+    )
     return (
         "| tampering: the same, with HAMi-core's switch off (`GPU_CORE_UTILIZATION_POLICY=disable`) and a region "
-        f"of its own (`CUDA_DEVICE_MEMORY_SHARED_CACHE`; no guard watches it) | "
+        f"of its own (`CUDA_DEVICE_MEMORY_SHARED_CACHE`; {where}) | "
         f"{target} % | {num(own['share'])} % of uncapped; {allocation(own['memory'])} | "
         f"{num(own['gain_points'], signed=True)} points past its limit, {memory} |"
     )

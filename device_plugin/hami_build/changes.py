@@ -20,9 +20,13 @@ cap (docs/isolation.md); the isolation benchmark measures a build with or withou
   step took tens of seconds to get there. The refill is set from what the last second's refills gave
   (``share_model.c``); a simulation that reproduces the H200's figures of the fixed step settles every load
   within two seconds with it (tests/device_plugin/test_hami_share_model.py).
+- ``pinned-region``: a process of the pod could start another with a region of its own, which the
+  plugin's guard does not watch, or with the limiter switched off (``GPU_CORE_UTILIZATION_POLICY=disable``).
+  Wherever the plugin's live-limits directory is mounted, the region is now the one in it, and ``disable`` is
+  not honoured (``region_edits.py``).
 
-``IMAGE_CHANGES`` are the ones Dockerfile.plugin makes: those measured to hold, and ``live-sm-limit``, which
-changes nothing in steady state.
+``IMAGE_CHANGES`` are the ones Dockerfile.plugin makes: those measured to hold, and ``live-sm-limit`` and
+``pinned-region``, which change nothing in steady state (where the limits and region are the plugin's).
 
 Each edit must find its anchor exactly once, or the change is refused with the place it did not find: a
 HAMi-core whose code moved is not patched blind. The source given is never changed; a copy is.
@@ -37,6 +41,7 @@ from typing import Final
 
 from device_plugin.hami_build.edit import ChangeError, Edit
 from device_plugin.hami_build.graph_edits import graph_edits
+from device_plugin.hami_build.region_edits import PINNED_REGION_EDITS
 from device_plugin.hami_build.watcher_edits import (
     IDLE_HOLD_EDITS,
     LINEAR_STEP_EDITS,
@@ -49,6 +54,7 @@ GRAPH_LAUNCH: Final = "graph-launch"
 LIVE_SM_LIMIT: Final = "live-sm-limit"
 IDLE_HOLD: Final = "idle-hold"
 SHARE_MODEL: Final = "share-model"
+PINNED_REGION: Final = "pinned-region"
 STOCK_BUILD: Final = "stock (the exported source as it is)"
 WRITTEN_FOR: Final = (
     "8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811"  # the HAMi-core commit the changes were written and measured on
@@ -59,15 +65,17 @@ EDITS: Final[dict[str, tuple[Edit, ...]]] = {  # in the order they build on each
     LIVE_SM_LIMIT: LIVE_SM_LIMIT_EDITS,
     IDLE_HOLD: IDLE_HOLD_EDITS,
     SHARE_MODEL: SHARE_MODEL_EDITS,
+    PINNED_REGION: PINNED_REGION_EDITS,
 }
 CHANGES: Final = tuple(EDITS)
-IMAGE_CHANGES: Final = (LINEAR_STEP, GRAPH_LAUNCH, LIVE_SM_LIMIT)
+IMAGE_CHANGES: Final = (LINEAR_STEP, GRAPH_LAUNCH, LIVE_SM_LIMIT, PINNED_REGION)
 DESCRIBED: Final = {
     LINEAR_STEP: "the limiter's correction step linear in the SM count (HAMi-core PR #317's change)",
     GRAPH_LAUNCH: "CUDA Graph launches charged to the limiter (device_plugin/hami_build/graph_launch.c)",
     LIVE_SM_LIMIT: "the SM limit read from the shared region at every watcher tick, not once at start",
     IDLE_HOLD: "the refill raised only while the process waits for tokens, its bucket two ticks of it",
     SHARE_MODEL: "the refill set from what the last second's refills gave (device_plugin/hami_build/share_model.c)",
+    PINNED_REGION: "the region the plugin's mounted one and the limiter's off switch ignored, whatever the environment",
 }
 
 

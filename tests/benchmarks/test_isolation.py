@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,7 +79,7 @@ from device_plugin.hami_build.watcher_edits import WATCHER
 from device_plugin.settings import PluginSettings
 from tests.device_plugin.hami_layout import SharedRegion
 from tests.device_plugin.test_hami_changes import STOCK_WATCHER, hami_tree
-from vgpu.names import EnforcementBackend, Env, IsolationMode
+from vgpu.names import LIVE_LIMITS_DIR, EnforcementBackend, Env, IsolationMode
 
 M = IsolationMode
 ALL = tuple(IsolationMode)
@@ -389,6 +390,19 @@ def test_softs_tampering_row_says_what_the_plugins_guard_left_it() -> None:
 
 def test_the_guard_acts_when_the_plugins_pass_would_at_the_latest() -> None:
     assert PluginSettings.model_fields["live_limits_interval"].default == GUARD_S < TAMPER_S - LIVE_SETTLE_S
+
+
+def test_a_tenant_run_as_its_container_sees_the_pods_live_limits_directory_and_the_host_gets_none(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "hami.cache").write_text("the pod's region")
+    wrap = bench.in_container(tmp_path)
+    if not wrap:  # no unshare or not root: the run is marked as not in a container, never passed off as one
+        assert shutil.which("unshare") is None or os.geteuid() != 0
+        return
+    seen = subprocess.run([*wrap, "cat", f"{LIVE_LIMITS_DIR}/hami.cache"], capture_output=True, text=True, check=False)
+    assert (seen.returncode, seen.stdout) == (0, "the pod's region"), seen.stderr
+    assert not Path(LIVE_LIMITS_DIR).exists()  # made inside the namespace only
 
 
 def test_the_switch_row_and_where_it_writes() -> None:
@@ -932,6 +946,7 @@ def test_a_whole_run_on_fake_gpu_commands(
     # With the limiter switched off and a region of its own, which no guard watches: compute and memory.
     assert soft["own_region"]["share"] == pytest.approx(100) and soft["own_region"]["gain_points"] == pytest.approx(75)
     assert soft["own_region"]["memory"]["over_ok"] is True
+    assert soft["own_region"]["mount_namespace"] is bool(bench.in_container(tmp_path))
     assert modes["hard"]["tampering"]["own_region"] is None
     assert modes["hard"]["tampering"]["gain_points"] == pytest.approx(0)
     assert modes["hard"]["tampering"]["memory"]["over_ok"] is False

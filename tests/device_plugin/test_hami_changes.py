@@ -18,6 +18,7 @@ from device_plugin.hami_build.changes import (
     IMAGE_CHANGES,
     LINEAR_STEP,
     LIVE_SM_LIMIT,
+    PINNED_REGION,
     SHARE_MODEL,
     STOCK_BUILD,
     WRITTEN_FOR,
@@ -29,7 +30,9 @@ from device_plugin.hami_build.changes import (
 )
 from device_plugin.hami_build.edit import ChangeError
 from device_plugin.hami_build.graph_edits import DLSYM, ENTRIES, GRAPH, GRAPH_CHARGE, HOOK, VERSIONED
+from device_plugin.hami_build.region_edits import REGION_C
 from device_plugin.hami_build.watcher_edits import SHARE_MODEL_C, WATCHER
+from vgpu.names import HAMI_REGION_FILE, LIVE_LIMITS_DIR
 
 # The step as delta() writes it (two sm_num factors, then the rest of the product), spacing varied as C allows.
 SQUARED_STEP = "(int64_t)g_sm_num[device_id] * (int64_t)g_sm_num[device_id] * rest"
@@ -70,6 +73,16 @@ VERSIONED_TEXT = (
 )
 
 
+REGION_TEXT = (  # try_create_shrreg() and set_env_utilization_switch() as HAMi-core 8f3a89c writes them
+    '    utilization_env = getenv("GPU_CORE_UTILIZATION_POLICY");\n    if (utilization_env!=NULL){\n'
+    '        if ((strcmp(utilization_env,"FORCE") ==0 ) || (strcmp(utilization_env,"force") ==0))\n'
+    "            return 1;\n"
+    '        if ((strcmp(utilization_env,"DISABLE") ==0 ) || (strcmp(utilization_env,"disable") ==0 ))\n'
+    "            return 2;\n    }\n"
+    "    char* shr_reg_file = getenv(MULTIPROCESS_SHARED_REGION_CACHE_ENV);\n    if (shr_reg_file == NULL) {\n"
+)
+
+
 def hami_tree(root: Path, watcher_text: str | None = STOCK_WATCHER) -> Path:
     """An exported source shaped as HAMi-core's where the changes edit it (no watcher with None)."""
     files = {
@@ -78,6 +91,7 @@ def hami_tree(root: Path, watcher_text: str | None = STOCK_WATCHER) -> Path:
         GRAPH: GRAPH_TEXT,
         HOOK: HOOK_TEXT,
         VERSIONED: VERSIONED_TEXT,
+        REGION_C: REGION_TEXT,
     }
     if watcher_text is not None:
         files[WATCHER] = watcher_text
@@ -219,6 +233,19 @@ def test_graph_launch_on_code_that_moved_says_where(tmp_path: Path, path: Path, 
     (src / path).write_text(text)
     assert said in (check_source(src, [GRAPH_LAUNCH]) or "")
     assert check_source(src, [LINEAR_STEP]) is None  # the other change does not need that file
+
+
+def test_pinned_region_takes_the_plugins_region_where_it_is_mounted_and_drops_the_off_switch(tmp_path: Path) -> None:
+    text = (with_changes(hami_tree(tmp_path / "export"), tmp_path / "changed", [PINNED_REGION]) / REGION_C).read_text()
+    assert text.count("getenv(MULTIPROCESS_SHARED_REGION_CACHE_ENV)") == 1  # only where the directory is not there
+    assert f'stat("{LIVE_LIMITS_DIR}", &tf_limits_dir) == 0 && S_ISDIR(tf_limits_dir.st_mode)' in text
+    assert f'? "{LIVE_LIMITS_DIR}/{HAMI_REGION_FILE}"' in text
+    assert '"DISABLE"' not in text and "return 2;" not in text and '"FORCE"' in text and "return 1;" in text
+    moved = hami_tree(tmp_path / "moved")
+    (moved / REGION_C).write_text(REGION_TEXT.replace("shr_reg_file = getenv", "shr_reg_file = secure_getenv"))
+    assert "try_create_shrreg()'s region path from the environment exactly once, found it 0 times" in (
+        check_source(moved, [PINNED_REGION]) or ""
+    )
 
 
 def test_the_copy_has_the_changes_and_the_export_is_untouched(tmp_path: Path) -> None:
