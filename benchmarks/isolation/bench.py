@@ -198,15 +198,24 @@ class Bench:
             raise MpsError(f"the MPS daemon refused the ceiling: {log[-1].strip()}")
         return commands
 
+    def after_ready(self, reader: Reader, after_s: float, write: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``after_s`` after the tenant is ready, ``write`` done: what it said, and when (``at``; None, with the
+        state "tenant never ready", where the tenant never was)."""
+        if reader.wait_for("step", "ready", 60) is None:
+            return {"state": "tenant never ready", "at": None}
+        self.pause(after_s)
+        return write() | {"at": time.time()}
+
     def rewrite_region(self, envs: dict[str, str], reader: Reader, after_s: float, sm_limit: int) -> dict[str, Any]:
         """``after_s`` after the tenant is ready, its HAMi-core region written with ``sm_limit`` (and the VRAM
         limit) by the plugin's own writer (device_plugin.enforcement.hami_region), as a live limit change or
         the plugin's guard putting a tampered region back does: what it found and wrote, and when."""
-        if reader.wait_for("step", "ready", 60) is None:
-            return {"state": "tenant never ready", "at": None}
-        self.pause(after_s)
-        synced = hami_region.sync(Path(envs[Env.HAMI_SHARED_REGION]), [(VRAM_LIMIT, sm_limit)])
-        return {"state": synced.region.state, "writes": [str(w) for w in synced.writes], "at": time.time()}
+
+        def sync() -> dict[str, Any]:
+            synced = hami_region.sync(Path(envs[Env.HAMI_SHARED_REGION]), [(VRAM_LIMIT, sm_limit)])
+            return {"state": synced.region.state, "writes": [str(w) for w in synced.writes]}
+
+        return self.after_ready(reader, after_s, sync)
 
     def tampering(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> dict[str, Any]:
         """A tenant that starts its process with its limits raised. Under hard, beside the plugin's MPS ceiling;
@@ -326,23 +335,24 @@ class Bench:
         cap = st.targets[0]
         envs = self.env(mode, cap, "switch")
         reader = self.start(envs, "compute", f"{st.seconds}")
-        at = None
-        if reader.wait_for("step", "ready", 60) is not None:
-            self.pause(LIVE_HALF_S)
+
+        def switch_off() -> dict[str, Any]:
             fd = os.open(envs[Env.HAMI_SHARED_REGION], os.O_WRONLY)
             try:
                 os.pwrite(fd, (0).to_bytes(4, "little"), SWITCH_OFFSET)
             finally:
                 os.close(fd)
-            at = time.time()
+            return {"state": "switch written"}
+
+        written = self.after_ready(reader, LIVE_HALF_S, switch_off)
         rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
-        seen = around(rows, at, self.uncapped.get("compute")) if at is not None else None
+        seen = around(rows, written["at"], self.uncapped.get("compute")) if written["at"] is not None else None
         return {
             "target": cap,
             "policy": envs.get(Env.HAMI_UTILIZATION_POLICY),
             "before_share": seen.before if seen else None,
             "after_share": seen.after if seen else None,
-            "error": step(rows, "error").get("error") or (None if at is not None else "tenant never ready"),
+            "error": step(rows, "error").get("error") or (None if written["at"] is not None else written["state"]),
         }
 
     def one(self, mode: IsolationMode, st: Step, figures: dict[str, Any]) -> None:
