@@ -2,9 +2,10 @@
 
 One place builds the board from the probe, the pod cache and its watch, the allocator and hand-off
 keeper, the servicer and its socket lifecycle, the inventory publisher, the usage sampler and metrics,
-the live-limits keeper, the CDI spec files, the NVIDIA toolkit check and, under ``--backend=mps``, NVIDIA's
-MPS control daemon, so that the CLI and the component tests run the very same assembly (tests swap only
-the probe, the process resolver, the Kubernetes gateway and the PodResources source).
+the live-limits keeper, the CDI spec files, the NVIDIA toolkit check, the VRAM guard and, under
+``--backend=mps``, NVIDIA's MPS control daemon, so that the CLI and the component tests run the very same
+assembly (tests swap only the probe, the process resolver and killer, the Kubernetes gateway and the
+PodResources source).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from device_plugin.enforcement.live_limits import Tamper
 from device_plugin.enforcement.mps_daemon import MpsDaemon
 from device_plugin.enforcement.mps_plan import plan, served
 from device_plugin.enforcement.toolkit_check import ToolkitCheck
+from device_plugin.enforcement.vram_guard import VramGuard
+from device_plugin.enforcement.vram_overuse import Overuse, OveruseAction
 from device_plugin.gpus.board import DeviceBoard, HealthMonitor, LayoutWatch, discover
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.kubelet.allocator import Allocator, AllocatorConfig
@@ -37,6 +40,7 @@ from device_plugin.kubelet.lifecycle import DEFAULT_POLL_S, DEFAULT_RETRY_S, Plu
 from device_plugin.kubelet.server import DevicePluginServicer
 from device_plugin.metrics import GpuCollector, PluginMetrics, UsageCollector
 from device_plugin.settings import PluginSettings
+from device_plugin.usage.process_kill import PidfdKiller, ProcessKiller
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from device_plugin.usage.sampler import UsageSampler
 from device_plugin.usage.usage import grant_of
@@ -63,6 +67,7 @@ class Daemon:
         pod_devices: Callable[[], Awaitable[PodDevices]] | None = None,
         metrics: PluginMetrics | None = None,
         resolver: ProcessResolver | None = None,
+        killer: ProcessKiller | None = None,
         live_limits_grace_s: float = 30.0,
         cdi_grace_s: float = 30.0,
         socket_poll_s: float = DEFAULT_POLL_S,
@@ -70,7 +75,8 @@ class Daemon:
         gate: Gate | None = None,
     ) -> None:
         """``catalog``: the GPU models (built in, and ``--gpu-catalog``'s); ``resolver`` maps GPU processes to
-        pods (default: ``/proc``). The rest are timings no operator needs, shortened by tests: how long a
+        pods (default: ``/proc``), ``killer`` stops one for the VRAM guard (default: by pidfd, checked against
+        ``resolver``). The rest are timings no operator needs, shortened by tests: how long a
         live-limits directory, and a CDI spec file, that no pod on the node owns is kept after its last
         change, and how often the kubelet's socket directory is polled and a failed serve or registration
         retried. ``gate`` judges who may read ``/metrics`` and ``/usage`` off loopback (None: anyone, for
@@ -178,15 +184,29 @@ class Daemon:
             heartbeat_s=settings.heartbeat,
         )
 
+        resolver = resolver or ProcResolver()
+
+        def overuse(found: Overuse, message: str) -> None:
+            c = found.usage
+            self.node_events.vram_overuse(c.namespace, c.pod, c.pod_uid, message)
+
+        self.vram_guard = (
+            None
+            if settings.vram_overuse is OveruseAction.OFF
+            else VramGuard(
+                settings.vram_overuse, settings.vram_tolerance, killer or PidfdKiller(resolver), self.metrics, overuse
+            )
+        )
         self.sampler = UsageSampler(
             probe,
-            resolver or ProcResolver(),
+            resolver,
             self.board.gpus,
             self.cache.pods,
             self.metrics,
             node=node,
             interval_s=settings.usage_interval,
             sm_unknown=frozenset(g.uuid for g in served(self.board.gpus())) if mps else frozenset(),
+            after=None if self.vram_guard is None else self.vram_guard.enforce,
         )
 
     def _grants(self) -> dict[str, PodAllocation] | None:
@@ -227,7 +247,7 @@ class Daemon:
             self.publisher.run(),
             self.toolkit.run(settings.toolkit_check_interval),
             self.keeper.run(self.allocator, settings.reconcile_interval),
-            *([self.sampler.run()] if http is not None else []),
+            *([self.sampler.run()] if http is not None or self.vram_guard is not None else []),
             *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),
             *([self.cdi.run(self.cache, settings.node, CDI_SWEEP_S, self.allocator.regrant)] if self.cdi else []),
             *([self.mps.run()] if self.mps else []),

@@ -24,6 +24,7 @@ from device_plugin.gpus.owned import OwnedProbe
 from device_plugin.gpus.probe import GpuProbe, ProbeError
 from device_plugin.gpus.probe_report import report
 from device_plugin.settings import PluginSettings
+from device_plugin.usage.process_kill import PidfdKiller, ProcessKiller
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from tf_shell import settings_cli
 from tf_shell.access import Gate
@@ -59,23 +60,24 @@ def _require_node(settings: PluginSettings) -> None:
         raise SystemExit("tf-device-plugin: --node-name (or $NODE_NAME) is required")
 
 
-def _probe(settings: PluginSettings) -> tuple[GpuProbe, ProcessResolver]:
-    """The GPUs this plugin manages: NVML's (or the fake file's), narrowed to ``--gpus``; and who owns
-    their processes: ``/proc`` (or the fake file's script)."""
+def _probe(settings: PluginSettings) -> tuple[GpuProbe, ProcessResolver, ProcessKiller]:
+    """The GPUs this plugin manages: NVML's (or the fake file's), narrowed to ``--gpus``; who owns their
+    processes, and how one is stopped: ``/proc`` and pidfds (or the fake file's script)."""
     try:
         if settings.fake_gpus:
             fake = FakeProbe(Path(settings.fake_gpus))
-            return OwnedProbe(fake, owned.parse(settings.gpus)), fake
+            return OwnedProbe(fake, owned.parse(settings.gpus)), fake, fake
         from device_plugin.gpus.nvml_backend import NvmlProbe  # only where a driver exists
 
-        return OwnedProbe(NvmlProbe(), owned.parse(settings.gpus)), ProcResolver()
+        resolver = ProcResolver()
+        return OwnedProbe(NvmlProbe(), owned.parse(settings.gpus)), resolver, PidfdKiller(resolver)
     except ProbeError as exc:
         raise SystemExit(f"tf-device-plugin: {exc}") from None
 
 
 def _print_probe(settings: PluginSettings) -> int:
     catalog = catalog_from(settings)
-    probe, _ = _probe(settings)
+    probe, _, _ = _probe(settings)
     try:
         sys.stdout.write(report(probe, catalog, settings.default_milli_tflops))
     finally:
@@ -105,10 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tf_shell.kube.client import api_client
     from tf_shell.kube.reviews import KubeReviews
 
-    probe, resolver = _probe(settings)
+    probe, resolver, killer = _probe(settings)
     try:
         gate = Gate(KubeReviews(api_client(settings.kubeconfig)), settings.access_review_ttl)
-        daemon = Daemon(settings, probe, connect(settings.kubeconfig), catalog=catalog, resolver=resolver, gate=gate)
+        daemon = Daemon(
+            settings, probe, connect(settings.kubeconfig), catalog=catalog, resolver=resolver, killer=killer, gate=gate
+        )
         asyncio.run(_serve(daemon))
     finally:
         probe.close()

@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
+from device_plugin.enforcement.vram_overuse import Outcome
 from device_plugin.gpus.probe import GpuProbe
 from tf_shell.access import Access, Gate
 from vgpu import metric_names as m
@@ -65,6 +66,9 @@ class PluginMetrics:
         # Exported at 0 from the start, so that the alert on its increase sees a tenant's first tampering.
         self.errors.labels(m.WHERE_TAMPER)
         self.registrations = counter(m.REGISTRATIONS)
+        self.vram_overuse = counter(m.VRAM_OVERUSE)
+        for outcome in Outcome:  # at 0 from the start, for the alert on the first one
+            self.vram_overuse.labels(outcome.value)
         self.usage_sample_seconds = histogram(m.USAGE_SAMPLE_SECONDS, _PASS_BUCKETS)
         self.usage_skips = counter(m.USAGE_SKIPS)
         self.live_limit_writes = counter(m.LIVE_LIMIT_WRITES)

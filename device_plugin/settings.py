@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import MpsConfig
+from device_plugin.enforcement.vram_overuse import OveruseAction
 from device_plugin.gpus.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from device_plugin.kubelet.kubelet_api import DEFAULT_PODRESOURCES_SOCKET
 from device_plugin.kubelet.lifecycle import DEFAULT_ENDPOINT, DEFAULT_PLUGIN_DIR, SocketConfig
@@ -23,7 +24,7 @@ from tf_shell.access import TTL_S
 from tf_shell.logfmt import LogFormat, LogLevel
 from vgpu.errors import DomainError
 from vgpu.names import CDI_SPEC_DIR, DEFAULT_SLICES_PER_GPU, NVIDIA_TOOLKIT_CONFIG, DeviceDelivery, EnforcementBackend
-from vgpu.quantity import parse_milli
+from vgpu.quantity import parse_bytes, parse_milli
 
 _PATHS = EnforcementPaths()
 
@@ -182,6 +183,18 @@ class PluginSettings(BaseSettings):
         description="Seconds between samples of each GPU's per-process use, attributed to containers on /usage "
         "and in the per-container metrics.",
     )
+    vram_overuse: OveruseAction = Field(
+        OveruseAction.KILL,
+        description="What to do about a container that holds more GPU memory than its VRAM limit by the driver's "
+        "count (past the tolerance, in two usage samples in a row): kill (SIGKILL its largest process on that GPU "
+        "and post a Warning Event GpuMemoryLimitExceeded on the pod and the node; needs the KILL capability), "
+        "report (the Event only) or off. Runs with the usage sampler, even with --metrics-port=0.",
+    )
+    vram_overuse_tolerance: str = Field(
+        "512Mi",
+        description="GPU memory a container may hold past its VRAM limit by the driver's count before "
+        "--vram-overuse acts (the driver counts what the in-container limiters do not).",
+    )
     kubeconfig: str | None = Field(
         None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."
     )
@@ -213,6 +226,15 @@ class PluginSettings(BaseSettings):
     def _quantity(cls, value: str) -> str:
         try:
             parse_milli(value)
+        except DomainError as exc:
+            raise ValueError("; ".join(e.problem for e in exc.errors)) from None
+        return value
+
+    @field_validator("vram_overuse_tolerance")
+    @classmethod
+    def _bytes(cls, value: str) -> str:
+        try:
+            parse_bytes(value)
         except DomainError as exc:
             raise ValueError("; ".join(e.problem for e in exc.errors)) from None
         return value
@@ -258,6 +280,11 @@ class PluginSettings(BaseSettings):
     def default_milli_tflops(self) -> int:
         """TFLOPS for models missing from the catalog, in milli-TFLOPS."""
         return parse_milli(self.default_tflops)
+
+    @property
+    def vram_tolerance(self) -> int:
+        """``--vram-overuse-tolerance`` in bytes."""
+        return parse_bytes(self.vram_overuse_tolerance)
 
     @property
     def health(self) -> HealthPolicy:

@@ -68,6 +68,12 @@ DEVICE_DELIVERY: Final = Metric(
     ("delivery",),
 )
 REGISTRATIONS: Final = Metric(f"{DEVICE_PLUGIN}_registrations_total", "Successful registrations with the kubelet.")
+VRAM_OVERUSE: Final = Metric(
+    f"{DEVICE_PLUGIN}_vram_overuse_total",
+    "Containers found past their VRAM limit by the driver's count (two samples in a row, beyond the tolerance), "
+    "by outcome: killed (its largest process on the GPU), gone (that process had exited), kill_failed, reported.",
+    ("outcome",),
+)
 USAGE_SAMPLE_SECONDS: Final = Metric(
     f"{DEVICE_PLUGIN}_usage_sample_seconds", "Time one usage sampling pass over every GPU took."
 )
@@ -165,6 +171,7 @@ DEVICE_PLUGIN_METRICS: Final = (
     ENVVAR_GUARD,
     DEVICE_DELIVERY,
     REGISTRATIONS,
+    VRAM_OVERUSE,
     USAGE_SAMPLE_SECONDS,
     USAGE_SAMPLED_AT,
     USAGE_SKIPS,

@@ -1,5 +1,5 @@
 """Node Events for GPU health: ``kubectl describe node`` says when and why a GPU left service; and Events
-on a pod and its node when its container tampered with its live limits.
+on a pod and its node when its container tampered with its live limits, or held GPU memory past its limit.
 
 A GPU that turns unhealthy leaves the node's allocatable and the extender's placements at once; an
 operator looking at a node whose capacity shrank, or at pods that no longer land there, should not
@@ -27,6 +27,7 @@ REASON_UNHEALTHY: Final = "GpuUnhealthy"
 REASON_HEALTHY: Final = "GpuHealthy"
 REASON_LIVE_LIMITS_RESTORED: Final = "LiveLimitsRestored"  # a container's limit file tampered with, put back
 REASON_LIVE_LIMITS_RESET: Final = "LiveLimitsReset"  # HAMi-core's region beyond repair, reset to an empty file
+REASON_VRAM_OVERUSE: Final = "GpuMemoryLimitExceeded"  # a container past its VRAM limit by the driver's count
 
 
 def event_for(uuid: str, state: GpuHealth) -> tuple[str, str, bool]:
@@ -64,6 +65,11 @@ class NodeEvents:
         reason = REASON_LIVE_LIMITS_RESTORED if restored else REASON_LIVE_LIMITS_RESET
         self._background.spawn(self._post(reason, message, True))
         self._background.spawn(self._post_pod(namespace, pod, uid, reason, message))
+
+    def vram_overuse(self, namespace: str, pod: str, uid: str, message: str) -> None:
+        """A Warning Event on the pod and one on the node: a container held GPU memory past its VRAM limit."""
+        self._background.spawn(self._post(REASON_VRAM_OVERUSE, message, True))
+        self._background.spawn(self._post_pod(namespace, pod, uid, REASON_VRAM_OVERUSE, message))
 
     async def drain(self) -> None:
         """Wait for the events being posted (tests, shutdown)."""

@@ -30,6 +30,7 @@ from device_plugin.gpus.probe import (
     ProcessSample,
     XidEvent,
 )
+from device_plugin.usage.process_kill import KillRefused
 from device_plugin.usage.process_owner import ProcessOwner
 
 MIB = 1024 * 1024
@@ -160,11 +161,26 @@ class FakeProbe:
         )
 
     def owner(self, pid: int) -> ProcessOwner | None:
-        """The pod and container a scripted process belongs to; None for any other PID."""
+        """The pod and container a scripted process belongs to; None for any other PID, or one killed."""
         with self._lock:
             self._refresh()
             scripted = self._by_pid.get(pid)
         return None if scripted is None else ProcessOwner(pod=scripted.pod, container=scripted.container)
+
+    def kill(self, pid: int, owner: ProcessOwner) -> bool:
+        """A scripted process leaves the reports, as a killed one leaves the driver's list, until the file is
+        written again; False for a PID that is not (or no longer) scripted. The
+        :class:`~device_plugin.usage.process_kill.ProcessKiller` of the scripted processes."""
+        with self._lock:
+            self._refresh()
+            scripted = self._by_pid.get(pid)
+            if scripted is None:
+                return False
+            if ProcessOwner(pod=scripted.pod, container=scripted.container) != owner:
+                raise KillRefused(f"process {pid} belongs to another container")
+            del self._by_pid[pid]
+            self._by_gpu[scripted.gpu].remove(scripted)
+            return True
 
     def compute_mode(self, uuid: str) -> ComputeMode:
         """The mode last set, else the file's ``computeMode`` (nvidia-smi's names; default ``Default``)."""

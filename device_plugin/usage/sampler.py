@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from device_plugin.cluster.pods import PodRecord
 from device_plugin.gpus.probe import GpuProbe
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.process_owner import ProcessOwner, ProcessResolver
-from device_plugin.usage.usage import GpuProcesses, Skip, allocated, node_usage, sm_unknown
+from device_plugin.usage.usage import Attribution, GpuProcesses, Skip, allocated, node_usage, sm_unknown
 from vgpu.contract.inventory import GpuInfo
 from vgpu.contract.usage import NodeUsage
 from vgpu.timefmt import rfc3339
@@ -43,9 +43,12 @@ class UsageSampler:
         node: str,
         interval_s: float,
         sm_unknown: frozenset[str] = frozenset(),
+        after: Callable[[Attribution], Awaitable[None]] | None = None,
     ) -> None:
         """``sm_unknown``: GPUs whose per-process SM shares are not the processes' own (MPS): their
-        containers' TFLOPS are reported unmeasured."""
+        containers' TFLOPS are reported unmeasured. ``after``: awaited on the event loop with each pass (the
+        VRAM guard: :mod:`device_plugin.enforcement.vram_guard`)."""
+        self._after = after
         self._probe, self._resolver, self._gpus, self._pods = probe, resolver, gpus, pods
         self._sm_unknown = sm_unknown
         self._metrics, self._node, self.interval_s = metrics, node, interval_s
@@ -58,6 +61,10 @@ class UsageSampler:
 
     def sample(self, pods: Sequence[PodRecord]) -> NodeUsage:
         """One pass over every GPU; blocks (the daemon runs it in a thread)."""
+        return self.attribute(pods).usage
+
+    def attribute(self, pods: Sequence[PodRecord]) -> Attribution:
+        """:meth:`sample`, with each row's processes and the skips."""
         started, now = time.perf_counter(), time.time()
         measured: list[GpuProcesses] = []
         for gpu in self._gpus():
@@ -93,7 +100,7 @@ class UsageSampler:
         self.latest = result.usage
         self._metrics.usage_sampled_at.set(now)
         self._metrics.usage_sample_seconds.observe(time.perf_counter() - started)
-        return result.usage
+        return result
 
     def _owner(self, pid: int) -> ProcessOwner | None:
         try:
@@ -124,7 +131,9 @@ class UsageSampler:
         while True:
             pods = list(self._pods())
             try:
-                await asyncio.to_thread(self.sample, pods)
+                found = await asyncio.to_thread(self.attribute, pods)
+                if self._after is not None:
+                    await self._after(found)
             except Exception:
                 log.exception("usage sampling pass failed; the next one runs in %.1fs", self.interval_s)
             await asyncio.sleep(self.interval_s)

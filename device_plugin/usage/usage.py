@@ -49,11 +49,26 @@ class GpuProcesses:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Holder:
+    """One attributed process's hold on a GPU: what the VRAM guard may stop
+    (:mod:`device_plugin.enforcement.vram_guard`)."""
+
+    pid: int
+    owner: ProcessOwner  # as the pass found it: a signal goes only to a process that still has this owner
+    memory: int  # bytes, the driver's count
+
+
+HolderKey = tuple[str, str, str]  # (pod UID, container, GPU UUID): one row of the usage document
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Attribution:
-    """A pass's document, and each process it could not attribute: (GPU UUID, PID, why)."""
+    """A pass's document; each row's processes (``holders``); each process it could not attribute: (GPU UUID,
+    PID, why)."""
 
     usage: NodeUsage
     skipped: tuple[tuple[str, int, Skip], ...]
+    holders: Mapping[HolderKey, tuple[Holder, ...]]
 
 
 def sm_unknown(report: ProcessReport) -> ProcessReport:
@@ -97,8 +112,10 @@ class _Pods:
         return self._by_uid.get(ref) or self._by_key.get(ref) or self._by_name.get(ref)
 
 
-def _attribute(owner: ProcessOwner | None, pods: _Pods, gpu: str) -> tuple[PodRecord, str, GpuGrant] | Skip:
-    """The pod, container and grant of a process on GPU ``gpu``, or why there are none."""
+def _attribute(
+    owner: ProcessOwner | None, pods: _Pods, gpu: str
+) -> tuple[PodRecord, str, GpuGrant, ProcessOwner] | Skip:
+    """The pod, container, grant and owner of a process on GPU ``gpu``, or why there are none."""
     if owner is None:
         return Skip.NO_POD
     pod = pods.find(owner.pod)
@@ -110,7 +127,7 @@ def _attribute(owner: ProcessOwner | None, pods: _Pods, gpu: str) -> tuple[PodRe
     alloc = grant_of(pod.allocation) if pod.allocation else None
     grants = alloc.gpus_of(container) if alloc and container in alloc.containers else ()
     grant = next((g for g in grants if g.uuid == gpu), None)
-    return Skip.NO_GRANT if grant is None else (pod, container, grant)
+    return Skip.NO_GRANT if grant is None else (pod, container, grant, owner)
 
 
 def node_usage(
@@ -124,7 +141,8 @@ def node_usage(
 ) -> Attribution:
     """The ``/usage`` document for one pass: ``owners`` maps each PID listed in ``gpus`` to its owner."""
     index = _Pods(pods)
-    used: dict[tuple[str, str, str], tuple[PodRecord, GpuGrant, int, int]] = {}  # (uid, container, gpu) → sums
+    used: dict[HolderKey, tuple[PodRecord, GpuGrant, int, int]] = {}  # (uid, container, gpu) → sums
+    holders: dict[HolderKey, list[Holder]] = {}
     lost: dict[str, tuple[int, int, int]] = {}  # gpu → (processes, SM percent, memory)
     skipped: list[tuple[str, int, Skip]] = []
     tflops = {g.gpu.uuid: g.gpu.tflops for g in gpus}
@@ -138,9 +156,11 @@ def node_usage(
                 count, sm, memory = lost.get(uuid, (0, 0, 0))
                 lost[uuid] = (count + 1, sm + proc.sm_percent, memory + proc.memory_used)
                 continue
-            pod, container, grant = found
-            _, _, sm, memory = used.get((pod.uid, container, uuid), (pod, grant, 0, 0))
-            used[(pod.uid, container, uuid)] = (pod, grant, sm + proc.sm_percent, memory + proc.memory_used)
+            pod, container, grant, owner = found
+            key = (pod.uid, container, uuid)
+            _, _, sm, memory = used.get(key, (pod, grant, 0, 0))
+            used[key] = (pod, grant, sm + proc.sm_percent, memory + proc.memory_used)
+            holders.setdefault(key, []).append(Holder(pid=proc.pid, owner=owner, memory=proc.memory_used))
     containers = (
         ContainerUsage(
             namespace=pod.namespace,
@@ -174,4 +194,6 @@ def node_usage(
             for uuid, (count, sm, memory) in sorted(lost.items())
         ),
     )
-    return Attribution(usage=usage, skipped=tuple(skipped))
+    return Attribution(
+        usage=usage, skipped=tuple(skipped), holders={key: tuple(found) for key, found in holders.items()}
+    )

@@ -75,7 +75,7 @@ async def plugin(
     if kubelet is None:
         kubelet = TestKubelet(tmp)
         await kubelet.start()
-    probe = FakeProbe(gpus)  # its scripted processes' owners too, as under --fake-gpus
+    probe = FakeProbe(gpus)  # its scripted processes' owners and killer too, as under --fake-gpus
     daemon = Daemon(
         settings(tmp, **overrides),
         probe,
@@ -83,6 +83,7 @@ async def plugin(
         catalog=catalog or builtin(),
         pod_devices=pod_devices or kubelet.pod_devices,
         resolver=probe,
+        killer=probe,
         live_limits_grace_s=live_limits_grace_s,
         cdi_grace_s=cdi_grace_s,
         socket_poll_s=0.05,
