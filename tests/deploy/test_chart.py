@@ -498,3 +498,15 @@ def test_under_mps_the_plugin_shares_the_daemons_pipe_log_and_shm_directories_wi
     )
     assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility,compute"} in plugin["env"]
     assert "privileged" not in plugin["securityContext"]
+
+
+@pytest.mark.parametrize(("action", "added"), [("kill", ["KILL"]), ("report", None), ("off", None)])
+def test_the_plugin_gets_the_kill_capability_only_where_its_vram_guard_kills(
+    action: str, added: list[str] | None, tmp_path: Path
+) -> None:
+    values = {"devicePlugin": {"vramOveruse": action, "vramOveruseTolerance": "1Gi"}}
+    plugin = container(pod_spec(render(values, tmp_path), *WORKLOADS[1][:2]), "device-plugin")
+    assert plugin["securityContext"]["capabilities"].get("add") == added
+    assert plugin["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    given = plugin_settings(plugin["args"])  # read by the binary's own flag parser
+    assert (given.vram_overuse.value, given.vram_tolerance) == (action, 1024**3)
