@@ -14,7 +14,7 @@ from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 from vgpu.names import CRD_GROUP, CRD_VERSION, LABEL_ENABLED, PLURAL_WORKLOAD, Annotation, SystemAnnotation
 
 from .cluster import LIVE_LIMITS_DIRS, Cluster
-from .fake_nodes import fake_nvml_yaml
+from .fake_nodes import MIB, fake_nvml_yaml
 from .pods import IMAGE, allocation_of
 
 NAMESPACE = "e2e-autoscaling"
@@ -93,8 +93,9 @@ def deployment(
 
 class Load:
     """Scripts every placed pod of a Deployment (``app`` in ``namespace``) at ``sm`` percent of its GPU and
-    ``vram_mib`` of its memory (None: all of it), rewriting the fake GPU file as pods come and go (a thread,
-    every half second)."""
+    ``vram_mib`` of its memory (None: all it may hold, its VRAM limit there, as a load pressing on the limiter
+    inside its container would: more, and the device plugin's VRAM guard kills it), rewriting the fake GPU
+    file as pods come and go and limits change (a thread, every half second)."""
 
     def __init__(
         self, cluster: Cluster, sm: int, *, app: str = WORKLOAD, namespace: str = NAMESPACE, vram_mib: int | None = 512
@@ -127,7 +128,7 @@ class Load:
             if pod.status.phase != "Running" or not (pod.metadata.annotations or {}).get(SystemAnnotation.ALLOCATION):
                 continue
             for g in allocation_of(pod).gpus:
-                vram = memory[g.uuid] if self.vram_mib is None else self.vram_mib
+                vram = min(memory[g.uuid], g.vram_limit // MIB) if self.vram_mib is None else self.vram_mib
                 script.append(
                     {"pod": pod.metadata.uid, "container": "main", "gpu": g.uuid, "smPercent": self.sm, "vramMiB": vram}
                 )

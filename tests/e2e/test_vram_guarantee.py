@@ -14,7 +14,7 @@ On the kubelet node (four 80Gi A100s):
 2. fillers take the room of every other GPU of the node, so what follows can only go to G;
 3. a hog Deployment (10 TFLOPS and 1Gi, limits equal) under a WorkloadProfile enabling autoSetLimits for both
    resources (maxRatioToRequests 100, evaluated every second) lands on G; its pod's use is scripted in the fake
-   GPU file at the whole GPU (100 % of the SMs, 80Gi);
+   GPU file at the whole GPU's SMs (100 %) and all the memory its limit lets it hold, pressing on it;
 4. its limits double each period: TFLOPS up to the GPU's 312 (over-subscribed, as before), VRAM only up to what
    G's other pods leave free — 80Gi less the neighbour's 30Gi *limit* (its 20Gi request would leave 60) — with a
    ``CappedByOtherPods`` event and the workload's ``LimitsAutoSet`` condition saying so;
@@ -237,7 +237,7 @@ def test_a_raised_vram_limit_is_held_so_a_later_neighbour_is_not_placed_beside_i
         # 2. Every other GPU of the node filled: what follows can only go to the neighbour's GPU.
         fill_all_but(core, gpu, capacity)
 
-        # The hog at the whole GPU: 100 % of its SMs and all its memory.
+        # The hog at the whole GPU's SMs and at its VRAM limit, whatever it is raised to.
         with Load(cluster, 100, app=HOG, namespace=NAMESPACE, vram_mib=None):
             # 3. The hog lands beside the neighbour and presses on its limits.
             apps.create_namespaced_deployment(namespace, hog_deployment())

@@ -1,0 +1,105 @@
+"""A container past its VRAM limit by the driver's count loses its largest process (docs/security.md, "VRAM past
+its limit, by the driver's count"), on the kubelet node with the real API server.
+
+A tenant with pod-create rights runs two GPU pods of 1Gi each on the node. The fake GPU file stands in for the
+driver: one pod's container is scripted at 3Gi in one process and 256Mi in another — a process that left the
+limiter inside its container (its own environment, no preloaded library) — and its neighbour at 1.25Gi, within
+the 512Mi tolerance. Sampling every second, the device plugin kills the 3Gi process within three samples, says
+so on the pod and on the node, counts it once, and touches nothing else: the neighbour keeps its process, and the
+pod, now under its limit, loses nothing more.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kubernetes.client import CoreV1Api
+from prometheus_client.parser import text_string_to_metric_families
+
+from device_plugin.cluster.node_events import REASON_VRAM_OVERUSE
+from device_plugin.gpus.fake_probe import FAKE_PID_BASE
+from vgpu.contract import usage
+from vgpu.metric_names import VRAM_OVERUSE
+from vgpu.names import Annotation
+
+from .cluster import PLUGIN_USAGE_INTERVAL, REAL_NODE, Cluster
+from .fake_nodes import MIB, fake_nvml_yaml
+from .kube import eventually, wait_running
+from .pods import allocation_of, gpu_pod
+
+NAMESPACE = "e2e-vram-guard"
+SHARE = {Annotation.TFLOPS_REQUEST: "5", Annotation.VRAM_REQUEST: "1Gi", Annotation.VRAM_LIMIT: "1Gi"}
+# Two samples in a row past the limit, one more for the sample that sees the kill, and slack for a loaded machine.
+WITHIN_S = 3 * PLUGIN_USAGE_INTERVAL + 3
+
+
+def overuse_counts(cluster: Cluster) -> dict[str, float]:
+    """The node's ``tf_device_plugin_vram_overuse_total`` by outcome (its /metrics)."""
+    return {
+        s.labels["outcome"]: s.value
+        for family in text_string_to_metric_families(cluster.plugin_get("/metrics"))
+        for s in family.samples
+        if s.name == VRAM_OVERUSE.name
+    }
+
+
+def used_by(cluster: Cluster, pod: Any) -> int | None:
+    """The pod's container ``main``'s memory on /usage; None while it is not there."""
+    found = [c for c in usage.decode(cluster.plugin_get(usage.PATH)).containers if c.pod_uid == pod.metadata.uid]
+    return found[0].vram_used if found else None
+
+
+def said(core: CoreV1Api, namespace: str, kind: str, name: str) -> list[str]:
+    selector = f"involvedObject.kind={kind},involvedObject.name={name},reason={REASON_VRAM_OVERUSE}"
+    return [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items]
+
+
+def test_a_container_past_its_vram_limit_loses_its_largest_process_and_nothing_else_is_touched(
+    cluster: Cluster, core: CoreV1Api
+) -> None:
+    ns = cluster.namespace(NAMESPACE)
+    tenant = cluster.grant_tenant(ns, "edit")
+    for name in ("greedy", "modest"):
+        tenant.create_namespaced_pod(ns, gpu_pod(name, SHARE))
+    greedy, modest = (wait_running(core, ns, name) for name in ("greedy", "modest"))
+    script = [
+        {"pod": greedy.metadata.uid, "container": "main", "gpu": allocation_of(greedy).gpus[0].uuid, "vramMiB": 3072},
+        {"pod": greedy.metadata.uid, "container": "main", "gpu": allocation_of(greedy).gpus[0].uuid, "vramMiB": 256},
+        {"pod": modest.metadata.uid, "container": "main", "gpu": allocation_of(modest).gpus[0].uuid, "vramMiB": 1280},
+    ]
+    before = overuse_counts(cluster)
+    try:
+        cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}, usage=script))
+        eventually("the greedy pod's use on /usage", lambda: used_by(cluster, greedy) == 3328 * MIB, WITHIN_S, 0.05)
+        seen = time.monotonic()
+        eventually("the greedy pod's 3Gi process gone", lambda: used_by(cluster, greedy) == 256 * MIB, WITHIN_S, 0.05)
+        print(f"killed {time.monotonic() - seen:.2f}s after its use was first served")
+
+        (message,) = eventually("the Event on the pod", lambda: said(core, ns, "Pod", "greedy") or None, 10, 0.2)
+        assert message == (
+            f"container main of pod {ns}/greedy held 3.2Gi of GPU {allocation_of(greedy).gpus[0].uuid} by the "
+            "driver's count, over its VRAM limit 1Gi by more than 512Mi in 2 samples in a row: its process "
+            f"{FAKE_PID_BASE} (3Gi) was killed"
+        )
+        on_node = eventually("the Event on the node", lambda: said(core, "default", "Node", REAL_NODE) or None, 10, 0.2)
+        assert message in on_node
+        # The tenant reads why its process died, as it reads an eviction: an Event in its own namespace.
+        assert [e.message for e in tenant.list_namespaced_event(ns).items if e.reason == REASON_VRAM_OVERUSE] == [
+            message
+        ]
+
+        time.sleep(3 * PLUGIN_USAGE_INTERVAL)  # three more samples: nothing more happens
+        assert (used_by(cluster, greedy), used_by(cluster, modest)) == (256 * MIB, 1280 * MIB)
+        after = overuse_counts(cluster)
+        assert {k: after[k] - before.get(k, 0.0) for k in after} == {
+            "killed": 1,
+            "gone": 0,
+            "kill_failed": 0,
+            "reported": 0,
+        }
+        assert said(core, ns, "Pod", "modest") == [] and said(core, ns, "Pod", "greedy") == [message]
+    finally:
+        cluster.set_gpu_faults({})
+        for name in ("greedy", "modest"):
+            core.delete_namespaced_pod(name, ns)
