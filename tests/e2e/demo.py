@@ -35,7 +35,7 @@ from typing import Any
 
 from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
-from device_plugin.cluster.node_events import REASON_LIVE_LIMITS_RESTORED
+from device_plugin.cluster.node_events import REASON_LIVE_LIMITS_RESTORED, REASON_VRAM_OVERUSE
 from device_plugin.cluster.receipts import ReceiptFile
 from scheduler_extender.claim_board import lease_name
 from vgpu.contract import allocation, usage
@@ -156,6 +156,7 @@ def run(keep: bool) -> None:
             measured(cluster, running)
             side_doors(cluster, namespace)
             tampering(cluster, pod, container)
+            past_its_limit(cluster, pod, container)
             lean_bind(cluster, running[0])
         workloads = CustomObjectsApi(cluster.admin)
 
@@ -426,6 +427,27 @@ def tampering(cluster: Cluster, pod: Any, container: str) -> None:
     print(f"  the device plugin put it back in {back * 1000:.0f} ms; the pod's Event:")
     print(f"  {eventually('the tampering said on the pod', said, timeout=15)[0]}")
     print(f"  tampering counted on the node: {counted} (alert TensorFusionLiveLimitsTampered, deploy/alerts)")
+
+
+def past_its_limit(cluster: Cluster, pod: Any, container: str) -> None:
+    """A process of the container holds 2Gi more than the pod's VRAM limit by the driver's count (scripted in the
+    fake GPU file: one that left the limiter inside its container): the device plugin kills it two samples later
+    and says why on the pod (docs/security.md, "VRAM past its limit, by the driver's count")."""
+    grant = allocation_of(pod).gpus[0]
+    over = grant.vram_limit // (1024 * 1024) + 2048
+    script = [{"pod": pod.metadata.uid, "container": container, "gpu": grant.uuid, "vramMiB": over}]
+    cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}, usage=script))
+    name, namespace = pod.metadata.name, pod.metadata.namespace
+
+    def said() -> list[str] | None:
+        lines = [e for e in events_for(cluster.core, namespace, name) if e.startswith(REASON_VRAM_OVERUSE)]
+        return lines or None
+
+    over_text, limit_text = humanize_bytes(over * 1024 * 1024), humanize_bytes(grant.vram_limit)
+    print(f"\na process of pod/{name} holds {over_text} of its GPU by the driver's count, past its {limit_text} VRAM "
+          "limit (one that left HAMi-core); the device plugin kills it, and the pod's Event says why:")  # fmt: skip
+    print(f"  {eventually('the kill said on the pod', said, timeout=30)[0]}")
+    cluster.set_gpu_faults({})
 
 
 def skipping_the_scheduler(cluster: Cluster, namespace: str) -> None:
