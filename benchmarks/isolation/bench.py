@@ -23,6 +23,7 @@ from benchmarks.gpu_check.hami_runs import nvcc_build
 from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
 from benchmarks.gpu_check.report import say
 from benchmarks.gpu_check.smi import smi_xml
+from benchmarks.isolation.driver_count import counted
 from benchmarks.isolation.emulated import build as emulated
 from benchmarks.isolation.figures import around, mean_rate, seconds_rows, share, shares_after, split, together
 from benchmarks.isolation.mps import MpsError, control, mps_daemon
@@ -30,6 +31,8 @@ from benchmarks.isolation.plan import (
     BASELINE,
     BURST_IDLE_S,
     BURST_RUN_S,
+    FILL_CHUNK_MIB,
+    FILL_HOLD_S,
     GUARD_S,
     ISSUE_SCENARIOS,
     LIVE,
@@ -184,6 +187,27 @@ class Bench:
             "over_mib": OVER_MIB,
             "over_ok": over.get("ok"),
             "over_error": over.get("error") or None,
+        }
+
+    def at_limit(self, label: str, envs: dict[str, str]) -> dict[str, Any]:
+        """A tenant filling GPU memory until its limiter refuses (or twice its limit is held), and the driver's
+        count of it meanwhile: how far past its VRAM limit the device plugin's VRAM guard sees it."""
+        most = 2 * VRAM_LIMIT // MIB
+        reader = self.start(envs, "fill", f"{FILL_CHUNK_MIB}", f"{most}", f"{FILL_HOLD_S:g}")
+        filled = reader.wait_for("step", "filled", 60)
+        seen: dict[str, Any] = (
+            counted(self.gpu.uuid, int(filled["pid"]), self.machine_env)
+            if filled is not None
+            else {"driver_mib": None, "matched": "it never said it had filled"}
+        )
+        reader.proc.terminate()  # counted: it need not hold on
+        self.finish(label, reader, 30)
+        driver = seen["driver_mib"]
+        return {
+            "filled_mib": None if filled is None else filled["mib"],
+            "stopped": None if filled is None else filled["stopped"],
+            **seen,
+            "past_limit_mib": None if driver is None else driver - VRAM_LIMIT // MIB,
         }
 
     def ceiling(self) -> list[str] | None:
@@ -365,6 +389,7 @@ class Bench:
             figures.setdefault("latency", {})["beside" if len(st.targets) > 1 else "alone"] = self.latency(mode, st)
         elif st.scenario == "memory":
             figures["memory"] = self.allocation(f"{st.mode} allocation", self.env(mode, TAMPER_CAP, "alloc"))
+            figures["memory"]["at_limit"] = self.at_limit(f"{st.mode} at its limit", self.env(mode, TAMPER_CAP, "fill"))
         elif st.scenario == "burst":
             figures["burst"] = self.burst(mode, st)
         elif st.scenario == "live":

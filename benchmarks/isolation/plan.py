@@ -41,6 +41,9 @@ SINGLE_S = 4.0  # one single-tenant run by default (its first second is left out
 LATENCY_S = 6.0
 START_S = 2.0  # a process's CUDA start and warm-up, beside its measured seconds
 ALLOC_S = 3.0  # one allocation probe, its start included
+FILL_CHUNK_MIB = 64  # a tenant held at its limit allocates this much at a time: a limiter stops it this close
+FILL_HOLD_S = 20.0  # the longest it holds what it got: the benchmark stops it once the driver's count is read
+FILL_READ_S = 1.0  # that read (the device plugin's NVML probe, in a child process)
 SETUP_S = {
     "build the tenant load": 30.0,  # nvcc, or g++ for the emulated GPU
     "build HAMi-core": 60.0,
@@ -82,7 +85,7 @@ class Step:
         if self.scenario == "latency":
             return f"latency stream at {self.targets[0]} % " + ("alone" if len(self.targets) == 1 else "+ neighbour")
         if self.scenario == "memory":
-            return "an allocation past the VRAM limit"
+            return "an allocation past the VRAM limit; held at it, the driver's count"
         if self.scenario == "tampering":
             return f"compute at {limits} with its own limits raised, and an allocation past the VRAM limit"
         if self.scenario == "burst":
@@ -146,7 +149,7 @@ def mode_steps(
             for targets in (LATENCY_SPLIT[:1], LATENCY_SPLIT)
         ]
     if "memory" in scenarios:
-        steps.append(Step(mode, "memory", "alloc", (), 0.0, ALLOC_S))
+        steps.append(Step(mode, "memory", "alloc", (), 0.0, 2 * ALLOC_S + FILL_READ_S))
     if limited and "tampering" in scenarios:
         if mode in LIVE:  # past the guard's restore, then again in a region of its own (a run and a probe)
             seconds = max(single_s, TAMPER_S)

@@ -72,9 +72,22 @@ def allocation(m: dict[str, Any]) -> str:
     return f"{m['over_mib']} MiB {over}, {m['within_mib']} MiB {within}"
 
 
+def at_limit(a: dict[str, Any] | None) -> str:
+    """A tenant held at its limit, and the driver's count of it (the device plugin's VRAM guard's view)."""
+    if not a:
+        return ""
+    if a["driver_mib"] is None:
+        return f"; filled {num(a['filled_mib'], 0)} MiB, the driver's count not read ({a['matched']})"
+    return (
+        f"; filled {a['filled_mib']} MiB ({a['stopped']}), the driver counts {a['driver_mib']} MiB: "
+        f"{a['past_limit_mib']:+d} MiB past the limit"
+    )
+
+
 def memory_row(m: dict[str, Any]) -> str:
     held = "held" if m["over_ok"] is False and m["within_ok"] else "NOT held" if m["over_ok"] else "n/a"
-    return f"| memory | {m['limit_mib']} MiB | {allocation(m)}; device seen {m['device_mib_seen']} MiB | {held} |"
+    seen = f"device seen {m['device_mib_seen']} MiB{at_limit(m.get('at_limit'))}"
+    return f"| memory | {m['limit_mib']} MiB | {allocation(m)}; {seen} | {held} |"
 
 
 def tampering_row(t: dict[str, Any]) -> str:

@@ -13,6 +13,9 @@
 //   tenant_load latency SECONDS   a small inference-like kernel (8 blocks, ~20 us) every 200 us; the time
 //                                 of each launch to its end; p50/p99 per second and overall
 //   tenant_load alloc WITHIN_MIB OVER_MIB   cudaMalloc WITHIN_MIB (expected granted), freed, then OVER_MIB
+//   tenant_load fill CHUNK_MIB MOST_MIB HOLD_S   cudaMalloc CHUNK_MIB at a time until refused or MOST_MIB held,
+//                                 then holds it all HOLD_S seconds ({"step":"filled","mib":..,"pid":..}): what
+//                                 the driver counts of a process its limiter stopped at its limit
 //   tenant_load KERNEL SECONDS IDLE_AT IDLE_S   compute, memory or graph, idle IDLE_S seconds once after
 //                                 IDLE_AT seconds ({"step":"idle"}, then {"step":"resume"}; the second cut
 //                                 short by the pause is not printed), then on to SECONDS of running: what a
@@ -201,7 +204,22 @@ static void alloc_step(const char *step, size_t mib) {
     fflush(stdout);
 }
 
+static int fill(size_t chunk, size_t most, double hold_s) {
+    size_t held = 0;
+    void *ptr = NULL;
+    cudaError_t rc = cudaSuccess;
+    while (held + chunk <= most && (rc = cudaMalloc(&ptr, chunk << 20)) == cudaSuccess) held += chunk;  // kept
+    if (rc != cudaSuccess) cudaGetLastError();
+    printf("{\"step\":\"filled\",\"mib\":%zu,\"pid\":%d,\"stopped\":\"%s\"}\n", held, (int)getpid(),
+           rc == cudaSuccess ? "most" : cudaGetErrorName(rc));
+    fflush(stdout);
+    usleep((useconds_t)(hold_s * 1e6));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 5 && strcmp(argv[1], "fill") == 0)
+        return fill(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10), atof(argv[4]));
     if (argc >= 4 && strcmp(argv[1], "alloc") == 0) {
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
@@ -214,7 +232,9 @@ int main(int argc, char **argv) {
     for (int i = 0; argc >= 3 && i < 4; ++i)
         if (strcmp(argv[1], kinds[i]) == 0)
             return run(argv[1], atof(argv[2]), argc >= 5 ? atof(argv[3]) : 0, argc >= 5 ? atof(argv[4]) : 0);
-    fprintf(stderr, "usage: %s compute|memory|graph|latency SECONDS [IDLE_AT IDLE_S] | alloc WITHIN_MIB OVER_MIB\n",
+    fprintf(stderr,
+            "usage: %s compute|memory|graph|latency SECONDS [IDLE_AT IDLE_S] | alloc WITHIN_MIB OVER_MIB | "
+            "fill CHUNK_MIB MOST_MIB HOLD_S\n",
             argv[0]);
     return 2;
 }

@@ -64,6 +64,7 @@ from benchmarks.isolation.prereqs import blocked, check
 from benchmarks.isolation.report import (
     burst_row,
     live_row,
+    memory_row,
     pod_row,
     render_markdown,
     switch_row,
@@ -140,7 +141,7 @@ def test_flag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("budget", "modes", "expected"),
     [
-        ("480", "shared,soft,hard,partitioned", "note: two-tenant splits scaled down to 21 s each"),
+        ("480", "shared,soft,hard,partitioned", "note: two-tenant splits scaled down to 19 s each"),
         ("1000", "shared,soft,hard", "    62.0 s  hard      pair      compute 10/90 %\n"),
         ("400", "soft", "    62.0 s  soft      pair      compute 30/70 %\n"),
     ],
@@ -190,7 +191,7 @@ def test_a_real_run_goes_to_run_all_with_the_flags_and_a_sigterm_unwinds_it(
 # the planner ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("budget", [420.0, 480.0, 600.0, 2000.0])
+@pytest.mark.parametrize("budget", [440.0, 480.0, 600.0, 2000.0])
 def test_the_plan_fits_the_budget_with_its_margin(budget: float) -> None:
     made = plan(budget, ALL)
     assert made.total <= budget * (1 - MARGIN) + 1e-6
@@ -264,7 +265,7 @@ def test_only_the_scenarios_asked_run_with_the_baselines_they_need() -> None:
     made = plan(100, (M.SHARED,), ("latency", "memory"))
     assert [s.scenario for s in made.steps] == ["setup", "latency", "latency", "memory"]
     assert (made.pair_s, made.notes) == (0.0, ())
-    with pytest.raises(BudgetError, match=r"need at least 52 s \(49 s of builds and fixed runs, 5% margin\)"):
+    with pytest.raises(BudgetError, match=r"need at least 56 s \(53 s of builds and fixed runs, 5% margin\)"):
         plan(50, (M.SHARED,), ("latency", "memory"))
 
 
@@ -807,6 +808,11 @@ kind, t0 = sys.argv[1], time.time()
 region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE", "")
 sys.path.insert(0, "{repo}")
 from tests.device_plugin.hami_layout import SharedRegion, initialised, write_region
+if kind == "fill":  # 64 MiB at a time until the limit refuses, or the most asked is held
+    chunk, most = int(sys.argv[2]), int(sys.argv[3])
+    got = min(most, int(mib) // chunk * chunk)
+    emit(step="filled", mib=got, pid=os.getpid(), stopped="most" if got == most else "cudaErrorMemoryAllocation")
+    sys.exit(0)
 if kind == "alloc":
     if hami and os.path.isfile(region):  # a region made before: HAMi-core takes its limit, not the environment's
         mib = SharedRegion.from_buffer_copy(Path(region).read_bytes()).limit[0] >> 20
@@ -903,6 +909,13 @@ def test_a_whole_run_on_fake_gpu_commands(
         bench, "check", lambda modes, src, changes, **kw: check(modes, src, changes, euid=lambda: 0, **kw)
     )
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
+    asked: list[tuple[str, int]] = []
+
+    def counted(uuid: str, pid: int, env: dict[str, str]) -> dict[str, Any]:  # the driver's count: 4396 MiB
+        asked.append((uuid, pid))
+        return {"driver_mib": 4396, "matched": "pid"}
+
+    monkeypatch.setattr(bench, "counted", counted)
     kept = procs.DEADLINE[0]
     try:
         monkeypatch.setattr(bench.Bench, "pause", staticmethod(lambda _: None))
@@ -956,6 +969,15 @@ def test_a_whole_run_on_fake_gpu_commands(
         "set_active_thread_percentage 77 25",
         "set_device_pinned_mem_limit 77 0 4096M",
     ]
+    # Held at its limit: a limiter stops the fill at the limit, nothing stops shared's before twice it; the driver's
+    # count of each filled tenant, asked by its PID, is what the VRAM guard judges.
+    at_limit = {mode: modes[mode]["memory"]["at_limit"] for mode in ("shared", "soft", "hard")}
+    assert {m: (a["filled_mib"], a["stopped"], a["past_limit_mib"]) for m, a in at_limit.items()} == {
+        "shared": (8192, "most", 300),
+        "soft": (4096, "cudaErrorMemoryAllocation", 300),
+        "hard": (4096, "cudaErrorMemoryAllocation", 300),
+    }
+    assert len(asked) == 3 and {uuid for uuid, _ in asked} == {UUID} and all(pid > 0 for _, pid in asked)
     assert [p["shares"] for p in modes["shared"]["pairs"]] == [[100.0, 100.0]] * 2
     assert modes["shared"]["memory"]["over_ok"] is True and "tampering" not in modes["shared"]
     assert result["pair_s"] == 60.0 and modes["shared"]["pairs"][0]["seconds_together"] == pytest.approx(59, abs=0.5)
@@ -974,13 +996,16 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert modes["hard"]["mps"][-1] == "$ nvidia-smi -i 0 -c DEFAULT: rc 0"
     out = capsys.readouterr().out
     assert "| compute, one tenant | 25 % | 25.0 % of uncapped (250.0 kernels/s) | +0.0 points |" in out
-    assert "| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81559 MiB | NOT held |" in out
+    assert (
+        "| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81559 MiB; filled 8192 MiB (most), "
+        "the driver counts 4396 MiB: +300 MiB past the limit | NOT held |"
+    ) in out
     assert "started PID" in (tmp_path / "out" / "runs.log").read_text()
     # HAMi-core's watcher lines, of this run's soft tenants only (the tampering tenant raised its limit to 100).
     watcher = (tmp_path / "out" / "hami-watcher.log").read_text().splitlines()
-    # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation, tampering (compute, allocation),
-    # the same in a region of its own (compute, allocation), burst, live, a pod's two processes, switch
-    assert len(watcher) == 9 + 4 + 3 + 1 + 2 + 2 + 1 + 1 + 2 + 1 and all(
+    # 9 single runs, 2 pairs of 2, latency (alone 1, beside 2), the allocation and the fill, tampering (compute,
+    # allocation), the same in a region of its own (compute, allocation), burst, live, a pod's two processes, switch
+    assert len(watcher) == 9 + 4 + 3 + 2 + 2 + 2 + 1 + 1 + 2 + 1 and all(
         line.startswith("device 0: userutil=50") for line in watcher
     )
     # A pause: soft's first second after it ran uncapped (held with idle-hold), hard's held its cap; shared has no
@@ -1020,3 +1045,17 @@ def test_a_whole_run_on_fake_gpu_commands(
     }
     assert "switch" not in modes["hard"] and "switch" not in modes["shared"]
     assert "| tampering: the same, with HAMi-core's switch off (`GPU_CORE_UTILIZATION_POLICY=disable`) and a" in out
+
+
+def test_the_memory_row_says_the_drivers_count_of_a_tenant_held_at_its_limit_or_why_it_was_not_read() -> None:
+    probe = {"limit_mib": 4096, "within_mib": 1024, "within_ok": True, "over_mib": 5120, "over_ok": False}
+    probe |= {"over_error": "cudaErrorMemoryAllocation", "device_mib_seen": 4096}
+    read = {"filled_mib": 4032, "stopped": "cudaErrorMemoryAllocation", "driver_mib": 4550, "matched": "pid"}
+    assert memory_row(probe | {"at_limit": read | {"past_limit_mib": 454}}) == (
+        "| memory | 4096 MiB | 5120 MiB refused (cudaErrorMemoryAllocation), 1024 MiB granted; device seen 4096 MiB; "
+        "filled 4032 MiB (cudaErrorMemoryAllocation), the driver counts 4550 MiB: +454 MiB past the limit | held |"
+    )
+    unread = read | {"driver_mib": None, "past_limit_mib": None, "matched": "PID 7 not among those listed ([1, 2])"}
+    assert memory_row(probe | {"at_limit": unread}).endswith(
+        "; filled 4032 MiB, the driver's count not read (PID 7 not among those listed ([1, 2])) | held |"
+    )

@@ -19,6 +19,7 @@ import benchmarks.isolation.__main__ as entry
 from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
 from benchmarks.isolation import bench
+from benchmarks.isolation.driver_count import counted
 from benchmarks.isolation.emulated import build
 from benchmarks.isolation.prereqs import blocked, check
 from vgpu.names import IsolationMode as M
@@ -138,6 +139,25 @@ def test_memory_past_the_gpu_is_refused_as_cuda_refuses_it(machine: tuple[Path, 
     assert said["mem_get_info"]["total_mib"] == 141 * 1024
     assert said["within"]["ok"] is True
     assert (said["over"]["ok"], said["over"]["error"]) == (False, "cudaErrorMemoryAllocation")
+
+
+def test_a_tenant_held_at_its_fill_is_counted_by_the_plugins_own_nvml_probe(
+    machine: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The memory scenario's driver count, through the device plugin's NvmlProbe (pynvml) on the fake NVML."""
+    driver, _ = machine
+    state = tmp_path / "gpu.state"
+    tenant = start(machine, state, "fill", "64", "1000", "3")
+    assert tenant.stdout is not None
+    filled = json.loads(tenant.stdout.readline())
+    assert (filled["step"], filled["mib"], filled["stopped"]) == ("filled", 960, "most")  # 15 chunks of 64 MiB
+    uuid = build.gpu(driver).uuid
+    # The driver counts the context too: the model's 512 MiB (fake_gpu.c, CONTEXT_MEMORY), which HAMi-core
+    # measures at its start and counts against the limit; the VRAM guard's tolerance is for what it does not.
+    seen = counted(uuid, filled["pid"], build.tenant_env(driver, state))
+    assert seen == {"driver_mib": 960 + 512, "matched": "pid"}
+    tenant.communicate(timeout=30)
+    assert counted(uuid, filled["pid"], build.tenant_env(driver, state))["driver_mib"] is None  # gone with it
 
 
 def test_the_benchmark_runs_end_to_end_on_the_emulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
