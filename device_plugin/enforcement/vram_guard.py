@@ -5,7 +5,8 @@ judged past its limit loses its largest process on that GPU to SIGKILL (``--vram
 :class:`~device_plugin.usage.process_kill.ProcessKiller`, in a worker thread), or is only reported
 (``report``). Either way it is counted, logged, and posted as a Warning Event on the pod and on the node, like
 the kubelet's own evictions: whoever owns the pod sees why its process died. The plugin needs the ``KILL``
-capability to signal another user's process (the chart adds it); without it each kill fails, and says so.
+capability to signal another user's process (the chart adds it); without it each kill fails and says so, once
+per process (not again every two passes while it stays over).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class VramGuard:
         self._action, self._tolerance, self._killer = action, tolerance, killer
         self._metrics, self._report = metrics, report
         self._streaks: Mapping[HolderKey, int] = {}
+        self._refused: set[int] = set()  # PIDs whose kill failed: said once, not tried again every two passes
 
     async def enforce(self, found: Attribution) -> None:
         """Judge one pass and act on it; the signals are sent from a worker thread."""
@@ -46,8 +48,14 @@ class VramGuard:
             again=self._action is OveruseAction.KILL,
         )
         self._streaks = judged.streaks
+        listed = {h.pid for procs in found.holders.values() for h in procs}
+        self._refused &= listed  # a PID that left the driver's list may come back as another process
         for overuse in judged.act:
+            if overuse.victim.pid in self._refused:
+                continue
             outcome, why = await asyncio.to_thread(self._act, overuse)
+            if outcome is Outcome.KILL_FAILED:
+                self._refused.add(overuse.victim.pid)
             message = overuse.message(self._tolerance, outcome, why)
             self._metrics.vram_overuse.labels(outcome.value).inc()
             log.warning("%s", message)

@@ -187,8 +187,8 @@ def test_report_only_kills_nothing_and_reports_once_and_off_does_nothing() -> No
 
 def test_a_kill_refused_or_of_a_process_gone_is_counted_as_such_and_says_why() -> None:
     reports, counts = guarded(OveruseAction.KILL, Killer(refuse="needs the KILL capability"))
-    assert counts == {"kill_failed": 2}
-    assert reports[0].endswith("could not be killed: needs the KILL capability")
+    assert counts == {"kill_failed": 1}  # said once for that process, not again every two passes
+    assert len(reports) == 1 and reports[0].endswith("could not be killed: needs the KILL capability")
     assert guarded(OveruseAction.KILL, Killer(exited=True))[1] == {"gone": 2}
 
 
@@ -339,3 +339,21 @@ def test_in_the_plugin_a_container_past_its_limit_loses_its_process_and_its_neig
             assert killed == 1
 
     run(scenario())
+
+
+def test_a_process_whose_kill_failed_is_not_tried_again_until_it_leaves_the_drivers_list() -> None:
+    metrics, reports = PluginMetrics(), []
+    killer = Killer(refuse="not permitted")
+    guard = VramGuard(OveruseAction.KILL, TOLERANCE, killer, metrics, lambda found, message: reports.append(message))
+    over = row(6 * GIB)
+    listed = attribution(over, holders(over, (4242, 6 * GIB)))
+    gone = attribution(row(0), {})
+
+    async def passes(*found: Attribution) -> None:
+        for f in found:
+            await guard.enforce(f)
+
+    run(passes(listed, listed, listed, listed))
+    assert len(reports) == 1
+    run(passes(gone, listed, listed))  # it left the list: a PID listed again may be another process
+    assert len(reports) == 2
