@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from device_plugin.enforcement.envs import EnforcementPaths
@@ -221,20 +221,12 @@ class PluginSettings(BaseSettings):
             )
         return value
 
-    @field_validator("default_tflops")
+    @field_validator("default_tflops", "vram_overuse_tolerance")
     @classmethod
-    def _quantity(cls, value: str) -> str:
+    def _quantity(cls, value: str, info: ValidationInfo) -> str:
+        parse = parse_bytes if info.field_name == "vram_overuse_tolerance" else parse_milli
         try:
-            parse_milli(value)
-        except DomainError as exc:
-            raise ValueError("; ".join(e.problem for e in exc.errors)) from None
-        return value
-
-    @field_validator("vram_overuse_tolerance")
-    @classmethod
-    def _bytes(cls, value: str) -> str:
-        try:
-            parse_bytes(value)
+            parse(value)
         except DomainError as exc:
             raise ValueError("; ".join(e.problem for e in exc.errors)) from None
         return value

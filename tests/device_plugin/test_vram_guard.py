@@ -21,6 +21,7 @@ from device_plugin.enforcement.vram_guard import VramGuard
 from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, judge
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
+from device_plugin.settings import PluginSettings
 from device_plugin.usage.process_kill import KillRefused, PidfdKiller
 from device_plugin.usage.process_owner import ProcessOwner
 from device_plugin.usage.usage import Attribution, Holder, HolderKey
@@ -357,3 +358,11 @@ def test_a_process_whose_kill_failed_is_not_tried_again_until_it_leaves_the_driv
     assert len(reports) == 1
     run(passes(gone, listed, listed))  # it left the list: a PID listed again may be another process
     assert len(reports) == 2
+
+
+@pytest.mark.parametrize(("given", "said"), [("lots", "not a Kubernetes quantity"), ("-1Gi", "must not be negative")])
+def test_a_tolerance_that_is_not_a_quantity_of_bytes_is_refused_naming_the_flag(given: str, said: str) -> None:
+    with pytest.raises(ValueError, match="vram_overuse_tolerance") as refused:
+        PluginSettings(node_name="n", vram_overuse_tolerance=given)
+    assert said in str(refused.value)
+    assert PluginSettings(node_name="n").vram_tolerance == 512 * MIB
