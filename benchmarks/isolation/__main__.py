@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import benchmarks.isolation as package
 from benchmarks.gpu_check.flags import gpu_parser
-from benchmarks.isolation.bench import run_all
 from benchmarks.isolation.plan import (
     EMULATED_ORDER,
     ISSUE_SCENARIOS,
@@ -23,6 +22,7 @@ from benchmarks.isolation.plan import (
     plan,
     render_plan,
 )
+from benchmarks.isolation.run import run_all
 from device_plugin.hami_build.changes import CHANGES, in_order
 from vgpu.names import IsolationMode
 

@@ -1,12 +1,10 @@
-"""The isolation benchmark's run on the GPU: prerequisites said, the plan made again for the modes that can
-run, the tenant load (and HAMi-core) built, then each planned run — one ``tenant_load`` process per tenant,
-its environment from :func:`~benchmarks.isolation.tenants.tenant_env` — and the report written whatever
-happened. Hard mode's runs happen inside :func:`~benchmarks.isolation.mps.mps_daemon`."""
+"""The isolation benchmark's runs on one GPU, scenario by scenario: one ``tenant_load`` process per tenant, its
+environment from :func:`~benchmarks.isolation.tenants.tenant_env`, its rows read as it runs, and each mode's
+figures filed for the report. The whole run around them (prerequisites, plan, machine, report) is
+:mod:`benchmarks.isolation.run`."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import os
 import shutil
 import subprocess
@@ -18,15 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_check.constants import MIB, VRAM_LIMIT
-from benchmarks.gpu_check.hami_build import build_hami
-from benchmarks.gpu_check.hami_runs import nvcc_build
-from benchmarks.gpu_check.procs import DEADLINE, Reader, set_budget, step
+from benchmarks.gpu_check.procs import DEADLINE, Reader, step
 from benchmarks.gpu_check.report import say
-from benchmarks.gpu_check.smi import smi_xml
 from benchmarks.isolation.driver_count import counted
-from benchmarks.isolation.emulated import build as emulated
 from benchmarks.isolation.figures import around, mean_rate, seconds_rows, share, shares_after, split, together
-from benchmarks.isolation.mps import MpsError, control, mps_daemon
+from benchmarks.isolation.mps import MpsError, control
 from benchmarks.isolation.plan import (
     BASELINE,
     BURST_IDLE_S,
@@ -34,26 +28,17 @@ from benchmarks.isolation.plan import (
     FILL_CHUNK_MIB,
     FILL_HOLD_S,
     GUARD_S,
-    ISSUE_SCENARIOS,
     LIVE,
     LIVE_HALF_S,
     POD_PROCS,
     SINGLE_S,
     TAMPER_CAP,
-    Plan,
     Step,
-    measured,
-    ordered,
-    plan,
-    render_plan,
 )
-from benchmarks.isolation.prereqs import blocked, check
-from benchmarks.isolation.report import write_report
-from benchmarks.isolation.tenants import Gpu, gpu_facts, plugin_ceiling, tampered, tenant_env
+from benchmarks.isolation.tenants import Gpu, plugin_ceiling, tampered, tenant_env
 from device_plugin.enforcement import hami_region
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import SERVER_LIST, ceiling_commands, server_pids
-from device_plugin.hami_build.changes import describe, with_changes
 from device_plugin.hami_build.graph_edits import graph_charging
 from vgpu.names import LIVE_LIMITS_DIR, Env, IsolationMode
 
@@ -427,142 +412,3 @@ def in_container(live_dir: Path) -> list[str]:
         f'mount -t tmpfs none /run && mkdir -p {LIVE_LIMITS_DIR} && mount --bind "$0" {LIVE_LIMITS_DIR} && exec "$@"'
     )
     return ["unshare", "-m", "sh", "-c", script, str(live_dir)]
-
-
-def paths_for(lib: Path | None) -> EnforcementPaths:
-    """Where the benchmark put what the plugin mounts: HAMi-core and its preload list, MPS's pipe folder."""
-    preload = WORK / "ld.so.preload"
-    preload.write_text(f"{lib}\n" if lib else "")
-    return EnforcementPaths(
-        hami_library=str(lib or EnforcementPaths().hami_library),
-        hami_preload=str(preload),
-        mps_pipe_host=str(WORK / "mps" / "pipe"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Machine:
-    """What the runs are made on: the GPU, the tenant load built for it, soft's HAMi-core (None: not built or
-    not asked), and what every tenant's environment needs besides its grant."""
-
-    gpu: Gpu
-    binary: Path
-    lib: Path | None
-    env: dict[str, str]
-
-
-def real_gpu(made: Plan, hami_src: Path, out: Path) -> Machine:
-    """The machine's GPU (nvidia-smi), the tenant load built with nvcc, HAMi-core from ``hami_src``."""
-    gpu = gpu_facts(smi_xml())
-    say(f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), driver {gpu.driver}, CUDA {gpu.cuda}, MIG {gpu.mig}")
-    binary = nvcc_build(HERE / "tenant_load.cu", WORK / "tenant_load")
-    lib = build_hami(hami_src, out) if IsolationMode.SOFT in made.modes else None
-    return Machine(gpu, binary, lib, {})
-
-
-def emulated_gpu(made: Plan, hami_src: Path, out: Path) -> Machine:
-    """The emulated GPU (benchmarks/isolation/emulated), fresh: its driver, the tenant load built with g++
-    against it, HAMi-core linked against it."""
-    driver = emulated.driver(WORK / "emulated")
-    state = WORK / "emulated" / "gpu.state"
-    state.unlink(missing_ok=True)
-    gpu = emulated.gpu(driver)
-    say(f"GPU {gpu.index}: {gpu.name}")
-    binary = emulated.tenant(HERE / "tenant_load.cu", driver, WORK / "tenant_load")
-    lib = build_hami(hami_src, out, driver) if IsolationMode.SOFT in made.modes else None
-    return Machine(gpu, binary, lib, emulated.tenant_env(driver, state))
-
-
-def measure(
-    made: Plan,
-    hami_src: Path,
-    out: Path,
-    result: dict[str, Any],
-    changes: tuple[str, ...] = (),
-    machine: Callable[[Plan, Path, Path], Machine] = real_gpu,
-) -> None:
-    """The plan's runs on ``machine``, mode by mode (the builds first); each mode's figures in ``result['modes']``."""
-    src = with_changes(hami_src, WORK / "hami-core-changed", changes) if changes else hami_src
-    on = machine(made, src, out)
-    gpu, lib = on.gpu, on.lib
-    result["gpu"] = dataclasses.asdict(gpu)
-    Path("/tmp/vgpulock").mkdir(exist_ok=True)  # HAMi-core's lock directory outside its images
-    HAMI_LOG.unlink(missing_ok=True)  # this run's lines only
-    bench = Bench(on.binary, gpu, paths_for(lib), result, on.env)
-    runs = [s for s in made.steps if s.scenario != "setup"]
-    try:
-        for name, group in itertools.groupby(runs, key=lambda s: s.mode):
-            steps = list(group)
-            if name == BASELINE:
-                bench.steps(IsolationMode.SHARED, steps, result.setdefault("baseline", {}))
-                continue
-            mode = IsolationMode(name)
-            figures: dict[str, Any] = result["modes"].setdefault(mode, {"status": "measured"})
-            if mode is IsolationMode.SOFT and lib is None:
-                result["modes"][mode] = {"status": "not measured", "reasons": ["HAMi-core did not build (its log)"]}
-            elif mode is IsolationMode.HARD:
-                mps_log: list[str] = []
-                try:
-                    with mps_daemon(gpu.index, WORK / "mps", mps_log) as pipe:
-                        bench.mps = (pipe, mps_log)
-                        bench.steps(mode, steps, figures)
-                    bench.mps = None
-                except MpsError as exc:
-                    result["modes"][mode] = {"status": "not measured", "reasons": [str(exc)]}
-                result["modes"][mode]["mps"] = mps_log
-            else:
-                bench.steps(mode, steps, figures)
-    finally:
-        (out / "runs.log").write_text("\n".join(bench.log))
-        if HAMI_LOG.exists():  # its newest lines: a long run logs every 120 ms per process
-            (out / "hami-watcher.log").write_bytes(HAMI_LOG.read_bytes()[-WATCHER_LOG_KEPT:])
-
-
-def run_all(
-    out: Path,
-    hami_src: Path,
-    budget: float,
-    asked: tuple[IsolationMode, ...],
-    changes: tuple[str, ...] = (),
-    scenarios: tuple[str, ...] = ISSUE_SCENARIOS,
-    single_s: float = SINGLE_S,
-    emulated: bool = False,
-) -> int:
-    """The whole benchmark (on the emulated GPU with ``emulated``); 0 when every mode that could run was
-    measured, else 1."""
-    started = time.time()
-    set_budget(budget)
-    out.mkdir(parents=True, exist_ok=True)
-    WORK.mkdir(parents=True, exist_ok=True)
-    needs = check(asked, hami_src, changes, emulated=emulated)
-    say("prerequisites:")
-    for need in needs:
-        say(f"  {need.line()}")
-    runnable = tuple(m for m in measured(asked) if not blocked(needs, m))
-    result: dict[str, Any] = {
-        "budget_s": budget,
-        "asked": list(ordered(asked)),
-        "hami_build": describe(changes),
-        "scenarios": list(scenarios),
-        "prerequisites": [need.line() for need in needs],
-        "modes": {m: {"status": "not measured", "reasons": blocked(needs, m)} for m in ordered(asked)},
-        "notes": [],
-    }
-    try:
-        if runnable:
-            made = plan(budget - (time.time() - started), runnable, scenarios, single_s)
-            say(render_plan(made))
-            result["notes"] = [*([EMULATED_NOTE] if emulated else []), *made.notes]
-            result["pair_s"] = made.pair_s
-            for mode in runnable:
-                result["modes"][mode] = {"status": "measured"}
-            measure(made, hami_src, out, result, changes, emulated_gpu if emulated else real_gpu)
-        else:
-            say("no mode can run here: see the prerequisites above")
-    except Exception:  # recorded; the report is still written
-        result["error"] = traceback.format_exc()
-        say(f"FAILED: {result['error'].strip().splitlines()[-1]}")
-    finally:
-        result["wall_s"] = round(time.time() - started, 1)
-        say(write_report(out, result))
-    return 0 if runnable and "error" not in result else 1

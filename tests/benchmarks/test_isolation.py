@@ -21,7 +21,7 @@ import benchmarks.isolation.__main__ as entry
 from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
 from benchmarks.gpu_check.constants import GIB, ROOT
-from benchmarks.isolation import bench, tenants
+from benchmarks.isolation import bench, machines, run, tenants
 from benchmarks.isolation.figures import (
     LIVE_SETTLE_S,
     Around,
@@ -632,11 +632,11 @@ def test_run_all_without_a_gpu_reports_every_mode_not_measured(
     monkeypatch.setattr(bench, "HAMI_LOG", tmp_path / "vgpulog")
     monkeypatch.setenv("FAKE_HAMI_LOG", str(tmp_path / "vgpulog"))
     (tmp_path / "vgpulog").write_text("an earlier run's line\n")
-    monkeypatch.setattr(bench, "measure", lambda *a: pytest.fail("measured without a GPU"))
+    monkeypatch.setattr(run, "measure", lambda *a: pytest.fail("measured without a GPU"))
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
     try:
-        assert bench.run_all(tmp_path / "out", tmp_path, 480.0, (M.SOFT, M.SHARED)) == 1
+        assert run.run_all(tmp_path / "out", tmp_path, 480.0, (M.SOFT, M.SHARED)) == 1
     finally:
         procs.DEADLINE[0] = kept
     written = json.loads((tmp_path / "out" / "isolation.json").read_text())
@@ -904,9 +904,9 @@ def test_a_whole_run_on_fake_gpu_commands(
     (tmp_path / "vgpulog").write_text("an earlier run's line\n")
     source = hami_source(tmp_path)
     built = tmp_path / "work" / "hami-core-changed" if changes else source  # soft's HAMi-core: a copy if changed
-    monkeypatch.setattr(bench, "build_hami", lambda src, out: lib if src == built else None)
+    monkeypatch.setattr(machines, "build_hami", lambda src, out: lib if src == built else None)
     monkeypatch.setattr(
-        bench, "check", lambda modes, src, changes, **kw: check(modes, src, changes, euid=lambda: 0, **kw)
+        run, "check", lambda modes, src, changes, **kw: check(modes, src, changes, euid=lambda: 0, **kw)
     )
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     asked: list[tuple[str, int]] = []
@@ -919,7 +919,7 @@ def test_a_whole_run_on_fake_gpu_commands(
     kept = procs.DEADLINE[0]
     try:
         monkeypatch.setattr(bench.Bench, "pause", staticmethod(lambda _: None))
-        assert bench.run_all(tmp_path / "out", source, 2000.0, ALL, changes, SCENARIOS) == 0
+        assert run.run_all(tmp_path / "out", source, 2000.0, ALL, changes, SCENARIOS) == 0
     finally:
         procs.DEADLINE[0] = kept
     result = json.loads((tmp_path / "out" / "isolation.json").read_text())

@@ -18,7 +18,7 @@ import pytest
 import benchmarks.isolation.__main__ as entry
 from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
-from benchmarks.isolation import bench
+from benchmarks.isolation import bench, run
 from benchmarks.isolation.driver_count import counted
 from benchmarks.isolation.emulated import build
 from benchmarks.isolation.prereqs import blocked, check
@@ -166,7 +166,7 @@ def test_the_benchmark_runs_end_to_end_on_the_emulated_gpu(tmp_path: Path, monke
     monkeypatch.setattr(gpu_report, "SUMMARY", [])
     kept = procs.DEADLINE[0]
     try:
-        code = bench.run_all(tmp_path / "out", tmp_path / "no-hami", 70.0, (M.SHARED,), (), ("pair",), emulated=True)
+        code = run.run_all(tmp_path / "out", tmp_path / "no-hami", 70.0, (M.SHARED,), (), ("pair",), emulated=True)
     finally:
         procs.DEADLINE[0] = kept
     result = json.loads((tmp_path / "out" / "isolation.json").read_text())
