@@ -5,8 +5,9 @@ more) and does everything that blocks or costs in a worker thread, never on the 
 kubelet's gRPC calls: the driver's process and utilisation queries per GPU, each PID's pod and container
 (``/proc/<pid>/cgroup``, or the fake GPU file's script), and the join with the pods' grants
 (:func:`device_plugin.usage.usage.node_usage`). What it keeps is what ``/usage`` and the per-container metrics
-serve. A GPU whose calls fail, a process that exits before it is mapped, a pod deleted mid-sample, an
-unknown container ID: each is a counted skip, logged when it first appears, and the pass goes on.
+serve; each pass, with its processes, then goes to the VRAM guard on the event loop. A GPU whose calls fail,
+a process that exits before it is mapped, a pod deleted mid-sample, an unknown container ID: each is a
+counted skip, logged when it first appears, and the pass goes on.
 """
 
 from __future__ import annotations
