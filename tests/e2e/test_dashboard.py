@@ -7,7 +7,8 @@ another, unknown pod beside it, and NVML figures for every GPU); a second pod ta
 and 75 of the 80 GiB of the one GPU of a kubelet-less node in a pool of its own; a third waits for a GPU
 model no node has; one GPU fails its health check; the kubelet node's NVIDIA toolkit is left on its defaults
 (any pod may take GPUs by environment); the first pod's container rewrites its ``limits.json`` (the
-device plugin puts it back, and counts it); two pods are bound to the kubelet node by hand, without the
+device plugin puts it back, and counts it) and holds more than its VRAM limit in a second process (the device
+plugin kills it, and counts it); two pods are bound to the kubelet node by hand, without the
 extender's grant (the device plugin refuses their Allocate); the extender gets a malformed verb; and two targets
 that never answer stand for a crashed device plugin and a crashed extender. Every target expression of
 every panel of ``deploy/dashboards/tensor-fusion.json`` (template variables as "All", ``$__rate_interval``
@@ -165,6 +166,8 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         script = [
             {"pod": busy.metadata.uid, "container": "main", "gpu": grant.uuid, "smPercent": 5, "vramMiB": 512},
             {"pod": "no-such-pod", "container": "main", "gpu": grant.uuid, "smPercent": 1, "vramMiB": 64},
+            # A second process of it past the pod's 2Gi VRAM limit: the device plugin kills it, and counts it.
+            {"pod": busy.metadata.uid, "container": "main", "gpu": grant.uuid, "smPercent": 0, "vramMiB": 4096},
         ]
         doc = yaml.safe_load(fake_nvml_yaml(cluster.gpus, {faulty: "fell off the bus (e2e)"}, usage=script))
         for gpu in doc["gpus"]:
@@ -267,6 +270,7 @@ def test_every_alert_is_loaded_healthy_and_pending_for_what_was_staged(staged: S
         "TensorFusionComponentDown": {"job": EXTENDER_JOB},
         "TensorFusionGpuNodeOpenToEnvvar": {"node": REAL_NODE, "state": "off"},
         "TensorFusionLiveLimitsTampered": {"node": REAL_NODE},
+        "TensorFusionVramLimitExceeded": {"node": REAL_NODE, "outcome": "killed"},
         "TensorFusionDevicePluginErrors": {"node": REAL_NODE, "where": "allocate"},
     }
     quiet = {"TensorFusionAllocationConflicts"}  # nothing staged conflicts
