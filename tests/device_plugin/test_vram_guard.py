@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from device_plugin.cluster.node_events import REASON_VRAM_OVERUSE
+from device_plugin.daemon import Daemon
 from device_plugin.enforcement.vram_guard import VramGuard
 from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, judge
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
@@ -28,6 +29,7 @@ from device_plugin.usage.usage import Attribution, Holder, HolderKey
 from tests.device_plugin.fakes import GIB, GPU0, GPU1, FakeKube, allocation, gpu_file, grant, make_pod, uid_of
 from tests.device_plugin.harness import plugin, run, until
 from vgpu.contract.usage import ContainerUsage, NodeUsage
+from vgpu.metric_names import VRAM_OVERUSE
 
 MIB = 1024 * 1024
 TOLERANCE = 512 * MIB
@@ -366,3 +368,36 @@ def test_a_tolerance_that_is_not_a_quantity_of_bytes_is_refused_naming_the_flag(
         PluginSettings(node_name="n", vram_overuse_tolerance=given)
     assert said in str(refused.value)
     assert PluginSettings(node_name="n").vram_tolerance == 512 * MIB
+
+
+def test_in_the_plugin_report_only_kills_nothing_and_says_so_once_and_off_samples_nothing(tmp_path: Path) -> None:
+    """The same greedy pod under --vram-overuse=report: its process stays, one Event each on the pod and the node,
+    counted as reported; under off (and --metrics-port=0) the sampler does not even run."""
+    pod = make_pod("greedy", namespace="ml", alloc=None, phase="Running")
+    pod["metadata"]["annotations"]["tensor-fusion.ai/allocation"] = allocation(
+        uid_of(pod), gpus=(grant(GPU0, vram=4 * GIB),)
+    )
+    script = [{"pod": "greedy", "container": "main", "gpu": 0, "vramMiB": 6144}]
+
+    async def scenario(action: str) -> tuple[FakeKube, Daemon]:
+        kube = FakeKube([pod])
+        path = gpu_file(tmp_path / f"{action}.yaml")
+        async with plugin(tmp_path, kube, path, usage_interval=0.05, vram_overuse=action) as (daemon, _):
+            gpu_file(path, usage=script)
+            await asyncio.sleep(0.5)  # ten passes
+            await daemon.node_events.drain()
+            return kube, daemon
+
+    kube, daemon = run(scenario("report"))
+    assert [p.pid for p in daemon.probe.processes(GPU0, 0).processes] == [FAKE_PID_BASE]
+    assert [e[3] for e in kube.pod_events] == [REASON_VRAM_OVERUSE]
+    assert kube.pod_events[0][4].endswith("reported only (--vram-overuse=report)")
+    assert [e[1] for e in kube.node_events if e[1] == REASON_VRAM_OVERUSE] == [REASON_VRAM_OVERUSE]
+    counts = {
+        o.value: daemon.metrics.registry.get_sample_value(VRAM_OVERUSE.name, {"outcome": o.value}) for o in Outcome
+    }
+    assert counts == {"killed": 0, "gone": 0, "kill_failed": 0, "reported": 1}
+
+    kube, daemon = run(scenario("off"))
+    assert daemon.vram_guard is None and daemon.sampler.latest is None  # no pass ran
+    assert kube.pod_events == []
