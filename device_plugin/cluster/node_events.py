@@ -63,13 +63,15 @@ class NodeEvents:
     def live_limits_tampered(self, namespace: str, pod: str, uid: str, message: str, *, restored: bool) -> None:
         """A Warning Event on the pod and one on the node (``message`` names the pod and the container)."""
         reason = REASON_LIVE_LIMITS_RESTORED if restored else REASON_LIVE_LIMITS_RESET
-        self._background.spawn(self._post(reason, message, True))
-        self._background.spawn(self._post_pod(namespace, pod, uid, reason, message))
+        self._pod_and_node(namespace, pod, uid, reason, message)
 
     def vram_overuse(self, namespace: str, pod: str, uid: str, message: str) -> None:
         """A Warning Event on the pod and one on the node: a container held GPU memory past its VRAM limit."""
-        self._background.spawn(self._post(REASON_VRAM_OVERUSE, message, True))
-        self._background.spawn(self._post_pod(namespace, pod, uid, REASON_VRAM_OVERUSE, message))
+        self._pod_and_node(namespace, pod, uid, REASON_VRAM_OVERUSE, message)
+
+    def _pod_and_node(self, namespace: str, pod: str, uid: str, reason: str, message: str) -> None:
+        self._background.spawn(self._post(reason, message, True))
+        self._background.spawn(self._post_pod(namespace, pod, uid, reason, message))
 
     async def drain(self) -> None:
         """Wait for the events being posted (tests, shutdown)."""

@@ -75,6 +75,10 @@ class Scripted:
     sm_percent: Profile
     vram_mib: Profile
 
+    @property
+    def owner(self) -> ProcessOwner:
+        return ProcessOwner(pod=self.pod, container=self.container)
+
 
 class FakeProbe:
     """A :class:`~device_plugin.gpus.probe.GpuProbe` over a file, and the
@@ -165,7 +169,7 @@ class FakeProbe:
         with self._lock:
             self._refresh()
             scripted = self._by_pid.get(pid)
-        return None if scripted is None else ProcessOwner(pod=scripted.pod, container=scripted.container)
+        return None if scripted is None else scripted.owner
 
     def kill(self, pid: int, owner: ProcessOwner) -> bool:
         """A scripted process leaves the reports, as a killed one leaves the driver's list, until the file is
@@ -176,7 +180,7 @@ class FakeProbe:
             scripted = self._by_pid.get(pid)
             if scripted is None:
                 return False
-            if ProcessOwner(pod=scripted.pod, container=scripted.container) != owner:
+            if scripted.owner != owner:
                 raise KillRefused(f"process {pid} belongs to another container")
             del self._by_pid[pid]
             self._by_gpu[scripted.gpu].remove(scripted)
