@@ -187,7 +187,7 @@ class Daemon:
         resolver = resolver or ProcResolver()
 
         def overuse(found: Overuse, message: str) -> None:
-            c = found.usage
+            c = found.pod
             self.node_events.vram_overuse(c.namespace, c.pod, c.pod_uid, message)
 
         self.vram_guard = (

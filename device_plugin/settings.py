@@ -192,7 +192,7 @@ class PluginSettings(BaseSettings):
     )
     vram_overuse_tolerance: str = Field(
         "512Mi",
-        description="GPU memory a container may hold past its VRAM limit by the driver's count before "
+        description="GPU memory a pod may hold on a GPU past its VRAM limit by the driver's count before "
         "--vram-overuse acts (the driver counts what the in-container limiters do not).",
     )
     kubeconfig: str | None = Field(

@@ -9,6 +9,7 @@ autoscaler in the extender (docs/autoscaling.md), so they warn no more; their pr
 do. An isolation mode that does not hold a value the pod sets, or holds it only in part, says so too
 (docs/isolation.md): shared enforces no TFLOPS limit, soft's HAMi-core holds one inside the pod's processes
 with the limits measured, and under hard a request is guaranteed only where no pod may go past its own.
+Several inject containers sharing the pod's GPUs are each held to its whole grant alone, and said so.
 Pure: a resolved request in, warning texts out.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from vgpu.names import TF_UNSERVED_KEYS, Annotation, IsolationMode
-from vgpu.quantity import humanize_tflops
+from vgpu.quantity import humanize_bytes, humanize_tflops
 from vgpu.request import GpuRequest
 
 _PREDICTING: Final = ("autoSetLimits", "autoSetRequests")
@@ -59,7 +60,30 @@ def unkept(req: GpuRequest) -> tuple[str, ...]:
             "granted GPU from its own containers (there is no separate worker to run or skip)"
         )
     out += _isolation(req)
+    out += _sharing_containers(req)
     return tuple(out)
+
+
+def _sharing_containers(req: GpuRequest) -> list[str]:
+    """Several inject containers on the same GPUs: each is handed the pod's whole grant at Allocate and held
+    to it alone by its limiter (HAMi-core's region and MPS are per container or per process); only the VRAM
+    guard, by the driver's count, holds them to the pod's VRAM limit together (docs/security.md)."""
+    if len(req.containers) < 2 or req.container_gpu_counts is not None or req.dedicated_gpu:
+        return []
+    n, names = len(req.containers), ",".join(req.containers)
+    compute = (
+        f"its TFLOPS limit {humanize_tflops(req.tflops_limit)} holds each one alone, so together they may use up to "
+        f"{n} times it; "
+        if req.tflops_limit and req.isolation is not IsolationMode.SHARED
+        else ""
+    )
+    return [
+        f"{Annotation.INJECT_CONTAINER} '{names}': these {n} containers share the pod's GPUs, and each is given "
+        f"the pod's whole grant, its limiter holding each one alone: {compute}the pod's VRAM limit "
+        f"{humanize_bytes(req.vram_limit)} holds for them together only by the driver's count, the device plugin "
+        "killing the largest of their processes once together they stay past it (docs/security.md). For limits "
+        f"that hold each container, give each its own GPUs ({Annotation.CONTAINER_GPU_COUNT}) or the GPU to one"
+    ]
 
 
 def _isolation(req: GpuRequest) -> list[str]:

@@ -27,7 +27,7 @@ REASON_UNHEALTHY: Final = "GpuUnhealthy"
 REASON_HEALTHY: Final = "GpuHealthy"
 REASON_LIVE_LIMITS_RESTORED: Final = "LiveLimitsRestored"  # a container's limit file tampered with, put back
 REASON_LIVE_LIMITS_RESET: Final = "LiveLimitsReset"  # HAMi-core's region beyond repair, reset to an empty file
-REASON_VRAM_OVERUSE: Final = "GpuMemoryLimitExceeded"  # a container past its VRAM limit by the driver's count
+REASON_VRAM_OVERUSE: Final = "GpuMemoryLimitExceeded"  # a pod past its VRAM limit by the driver's count
 
 
 def event_for(uuid: str, state: GpuHealth) -> tuple[str, str, bool]:
@@ -66,7 +66,7 @@ class NodeEvents:
         self._pod_and_node(namespace, pod, uid, reason, message)
 
     def vram_overuse(self, namespace: str, pod: str, uid: str, message: str) -> None:
-        """A Warning Event on the pod and one on the node: a container held GPU memory past its VRAM limit."""
+        """A Warning Event on the pod and one on the node: a pod held GPU memory past its VRAM limit."""
         self._pod_and_node(namespace, pod, uid, REASON_VRAM_OVERUSE, message)
 
     def _pod_and_node(self, namespace: str, pod: str, uid: str, reason: str, message: str) -> None:

@@ -1,7 +1,7 @@
 """Acts on each usage pass's containers past their VRAM limit (:mod:`device_plugin.enforcement.vram_overuse`).
 
-After every pass of the usage sampler, the judgement runs over the pass's rows and processes; each container
-judged past its limit loses its largest process on that GPU to SIGKILL (``--vram-overuse=kill``, through a
+After every pass of the usage sampler, the judgement runs over the pass's rows and processes; each pod judged
+past its limit on a GPU loses its largest process there to SIGKILL (``--vram-overuse=kill``, through a
 :class:`~device_plugin.usage.process_kill.ProcessKiller`, in a worker thread), or is only reported
 (``report``). Either way it is counted, logged, and posted as a Warning Event on the pod and on the node, like
 the kubelet's own evictions: whoever owns the pod sees why its process died. The plugin needs the ``KILL``
@@ -15,10 +15,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from device_plugin.enforcement.vram_overuse import Outcome, Overuse, OveruseAction, judge
+from device_plugin.enforcement.vram_overuse import Outcome, Overuse, OveruseAction, PodGpu, judge
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.process_kill import KillRefused, ProcessKiller
-from device_plugin.usage.usage import Attribution, HolderKey
+from device_plugin.usage.usage import Attribution
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class VramGuard:
     ) -> None:
         self._action, self._tolerance, self._killer = action, tolerance, killer
         self._metrics, self._report = metrics, report
-        self._streaks: Mapping[HolderKey, int] = {}
+        self._streaks: Mapping[PodGpu, int] = {}
         self._refused: set[int] = set()  # PIDs whose kill failed: said once, not tried again every two passes
 
     async def enforce(self, found: Attribution) -> None:

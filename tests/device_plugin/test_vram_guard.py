@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from device_plugin.cluster.node_events import REASON_VRAM_OVERUSE
 from device_plugin.daemon import Daemon
 from device_plugin.enforcement.vram_guard import VramGuard
-from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, judge
+from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, PodGpu, judge
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
 from device_plugin.settings import PluginSettings
@@ -66,7 +67,7 @@ def passes(
     rows: list[ContainerUsage], procs: Mapping[HolderKey, tuple[Holder, ...]], count: int, *, again: bool
 ) -> list[list[int]]:
     """The victims' PIDs after each of ``count`` identical passes."""
-    streaks: Mapping[HolderKey, int] = {}
+    streaks: Mapping[PodGpu, int] = {}
     acted = []
     for _ in range(count):
         found = judge(rows, procs, tolerance=TOLERANCE, streaks=streaks, again=again)
@@ -114,22 +115,55 @@ def test_killing_acts_again_every_two_passes_while_it_stays_over_and_reporting_o
     assert passes([over], procs, 6, again=False) == [[], [10], [], [], [], []]
 
 
-def test_each_container_and_gpu_is_judged_on_its_own_and_ties_go_to_the_younger_process() -> None:
-    a, b, c = row(6 * GIB), row(6 * GIB, container="sidecar"), row(GIB, gpu=GPU1)
-    procs = {**holders(a, (10, 3 * GIB), (12, 3 * GIB)), **holders(b, (20, 6 * GIB)), **holders(c, (30, GIB))}
+def test_each_pod_and_gpu_is_judged_on_its_own_and_ties_go_to_the_younger_process() -> None:
+    a, b = row(6 * GIB), row(GIB, gpu=GPU1)
+    c = replace(row(6 * GIB), pod="other", pod_uid="uid-b")
+    procs = {**holders(a, (10, 3 * GIB), (12, 3 * GIB)), **holders(b, (30, GIB)), **holders(c, (20, 6 * GIB))}
     assert passes([a, b, c], procs, 2, again=True) == [[], [12, 20]]
 
 
+def test_a_pods_containers_on_one_gpu_are_held_to_its_limit_together_each_within_it_alone() -> None:
+    """The ledger books a pod's grant once, however many of its containers see the GPU (``inject-container``
+    naming several): three containers each at 3Gi under a 4Gi limit hold 9Gi, and lose their largest process
+    first, then the next largest (a tie: the younger) two passes later; the one left is within the limit."""
+    rows = [row(3 * GIB, container=name) for name in ("prep", "serve", "side")]
+    rows[1] = replace(rows[1], vram_used=3 * GIB + MIB)
+    procs = {
+        **holders(rows[0], (10, 3 * GIB)),
+        **holders(rows[1], (20, 3 * GIB + MIB)),
+        **holders(rows[2], (30, 3 * GIB)),
+    }
+    assert passes(rows, procs, 2, again=True) == [[], [20]]
+    assert passes([rows[0], rows[2]], procs, 2, again=True) == [[], [30]]
+    assert passes([rows[0]], procs, 4, again=True) == [[], [], [], []]
+    # The same rows as three pods of one container each: each within its own limit.
+    apart = [replace(r, pod_uid=f"uid-{r.container}") for r in rows]
+    apart_procs = {(f"uid-{c}", c, g): v for (_, c, g), v in procs.items()}
+    assert passes(apart, apart_procs, 4, again=True) == [[], [], [], []]
+
+
 def test_the_message_names_the_container_the_figures_and_what_was_done() -> None:
-    over = Overuse(usage=row(6 * GIB), victim=Holder(pid=4242, owner=OWNER, memory=5 * GIB))
+    over = Overuse(rows=(row(6 * GIB),), container="main", victim=Holder(pid=4242, owner=OWNER, memory=5 * GIB))
     killed = over.message(TOLERANCE, Outcome.KILLED)
     assert killed == (
-        f"container main of pod team-a/trainer held 6Gi of GPU {GPU0} by the driver's count, over its VRAM limit "
-        f"4Gi by more than 512Mi in {PASSES} samples in a row: its process 4242 (5Gi) was killed"
+        f"container main of pod team-a/trainer held 6Gi of GPU {GPU0} by the driver's count, over the pod's VRAM "
+        f"limit 4Gi by more than 512Mi in {PASSES} samples in a row: its process 4242 (5Gi) was killed"
     )
     assert over.message(TOLERANCE, Outcome.KILL_FAILED, "no KILL").endswith("could not be killed: no KILL")
     assert over.message(TOLERANCE, Outcome.GONE).endswith("its process 4242 (5Gi) had exited")
-    assert over.message(TOLERANCE, Outcome.REPORTED).endswith("reported only (--vram-overuse=report)")
+    assert over.message(TOLERANCE, Outcome.REPORTED).endswith(
+        "the largest holder is its process 4242 (5Gi); reported only (--vram-overuse=report)"
+    )
+
+
+def test_the_message_of_several_containers_names_each_ones_use_and_the_victims_container() -> None:
+    rows = (row(3 * GIB, container="prep"), row(2 * GIB, container="serve"))
+    over = Overuse(rows=rows, container="prep", victim=Holder(pid=7, owner=OWNER, memory=3 * GIB))
+    assert over.message(TOLERANCE, Outcome.KILLED) == (
+        f"pod team-a/trainer's containers prep (3Gi), serve (2Gi) together held 5Gi of GPU {GPU0} by the driver's "
+        f"count, over the pod's VRAM limit 4Gi by more than 512Mi in {PASSES} samples in a row: process 7 (3Gi) "
+        "of prep was killed"
+    )
 
 
 # --- the guard's acts ---------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """A container past its VRAM limit by the driver's count loses its largest process (docs/security.md, "VRAM past
 its limit, by the driver's count"), on the kubelet node with the real API server.
 
-A tenant with pod-create rights runs two GPU pods of 1Gi each on the node. The fake GPU file stands in for the
-driver: one pod's container is scripted at 3Gi in one process and 256Mi in another — a process that left the
-limiter inside its container (its own environment, no preloaded library) — and its neighbour at 1.25Gi, within
-the 512Mi tolerance. Sampling every second, the device plugin kills the 3Gi process within three samples, says
-so on the pod and on the node, counts it once, and touches nothing else: the neighbour keeps its process, and the
-pod, now under its limit, loses nothing more.
+A tenant with pod-create rights runs three GPU pods of 1Gi each on the node. The fake GPU file stands in for
+the driver: one pod's container is scripted at 3Gi in one process and 256Mi in another — a process that left
+the limiter inside its container (its own environment, no preloaded library) — and its neighbour at 1.25Gi,
+within the 512Mi tolerance. Sampling every second, the device plugin kills the 3Gi process within three
+samples, says so on the pod and on the node, counts it once, and touches nothing else: the neighbour keeps its
+process, and the pod, now under its limit, loses nothing more. The third pod names two inject containers, each
+handed the pod's whole grant at Allocate and each scripted at 1Gi, within it alone: together 2Gi, past the
+limit the ledger booked once, so the pod loses one of them (its larger).
 """
 
 from __future__ import annotations
@@ -45,9 +47,13 @@ def overuse_counts(cluster: Cluster) -> dict[str, float]:
 
 
 def used_by(cluster: Cluster, pod: Any) -> int | None:
-    """The pod's container ``main``'s memory on /usage; None while it is not there."""
+    """The pod's memory on /usage, its containers together; None while it is not there."""
     found = [c for c in usage.decode(cluster.plugin_get(usage.PATH)).containers if c.pod_uid == pod.metadata.uid]
-    return found[0].vram_used if found else None
+    return sum(c.vram_used for c in found) if found else None
+
+
+def gpu_of(pod: Any) -> str:
+    return allocation_of(pod).gpus[0].uuid
 
 
 def said(core: CoreV1Api, namespace: str, kind: str, name: str) -> list[str]:
@@ -62,11 +68,21 @@ def test_a_container_past_its_vram_limit_loses_its_largest_process_and_nothing_e
     tenant = cluster.grant_tenant(ns, "edit")
     for name in ("greedy", "modest"):
         tenant.create_namespaced_pod(ns, gpu_pod(name, SHARE))
-    greedy, modest = (wait_running(core, ns, name) for name in ("greedy", "modest"))
+    tenant.create_namespaced_pod(
+        ns, gpu_pod("pair", {**SHARE, Annotation.INJECT_CONTAINER: "prep,serve"}, containers=("prep", "serve"))
+    )
+    greedy, modest, pair = (wait_running(core, ns, name) for name in ("greedy", "modest", "pair"))
+
+    def proc(pod: Any, container: str, mib: int) -> dict[str, Any]:
+        return {"pod": pod.metadata.uid, "container": container, "gpu": gpu_of(pod), "vramMiB": mib}
+
+    # PIDs follow the order: FAKE_PID_BASE for greedy's 3Gi, + 4 for pair's serve (the larger of its two).
     script = [
-        {"pod": greedy.metadata.uid, "container": "main", "gpu": allocation_of(greedy).gpus[0].uuid, "vramMiB": 3072},
-        {"pod": greedy.metadata.uid, "container": "main", "gpu": allocation_of(greedy).gpus[0].uuid, "vramMiB": 256},
-        {"pod": modest.metadata.uid, "container": "main", "gpu": allocation_of(modest).gpus[0].uuid, "vramMiB": 1280},
+        proc(greedy, "main", 3072),
+        proc(greedy, "main", 256),
+        proc(modest, "main", 1280),
+        proc(pair, "prep", 1000),
+        proc(pair, "serve", 1024),
     ]
     before = overuse_counts(cluster)
     try:
@@ -75,31 +91,43 @@ def test_a_container_past_its_vram_limit_loses_its_largest_process_and_nothing_e
         seen = time.monotonic()
         eventually("the greedy pod's 3Gi process gone", lambda: used_by(cluster, greedy) == 256 * MIB, WITHIN_S, 0.05)
         print(f"killed {time.monotonic() - seen:.2f}s after its use was first served")
+        eventually("the pair's serve process gone", lambda: used_by(cluster, pair) == 1000 * MIB, WITHIN_S, 0.05)
 
         (message,) = eventually("the Event on the pod", lambda: said(core, ns, "Pod", "greedy") or None, 10, 0.2)
         assert message == (
-            f"container main of pod {ns}/greedy held 3.2Gi of GPU {allocation_of(greedy).gpus[0].uuid} by the "
-            "driver's count, over its VRAM limit 1Gi by more than 512Mi in 2 samples in a row: its process "
-            f"{FAKE_PID_BASE} (3Gi) was killed"
+            f"container main of pod {ns}/greedy held 3.2Gi of GPU {gpu_of(greedy)} by the driver's count, over the "
+            f"pod's VRAM limit 1Gi by more than 512Mi in 2 samples in a row: its process {FAKE_PID_BASE} (3Gi) was "
+            "killed"
+        )
+        (paired,) = eventually("the pair's Event", lambda: said(core, ns, "Pod", "pair") or None, 10, 0.2)
+        assert paired == (
+            f"pod {ns}/pair's containers prep (1000Mi), serve (1Gi) together held 2.0Gi of GPU {gpu_of(pair)} by "
+            "the driver's count, over the pod's VRAM limit 1Gi by more than 512Mi in 2 samples in a row: process "
+            f"{FAKE_PID_BASE + 4} (1Gi) of serve was killed"
         )
         on_node = eventually("the Event on the node", lambda: said(core, "default", "Node", REAL_NODE) or None, 10, 0.2)
         assert message in on_node
         # The tenant reads why its process died, as it reads an eviction: an Event in its own namespace.
-        assert [e.message for e in tenant.list_namespaced_event(ns).items if e.reason == REASON_VRAM_OVERUSE] == [
-            message
-        ]
+        assert sorted(
+            e.message for e in tenant.list_namespaced_event(ns).items if e.reason == REASON_VRAM_OVERUSE
+        ) == sorted([message, paired])
 
         time.sleep(3 * PLUGIN_USAGE_INTERVAL)  # three more samples: nothing more happens
-        assert (used_by(cluster, greedy), used_by(cluster, modest)) == (256 * MIB, 1280 * MIB)
+        assert (used_by(cluster, greedy), used_by(cluster, modest), used_by(cluster, pair)) == (
+            256 * MIB,
+            1280 * MIB,
+            1000 * MIB,
+        )
         after = overuse_counts(cluster)
         assert {k: after[k] - before.get(k, 0.0) for k in after} == {
-            "killed": 1,
+            "killed": 2,
             "gone": 0,
             "kill_failed": 0,
             "reported": 0,
         }
         assert said(core, ns, "Pod", "modest") == [] and said(core, ns, "Pod", "greedy") == [message]
+        assert said(core, ns, "Pod", "pair") == [paired]
     finally:
         cluster.set_gpu_faults({})
-        for name in ("greedy", "modest"):
+        for name in ("greedy", "modest", "pair"):
             core.delete_namespaced_pod(name, ns)

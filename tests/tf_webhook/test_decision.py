@@ -701,3 +701,41 @@ def test_an_isolation_mode_that_does_not_hold_a_value_says_so(mode: str | None, 
     assert warned == [] if said is None else (len(warned) == 1 and warned[0].startswith(said)), warned
     if mode is not None:
         assert resolved.decode(patched_pod(review_of(annotations))["metadata"]["annotations"][resolved.KEY]).isolation
+
+
+@pytest.mark.parametrize(
+    ("extra", "compute"),
+    [
+        ({}, "its TFLOPS limit 20 holds each one alone, so together they may use up to 3 times it; "),
+        ({A.ISOLATION.value: "shared"}, ""),  # shared holds no TFLOPS limit at all: its own warning says so
+    ],
+)
+def test_inject_containers_that_share_the_pods_gpus_are_told_which_limits_hold_them_together(
+    extra: dict[str, str], compute: str
+) -> None:
+    annotations = {**BASIC, A.TFLOPS_LIMIT.value: "20", A.INJECT_CONTAINER.value: "a,b,c", **extra}
+    response, _ = run(review_of(annotations, containers=("a", "b", "c")))
+    assert response["allowed"] is True
+    assert [w for w in response["warnings"] if w.startswith(A.INJECT_CONTAINER.value)] == [
+        f"{A.INJECT_CONTAINER.value} 'a,b,c': these 3 containers share the pod's GPUs, and each is given the pod's "
+        f"whole grant, its limiter holding each one alone: {compute}the pod's VRAM limit 4Gi holds for them "
+        "together only by the driver's count, the device plugin killing the largest of their processes once "
+        "together they stay past it (docs/security.md). For limits that hold each container, give each its own "
+        f"GPUs ({A.CONTAINER_GPU_COUNT.value}) or the GPU to one"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "containers"),
+    [
+        pytest.param({**BASIC, A.INJECT_CONTAINER.value: "a"}, ("a", "b"), id="one-inject-container"),
+        pytest.param({**BASIC, A.CONTAINER_GPU_COUNT.value: '{"a": 1, "b": 1}'}, ("a", "b"), id="each-its-own-gpus"),
+        pytest.param({A.INJECT_CONTAINER.value: "a,b", A.DEDICATED_GPU.value: "true"}, ("a", "b"), id="whole-gpus"),
+    ],
+)
+def test_inject_containers_that_do_not_share_a_grant_are_not_warned(
+    annotations: dict[str, str], containers: tuple[str, ...]
+) -> None:
+    response, _ = run(review_of(annotations, containers=containers))
+    assert response["allowed"] is True, response
+    assert not [w for w in response.get("warnings") or [] if w.startswith(A.INJECT_CONTAINER.value)]
