@@ -183,7 +183,10 @@ def controller_state(workloads: int, pods_each: int, minutes: float, interval: f
             at = t + w * DAY / workloads  # each workload at its own point of the daily cycle
             for m in workload.members:
                 tflops, vram = usage_at(at, rng)
-                samples.append(Sample(m.uid, m.grants[0].gpu, int(tflops), int(vram), True, t, interval))
+                g = m.grants[0]
+                samples.append(
+                    Sample(m.uid, g.gpu, int(tflops), int(vram), True, t, interval, g.tflops_limit, g.vram_limit)
+                )
         cpu = time.process_time()
         state.feed(samples, found)
         if n < passes - timed:

@@ -34,8 +34,9 @@ _RANK: Final = {
     Reason.CAPPED_BY_OTHER_PODS: 3,
     Reason.CAPPED_BY_GPU: 4,
     Reason.NO_SAMPLES: 5,
-    Reason.INSIDE_IGNORED_RANGE: 6,
-    Reason.UNCHANGED: 7,
+    Reason.WAITING_FOR_HISTORY: 6,
+    Reason.INSIDE_IGNORED_RANGE: 7,
+    Reason.UNCHANGED: 8,
 }
 
 

@@ -13,7 +13,7 @@ On the kubelet node (four 80Gi A100s):
 1. a neighbour asks 20Gi with a 30Gi limit and lands on some GPU G;
 2. fillers take the room of every other GPU of the node, so what follows can only go to G;
 3. a hog Deployment (10 TFLOPS and 1Gi, limits equal) under a WorkloadProfile enabling autoSetLimits for both
-   resources (maxRatioToRequests 100, evaluated every second, ignoredDeltaRange 0.6) lands on G; its pod's use is scripted in the fake
+   resources (maxRatioToRequests 100, evaluated every second) lands on G; its pod's use is scripted in the fake
    GPU file at the whole GPU's SMs (100 %) and all the memory its limit lets it hold, pressing on it;
 4. its limits double each period: TFLOPS up to the GPU's 312 (over-subscribed, as before), VRAM only up to what
    G's other pods leave free — 80Gi less the neighbour's 30Gi *limit* (its 20Gi request would leave 60) — with a
@@ -62,10 +62,6 @@ PROFILE = {
                 "targetResource": "all",
                 "evaluationPeriod": "1s",
                 "maxRatioToRequests": "100",
-                # Its use follows each raise a sample or two late (the load is rewritten every half second, the
-                # plugin samples every second), longer than the 1 s window: a use still at half a doubled limit
-                # must count as pressing on it, or the limit is lowered back before the use catches up.
-                "ignoredDeltaRange": "0.6",
             },
         }
     },

@@ -71,7 +71,7 @@ def workload(*members: Member, replicas: int | None = None, name: str = "w") -> 
 
 
 def sample(uid: str, at: float, tflops: int = 19_800) -> Sample:
-    return Sample(uid, f"GPU-{uid}", tflops, GI, True, at, 1.0)
+    return Sample(uid, f"GPU-{uid}", tflops, GI, True, at, 1.0, 20_000, 2 * GI)
 
 
 def test_a_sample_is_counted_once_and_only_for_members() -> None:
@@ -120,6 +120,44 @@ def test_a_vram_limit_is_raised_only_into_the_room_the_gpus_other_pods_leave() -
         state.feed([sample("a", T0 + i)], [w])  # 1Gi used: pressing on the 1Gi limit
     (d,) = state.evaluate(w, T0 + 2.5).limits
     assert (d.vram.reason, d.vram.value) == (Reason.CAPPED_BY_OTHER_PODS, 50 * GI)
+
+
+def test_a_limit_is_lowered_only_on_a_window_of_samples_taken_under_it_the_first_excepted() -> None:
+    """A raise from 8Gi to 16Gi: the window still holds the use pressing on 8Gi, and the first sample under 16Gi
+    may still show it (the use follows a change late). Lowering back on those would undo the raise a period
+    after it; it waits until the window holds only later samples under 16Gi, which then decide either way."""
+    vram_config = {**CONFIG, "autoSetLimits": {**CONFIG["autoSetLimits"], "targetResource": "vram",
+                                               "maxRatioToRequests": "100"}}  # fmt: skip
+
+    def pod(limit: int) -> Workload:
+        g = replace(grant("GPU-a"), vram_limit=limit)
+        m = Member(uid="a", name="pod-a", grants=(g,), admitted_tflops_limit=20_000, admitted_vram_limit=GI)
+        return replace(workload(m), config=parse(vram_config))
+
+    def used(at: float, vram: int, limit: int) -> Sample:
+        return Sample("a", "GPU-a", 0, vram, True, at, 1.0, 20_000, limit)
+
+    state, before, after = Autoscaler(), pod(8 * GI), pod(16 * GI)
+    for i in range(3):
+        state.feed([used(T0 + i, 8 * GI, 8 * GI)], [before])
+    (raised,) = state.evaluate(before, T0 + 2.5).limits
+    assert (raised.vram.reason, raised.vram.value) == (Reason.LIMITS_RAISED, 16 * GI)
+    # The allocation now says 16Gi; the plugin's next sample says so too, its use still at the old 8Gi.
+    state.feed([used(T0 + 3, 8 * GI, 16 * GI)], [after])
+    (waiting,) = state.evaluate(after, T0 + 4.6).limits
+    assert (waiting.vram.reason, waiting.vram.value) == (Reason.WAITING_FOR_HISTORY, 16 * GI), waiting.vram.message
+    assert "lowering waits for a window of samples all taken under it" in waiting.vram.message
+    # Then the use follows (pressing on 16Gi: raised again), or it does not (lowered, now on evidence).
+    pressed, idle = Autoscaler(), Autoscaler()
+    for s in (pressed, idle):
+        s.feed([used(T0 + i, 8 * GI, 8 * GI) for i in range(3)] + [used(T0 + 3, 8 * GI, 16 * GI)], [after])
+    for i in range(4, 7):
+        pressed.feed([used(T0 + i, 16 * GI, 16 * GI)], [after])
+        idle.feed([used(T0 + i, 4 * GI, 16 * GI)], [after])
+    (up,) = pressed.evaluate(after, T0 + 6.5).limits
+    (down,) = idle.evaluate(after, T0 + 6.5).limits
+    assert (up.vram.reason, up.vram.value) == (Reason.LIMITS_RAISED, 32 * GI)
+    assert down.vram.reason is Reason.LIMITS_LOWERED and down.vram.value < 16 * GI, down.vram.message
 
 
 def test_the_replicas_target_is_half_of_what_a_limit_may_reach_and_cool_downs_count_from_any_scale_change() -> None:
@@ -179,4 +217,7 @@ def test_samples_of_adds_a_pods_containers_on_one_gpu_and_keeps_unmeasured_tflop
     doc = NodeUsage(node="n", sampled_at="x", interval_s=5.0,
                     containers=(c("a", "G1", 3_000), c("b", "G1", 4_000), c("a", "G2", 0, measured=False)))  # fmt: skip
     got = sorted(samples_of([(doc, T0)]), key=lambda s: s.gpu)
-    assert got == [Sample("u", "G1", 7_000, 2 * GI, True, T0, 5.0), Sample("u", "G2", 0, GI, False, T0, 5.0)]
+    assert got == [
+        Sample("u", "G1", 7_000, 2 * GI, True, T0, 5.0, 1, 1),
+        Sample("u", "G2", 0, GI, False, T0, 5.0, 1, 1),
+    ]

@@ -284,6 +284,32 @@ def test_missing_samples_never_lower_anything(
 @given(
     st.builds(WindowStats, samples=st.integers(1, 100), mean=st.floats(0, 1e6), peak=st.floats(0, 1e6),
               coverage=st.floats(0, 1), fresh=st.just(True)),
+    AMOUNT, AMOUNT, AMOUNT, st.sampled_from([Resource.TFLOPS, Resource.VRAM]),
+)  # fmt: skip
+def test_a_window_not_all_under_the_limit_in_force_never_lowers_it_and_may_still_raise_it(
+    seen: WindowStats, request: int, extra: int, capacity: int, resource: Resource
+) -> None:
+    """Samples from under another limit (or the first under this one) say nothing of the use under it: they
+    never lower it, and the same decision is made on them where it is not a lowering."""
+    limit = request + extra
+    config = limits(targetResource="all")
+
+    def decided(settled: bool) -> Decision:
+        return recommend_limit(config, resource, seen, request=request, limit=limit, admitted_limit=request,
+                               capacity=capacity, settled=settled)  # fmt: skip
+
+    got, free = decided(False), decided(True)
+    assert got.value == max(free.value, limit)
+    if free.value < limit:
+        assert got.reason is R.WAITING_FOR_HISTORY
+        assert "lowering waits for a window of samples all taken under it" in got.message
+    if free.value > limit:
+        assert got == free
+
+
+@given(
+    st.builds(WindowStats, samples=st.integers(1, 100), mean=st.floats(0, 1e6), peak=st.floats(0, 1e6),
+              coverage=st.floats(0, 1), fresh=st.just(True)),
     AMOUNT, AMOUNT, AMOUNT, AMOUNT, AMOUNT, st.sampled_from(["100%", "3.0", "100"]),
 )  # fmt: skip
 def test_a_vram_limit_is_never_raised_past_what_the_other_pods_leave_free(

@@ -86,3 +86,11 @@ def test_a_sample_must_be_finite_and_not_negative(value: float, time_s: float) -
 def test_a_window_needs_a_length_and_slots(length_s: float, slots: int) -> None:
     with pytest.raises(ValueError, match="a window needs"):
         UsageWindow(length_s, slots=slots)
+
+
+def test_a_window_begins_after_a_time_once_that_times_slot_has_left_it() -> None:
+    w = UsageWindow(60.0)  # 30 slots of 2 s
+    assert not w.begins_after(T0 + 10, T0 + 10)
+    assert not w.begins_after(T0 + 10, T0 + 69.9)  # the slot of T0 + 10 ([10, 12)) is still the oldest
+    assert w.begins_after(T0 + 10, T0 + 72)  # the oldest slot is [12, 14)
+    assert not w.begins_after(T0 + 12.0, T0 + 71.9)  # [12, 14) is the oldest slot now

@@ -41,6 +41,8 @@ class Sample:
     tflops_measured: bool
     at_s: float
     interval_s: float  # the plugin's sampling interval: how old a sample may be and still count
+    tflops_limit: int  # the limits in force when it was taken (the plugin's view of the pod's grant)
+    vram_limit: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +130,28 @@ class _PodStreams:
     tflops: UsageWindow
     vram: UsageWindow
     last_s: float = -1.0
+    # The limits the newest sample was taken under, and the time of the first sample taken under each.
+    tflops_limit: int = -1
+    vram_limit: int = -1
+    tflops_since_s: float = 0.0
+    vram_since_s: float = 0.0
+
+    def seen(self, s: Sample) -> None:
+        """Note the limits ``s`` was taken under: a new one starts its ``since``."""
+        if s.tflops_limit != self.tflops_limit:
+            self.tflops_limit, self.tflops_since_s = s.tflops_limit, s.at_s
+        if s.vram_limit != self.vram_limit:
+            self.vram_limit, self.vram_since_s = s.vram_limit, s.at_s
+
+    def settled(self, resource: Resource, limit: int, now_s: float) -> bool:
+        """Whether the window ending at ``now_s`` holds only samples taken under ``limit``, the limit in force,
+        after the first of them (taken while the use may still lag the change): lowering needs no less."""
+        window, seen, since = (
+            (self.tflops, self.tflops_limit, self.tflops_since_s)
+            if resource is Resource.TFLOPS
+            else (self.vram, self.vram_limit, self.vram_since_s)
+        )
+        return seen == limit and window.begins_after(since, now_s)
 
 
 @dataclass(slots=True)
@@ -181,6 +205,7 @@ class Autoscaler:
             if s.at_s <= streams.last_s:
                 continue
             streams.last_s = s.at_s
+            streams.seen(s)
             fed += 1
             if s.tflops_measured:
                 streams.tflops.add_sample(s.tflops, s.at_s)
@@ -330,6 +355,7 @@ class Autoscaler:
                 limit=g.tflops_limit,
                 admitted_limit=m.admitted_tflops_limit,
                 capacity=g.tflops_capacity,
+                settled=streams.settled(Resource.TFLOPS, g.tflops_limit, now_s),
             ),
             recommend_limit(
                 config,
@@ -340,6 +366,7 @@ class Autoscaler:
                 admitted_limit=m.admitted_vram_limit,
                 capacity=g.vram_capacity,
                 others=g.vram_others,
+                settled=streams.settled(Resource.VRAM, g.vram_limit, now_s),
             ),
         )
 
@@ -371,5 +398,6 @@ def samples_of(documents: Iterable[tuple[NodeUsage, float]]) -> list[Sample]:
         for (uid, gpu), cs in grouped.items():
             tflops, vram = sum(c.tflops_used for c in cs), sum(c.vram_used for c in cs)
             measured = all(c.tflops_measured for c in cs)
-            out.append(Sample(uid, gpu, tflops, vram, measured, at_s, doc.interval_s))
+            limits = max(c.tflops_limit for c in cs), max(c.vram_limit for c in cs)  # one grant: equal
+            out.append(Sample(uid, gpu, tflops, vram, measured, at_s, doc.interval_s, *limits))
     return out

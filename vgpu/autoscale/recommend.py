@@ -81,6 +81,7 @@ def recommend_limit(
     admitted_limit: int,
     capacity: int,
     others: int = 0,
+    settled: bool = True,
 ) -> Decision:
     """The limit for the next evaluation period of one pod on one GPU.
 
@@ -88,7 +89,10 @@ def recommend_limit(
     pod was admitted with, the floor when usage falls; ``capacity``: the GPU's (TFLOPS or memory);
     ``others``: what the GPU's other pods hold there — for VRAM the sum of each one's larger of request and
     limit (memory cannot be taken back, so the limit never exceeds what they leave free: ``CappedByOtherPods``),
-    for TFLOPS 0 (compute is shared by time: limits may over-subscribe it).
+    for TFLOPS 0 (compute is shared by time: limits may over-subscribe it); ``settled``: the window holds only
+    samples taken under ``limit``, the first excepted — else it is not lowered (``WaitingForHistory``): what a
+    pod used under another limit, or in the moment its use had not yet followed a change, says nothing of
+    what it uses under this one.
     """
 
     def decide(value: int, reason: Reason, message: str) -> Decision:
@@ -136,6 +140,13 @@ def recommend_limit(
     if wanted < limit:
         if limit - wanted <= ignored:
             return decide(limit, Reason.INSIDE_IGNORED_RANGE, f"stays {_show(resource, limit)}: {why} {inside}")
+        if not settled:
+            return decide(
+                limit,
+                Reason.WAITING_FOR_HISTORY,
+                f"stays {_show(resource, limit)}: {why}, but lowering waits for a window of samples all taken "
+                "under it, the first excepted (use follows a change late)",
+            )
         if usage.coverage < MIN_COVERAGE:
             return decide(limit, Reason.NO_SAMPLES, f"stays {_show(resource, limit)}: {_missing(usage)}")
         floor_text = "" if wanted > max(admitted_limit, request) else ", the admitted limit"

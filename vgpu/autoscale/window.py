@@ -69,6 +69,11 @@ class UsageWindow:
         self._count[i] += 1
         self._newest[i] = max(self._newest[i], time_s)
 
+    def begins_after(self, time_s: float, now_s: float) -> bool:
+        """Whether the window ending at ``now_s`` holds nothing from ``time_s`` or before (its oldest slot
+        starts after the slot of ``time_s``)."""
+        return math.floor(time_s / self._slot_s) < math.floor(now_s / self._slot_s) - self.slots + 1
+
     def stats(self, now_s: float, *, interval_s: float, streams: int = 1) -> WindowStats:
         """The window ending at ``now_s``; ``streams`` sources (pods × GPUs) each sampled every ``interval_s``."""
         current = math.floor(now_s / self._slot_s)
