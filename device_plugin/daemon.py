@@ -269,4 +269,4 @@ class Daemon:
             if self.mps is not None:
                 await self.mps.stop()
             await self.keeper.drain()
-            await self.node_events.drain()
+            await self.node_events.close()

@@ -44,13 +44,15 @@ class KubeGateway(Protocol):
         """Merge-patch extended resources into the node's status capacity and allocatable."""
         ...
 
-    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
-        """Post an Event about ``node`` (what ``kubectl describe node`` shows)."""
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool, key: str) -> None:
+        """Post an Event about ``node`` (what ``kubectl describe node`` shows). ``key``: the Event's own part of
+        its name, the same on every try of one Event, so a try after one that landed unanswered is refused
+        (HTTP 409) rather than posted twice."""
         ...
 
     def record_pod_event(
-        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool, key: str
     ) -> None:
         """Post an Event about the pod ``namespace/name`` (``uid``) on ``node`` (what ``kubectl describe pod``
-        shows)."""
+        shows); ``key`` as for :meth:`record_node_event`."""
         ...

@@ -8,7 +8,6 @@ shape the fake gateway serves in tests. Every call blocks; callers run them in t
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Final
@@ -78,13 +77,13 @@ class KubeApi:
             ),
         )
 
-    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool, key: str) -> None:
         call(
             f"event on node {node}",
             lambda: drained(
                 self._core.create_namespaced_event(
                     "default",
-                    node_event(node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
+                    node_event(node, reason, message, warning=warning, key=key),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                     _preload_content=False,
                     _request_timeout=CALL_TIMEOUT,
                 )
@@ -92,14 +91,14 @@ class KubeApi:
         )
 
     def record_pod_event(
-        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool, key: str
     ) -> None:
         call(
             f"event on pod {namespace}/{name}",
             lambda: drained(
                 self._core.create_namespaced_event(
                     namespace,
-                    pod_event(namespace, name, uid, node, reason, message, warning=warning),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
+                    pod_event(namespace, name, uid, node, reason, message, warning=warning, key=key),  # type: ignore[arg-type]  # a plain dict: the client round-trips it through its model
                     _preload_content=False,
                     _request_timeout=CALL_TIMEOUT,
                 )
@@ -107,26 +106,29 @@ class KubeApi:
         )
 
 
-def pod_event(namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool) -> RawObject:
-    """The Event posted about the pod ``namespace/name`` (``uid``), from the plugin on ``node``, in its namespace."""
+def pod_event(
+    namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool, key: str
+) -> RawObject:
+    """The Event posted about the pod ``namespace/name`` (``uid``), from the plugin on ``node``, in its namespace,
+    named ``<pod>.<key>``."""
     involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
-    return _event(namespace, name, involved, node, reason, message, warning=warning)
+    return _event(namespace, name, involved, node, reason, message, warning=warning, key=key)
 
 
-def node_event(node: str, reason: str, message: str, *, warning: bool) -> RawObject:
-    """The Event posted about ``node``, in the ``default`` namespace."""
+def node_event(node: str, reason: str, message: str, *, warning: bool, key: str) -> RawObject:
+    """The Event posted about ``node``, in the ``default`` namespace, named ``<node>.<key>``."""
     involved = {"apiVersion": "v1", "kind": "Node", "name": node}
-    return _event("default", node, involved, node, reason, message, warning=warning)
+    return _event("default", node, involved, node, reason, message, warning=warning, key=key)
 
 
 def _event(
-    namespace: str, about: str, involved: RawObject, node: str, reason: str, message: str, *, warning: bool
+    namespace: str, about: str, involved: RawObject, node: str, reason: str, message: str, *, warning: bool, key: str
 ) -> RawObject:
     now = rfc3339(time.time())
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{about}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "metadata": {"name": f"{about}.{key}", "namespace": namespace},
         "involvedObject": involved,
         "reason": reason,
         "message": message,

@@ -7,14 +7,14 @@ import copy
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from device_plugin.cluster.gateway import Json, WatchKind
-from tf_shell.kube.api import GatewayError, GoneError, Listing, RawObject, WatchEvent
+from tf_shell.kube.api import GatewayError, GatewayTimeout, GoneError, Listing, RawObject, WatchEvent
 from vgpu.contract.allocation import GpuGrant, PodAllocation, encode
 from vgpu.names import NVIDIA_DEVICE_MOUNT_ROOT, RESOURCE_VGPU, Env, IsolationMode, Qos, SystemAnnotation
 
@@ -178,6 +178,10 @@ class FakeKube:
         self.pod_patches: list[tuple[str, str, dict[str, str]]] = []
         self.fail_pod_patches = 0
         self.fail_pod_lists = 0
+        # How the next Event posts are answered, one word each (then "ok"): "lost" is taken but its answer lost
+        # (a timeout), "timeout" not taken, "busy" a 503, "forbidden" a 403.
+        self.event_answers: list[str] = []
+        self.event_keys: set[str] = set()
         self.expire_watches = 0
         self.watch_held = threading.Event()
         for pod in pods:
@@ -275,15 +279,34 @@ class FakeKube:
                 status.setdefault(side, {}).update(resources)
             self.resource_patches.append(dict(resources))
 
-    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool) -> None:
+    def record_node_event(self, node: str, reason: str, message: str, *, warning: bool, key: str) -> None:
         with self._lock:
-            self.node_events.append((node, reason, message, warning))
+            self._take_event(f"default/{node}.{key}", lambda: self.node_events.append((node, reason, message, warning)))
 
     def record_pod_event(
-        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool
+        self, namespace: str, name: str, uid: str, node: str, reason: str, message: str, *, warning: bool, key: str
     ) -> None:
         with self._lock:
-            self.pod_events.append((namespace, name, uid, reason, message, warning))
+            self._take_event(
+                f"{namespace}/{name}.{key}",
+                lambda: self.pod_events.append((namespace, name, uid, reason, message, warning)),
+            )
+
+    def _take_event(self, name: str, record: Callable[[], None]) -> None:
+        """As the API server takes an Event named ``name``: once, then 409; or as ``event_answers`` says."""
+        answer = self.event_answers.pop(0) if self.event_answers else "ok"
+        if answer in ("timeout", "busy", "forbidden"):
+            raise {
+                "timeout": GatewayTimeout(f"event {name}: the API server did not answer"),
+                "busy": GatewayError(f"event {name}: HTTP 503", 503),
+                "forbidden": GatewayError(f"event {name}: HTTP 403", 403),
+            }[answer]
+        if name in self.event_keys:
+            raise GatewayError(f"event {name}: HTTP 409 AlreadyExists", 409)
+        self.event_keys.add(name)
+        record()
+        if answer == "lost":
+            raise GatewayTimeout(f"event {name}: the API server did not answer")
 
 
 class CountingKube(FakeKube):

@@ -125,13 +125,13 @@ def _pod(name: str, rv: str) -> RawObject:
         (lambda api: api.patch_node_resources("n1", {"r": "1"}), 422, "Unprocessable Entity", "patch node n1 status"),
         (lambda api: api.list_pods("n1"), 500, "Internal Server Error", "list pods on node n1"),
         (
-            lambda api: api.record_node_event("n1", "GpuUnhealthy", "m", warning=True),
+            lambda api: api.record_node_event("n1", "GpuUnhealthy", "m", warning=True, key="k"),
             403,
             "Forbidden",
             "event on node n1",
         ),
         (
-            lambda api: api.record_pod_event("ns", "p", "u", "n1", "LiveLimitsReset", "m", warning=True),
+            lambda api: api.record_pod_event("ns", "p", "u", "n1", "LiveLimitsReset", "m", warning=True, key="k"),
             403,
             "Forbidden",
             "event on pod ns/p",
@@ -227,13 +227,13 @@ def test_reads_and_patches_return_the_servers_json_as_sent(tmp_path: Path) -> No
 
 def test_the_node_event_keeps_its_body(tmp_path: Path) -> None:
     with api_server(lambda _: Answer(201, {"kind": "Event"}), tmp_path) as (api, requests):
-        api.record_node_event("n1", "GpuUnhealthy", "GPU x is unhealthy", warning=True)
-        api.record_node_event("n1", "GpuHealthy", "GPU x is healthy again", warning=False)
+        api.record_node_event("n1", "GpuUnhealthy", "GPU x is unhealthy", warning=True, key="0a1b2c3d4e5f")
+        api.record_node_event("n1", "GpuHealthy", "GPU x is healthy again", warning=False, key="5f4e3d2c1b0a")
     (first, second) = requests
     assert (first.method, first.path) == ("POST", "/api/v1/namespaces/default/events")
     event = first.body
     stamp = event["firstTimestamp"]
-    assert re.fullmatch(r"n1\.[0-9a-f]{12}", event["metadata"]["name"])
+    assert event["metadata"]["name"] == "n1.0a1b2c3d4e5f"  # the key is the caller's: the same on every try
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|\+00:00)", stamp)
     assert event == {
         "apiVersion": "v1",
@@ -256,11 +256,11 @@ def test_the_node_event_keeps_its_body(tmp_path: Path) -> None:
 
 def test_the_pod_event_names_the_pod_and_is_posted_in_its_namespace(tmp_path: Path) -> None:
     with api_server(lambda _: Answer(201, {"kind": "Event"}), tmp_path) as (api, requests):
-        api.record_pod_event("team-a", "p", "uid-p", "n1", "LiveLimitsReset", "m", warning=True)
+        api.record_pod_event("team-a", "p", "uid-p", "n1", "LiveLimitsReset", "m", warning=True, key="0a1b2c3d4e5f")
     ((only,),) = [requests]
     assert (only.method, only.path) == ("POST", "/api/v1/namespaces/team-a/events")
     event = only.body
-    assert re.fullmatch(r"p\.[0-9a-f]{12}", event["metadata"]["name"])
+    assert event["metadata"]["name"] == "p.0a1b2c3d4e5f"
     assert event["metadata"]["namespace"] == "team-a"
     assert event["involvedObject"] == {
         "apiVersion": "v1",

@@ -9,6 +9,10 @@ samples, says so on the pod and on the node, counts it once, and touches nothing
 process, and the pod, now under its limit, loses nothing more. The third pod names two inject containers, each
 handed the pod's whole grant at Allocate and each scripted at 1Gi, within it alone: together 2Gi, past the
 limit the ledger booked once, so the pod loses one of them (its larger).
+
+And while the API server is stalled (SIGSTOP, past the plugin's 15 s read timeout): the guard still kills (it
+needs only its pod cache), and the Event it could not post then reaches the pod once the API server is back,
+exactly once although its first try may have landed unanswered.
 """
 
 from __future__ import annotations
@@ -22,28 +26,41 @@ from prometheus_client.parser import text_string_to_metric_families
 from device_plugin.cluster.node_events import REASON_VRAM_OVERUSE
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE
 from vgpu.contract import usage
-from vgpu.metric_names import VRAM_OVERUSE
+from vgpu.metric_names import ERRORS, VRAM_OVERUSE
 from vgpu.names import Annotation
 
 from .cluster import PLUGIN_USAGE_INTERVAL, REAL_NODE, Cluster
 from .fake_nodes import MIB, fake_nvml_yaml
 from .kube import eventually, wait_running
 from .pods import allocation_of, gpu_pod
+from .test_bind_bounds import api_server, stopped
 
 NAMESPACE = "e2e-vram-guard"
 SHARE = {Annotation.TFLOPS_REQUEST: "5", Annotation.VRAM_REQUEST: "1Gi", Annotation.VRAM_LIMIT: "1Gi"}
 # Two samples in a row past the limit, one more for the sample that sees the kill, and slack for a loaded machine.
 WITHIN_S = 3 * PLUGIN_USAGE_INTERVAL + 3
+STALL_S = 18  # past the plugin's read timeout (CALL_TIMEOUT: 15 s), so that its first post of the Event fails
+
+
+def counts(cluster: Cluster, name: str, label: str) -> dict[str, float]:
+    """The node's counter ``name`` by ``label`` (its /metrics)."""
+    return {
+        s.labels[label]: s.value
+        for family in text_string_to_metric_families(cluster.plugin_get("/metrics"))
+        for s in family.samples
+        if s.name == name
+    }
 
 
 def overuse_counts(cluster: Cluster) -> dict[str, float]:
-    """The node's ``tf_device_plugin_vram_overuse_total`` by outcome (its /metrics)."""
-    return {
-        s.labels["outcome"]: s.value
-        for family in text_string_to_metric_families(cluster.plugin_get("/metrics"))
-        for s in family.samples
-        if s.name == VRAM_OVERUSE.name
-    }
+    """The node's ``tf_device_plugin_vram_overuse_total`` by outcome."""
+    return counts(cluster, VRAM_OVERUSE.name, "outcome")
+
+
+def event_errors(cluster: Cluster) -> tuple[float, float]:
+    """The Events the node's plugin gave up posting: (on pods, on the node)."""
+    errors = counts(cluster, ERRORS.name, "where")
+    return errors.get("pod_event", 0.0), errors.get("node_event", 0.0)
 
 
 def used_by(cluster: Cluster, pod: Any) -> int | None:
@@ -131,3 +148,35 @@ def test_a_container_past_its_vram_limit_loses_its_largest_process_and_nothing_e
         cluster.set_gpu_faults({})
         for name in ("greedy", "modest", "pair"):
             core.delete_namespaced_pod(name, ns)
+
+
+def test_during_an_api_server_stall_the_guard_still_kills_and_its_event_arrives_once_after(
+    cluster: Cluster, core: CoreV1Api
+) -> None:
+    ns = cluster.namespace(f"{NAMESPACE}-stall")
+    tenant = cluster.grant_tenant(ns, "edit")
+    tenant.create_namespaced_pod(ns, gpu_pod("stalled", SHARE))
+    pod = wait_running(core, ns, "stalled")
+    script = [{"pod": pod.metadata.uid, "container": "main", "gpu": gpu_of(pod), "vramMiB": 3072}]
+    before, failed_before = overuse_counts(cluster), event_errors(cluster)
+    try:
+        with stopped(api_server(cluster)):
+            started = time.monotonic()
+            cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}, usage=script))
+            eventually("its use on /usage", lambda: used_by(cluster, pod) == 3072 * MIB, WITHIN_S, 0.05)
+            eventually("its process killed, the API server stopped", lambda: used_by(cluster, pod) is None, WITHIN_S)
+            killed_after = time.monotonic() - started
+            time.sleep(max(0.0, STALL_S - killed_after))
+        print(f"killed {killed_after:.2f}s into a {STALL_S}s stall")
+        events = eventually("the Event, once back", lambda: said(core, ns, "Pod", "stalled") or None, 30, 0.2)
+        time.sleep(2 * PLUGIN_USAGE_INTERVAL)  # a second copy, were the retry to post one, would be there by now
+        assert said(core, ns, "Pod", "stalled") == events and len(events) == 1, events
+        assert events[0].endswith(f"its process {FAKE_PID_BASE} (3Gi) was killed")
+        after = overuse_counts(cluster)
+        assert after["killed"] - before.get("killed", 0.0) == 1
+        assert event_errors(cluster) == failed_before  # none given up
+        on_node = [m for m in said(core, "default", "Node", REAL_NODE) if f"pod {ns}/stalled " in m]
+        assert on_node == events
+    finally:
+        cluster.set_gpu_faults({})
+        core.delete_namespaced_pod("stalled", ns)
