@@ -25,6 +25,8 @@ from device_plugin.cluster.pod_cache import PodCache, PodFeed
 from device_plugin.cluster.publisher import InventoryPublisher
 from device_plugin.cluster.receipts import ReceiptFile
 from device_plugin.enforcement.cdi import CdiSpecs
+from device_plugin.enforcement.compute_guard import ComputeGuard
+from device_plugin.enforcement.compute_overuse import ComputeOveruse, ComputeOveruseAction
 from device_plugin.enforcement.live_files import LiveLimits
 from device_plugin.enforcement.live_limits import Tamper
 from device_plugin.enforcement.mps_daemon import MpsDaemon
@@ -43,7 +45,7 @@ from device_plugin.settings import PluginSettings
 from device_plugin.usage.process_kill import PidfdKiller, ProcessKiller
 from device_plugin.usage.process_owner import ProcessResolver, ProcResolver
 from device_plugin.usage.sampler import UsageSampler
-from device_plugin.usage.usage import grant_of
+from device_plugin.usage.usage import Attribution, grant_of
 from tf_shell.access import Gate
 from vgpu.catalog import Catalog
 from vgpu.contract import usage
@@ -197,6 +199,30 @@ class Daemon:
                 settings.vram_overuse, settings.vram_tolerance, killer or PidfdKiller(resolver), self.metrics, overuse
             )
         )
+
+        def compute(found: ComputeOveruse, message: str) -> None:
+            c = found.share.rows[0]
+            self.node_events.compute_overuse(c.namespace, c.pod, c.pod_uid, message)
+
+        self.compute_guard = (
+            ComputeGuard(
+                settings.compute_overuse_margin,
+                settings.compute_overuse_window,
+                settings.usage_interval,
+                self._grants,
+                self.metrics,
+                compute,
+            )
+            if settings.compute_overuse is ComputeOveruseAction.REPORT
+            and settings.backend is EnforcementBackend.HAMI_CORE
+            else None
+        )
+        self._guards = [g.enforce for g in (self.vram_guard, self.compute_guard) if g is not None]
+
+        async def after(found: Attribution) -> None:
+            for enforce in self._guards:
+                await enforce(found)
+
         self.sampler = UsageSampler(
             probe,
             resolver,
@@ -206,7 +232,7 @@ class Daemon:
             node=node,
             interval_s=settings.usage_interval,
             sm_unknown=frozenset(g.uuid for g in served(self.board.gpus())) if mps else frozenset(),
-            after=None if self.vram_guard is None else self.vram_guard.enforce,
+            after=after if self._guards else None,
         )
 
     def _grants(self) -> dict[str, PodAllocation] | None:
@@ -247,7 +273,7 @@ class Daemon:
             self.publisher.run(),
             self.toolkit.run(settings.toolkit_check_interval),
             self.keeper.run(self.allocator, settings.reconcile_interval),
-            *([self.sampler.run()] if http is not None or self.vram_guard is not None else []),
+            *([self.sampler.run()] if http is not None or self._guards else []),
             *([self.live.run(self.cache, settings.node, settings.live_limits_interval)] if self.live else []),
             *([self.cdi.run(self.cache, settings.node, CDI_SWEEP_S, self.allocator.regrant)] if self.cdi else []),
             *([self.mps.run()] if self.mps else []),

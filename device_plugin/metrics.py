@@ -69,6 +69,7 @@ class PluginMetrics:
         self.vram_overuse = counter(m.VRAM_OVERUSE)
         for outcome in Outcome:  # at 0 from the start, for the alert on the first one
             self.vram_overuse.labels(outcome.value)
+        self.compute_overuse = counter(m.COMPUTE_OVERUSE)  # unlabelled: exported at 0 from the start
         self.usage_sample_seconds = histogram(m.USAGE_SAMPLE_SECONDS, _PASS_BUCKETS)
         self.usage_skips = counter(m.USAGE_SKIPS)
         self.live_limit_writes = counter(m.LIVE_LIMIT_WRITES)

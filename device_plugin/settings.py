@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from device_plugin.enforcement.compute_overuse import ComputeOveruseAction
 from device_plugin.enforcement.envs import EnforcementPaths
 from device_plugin.enforcement.mps_plan import MpsConfig
 from device_plugin.enforcement.vram_overuse import OveruseAction
@@ -185,8 +186,9 @@ class PluginSettings(BaseSettings):
     )
     vram_overuse: OveruseAction = Field(
         OveruseAction.KILL,
-        description="What to do about a container that holds more GPU memory than its VRAM limit by the driver's "
-        "count (past the tolerance, in two usage samples in a row): kill (SIGKILL its largest process on that GPU "
+        description="What to do about a pod that holds more GPU memory than its VRAM limit by the driver's "
+        "count (its containers on a GPU together, past the tolerance, in two usage samples in a row): kill (SIGKILL "
+        "its largest process on that GPU "
         "and post a Warning Event GpuMemoryLimitExceeded on the pod and the node; needs the KILL capability), "
         "report (the Event only) or off. Runs with the usage sampler, even with --metrics-port=0.",
     )
@@ -194,6 +196,21 @@ class PluginSettings(BaseSettings):
         "512Mi",
         description="GPU memory a pod may hold on a GPU past its VRAM limit by the driver's count before "
         "--vram-overuse acts (the driver counts what the in-container limiters do not).",
+    )
+    compute_overuse: ComputeOveruseAction = Field(
+        ComputeOveruseAction.REPORT,
+        description="On --backend=hami-core: report (a Warning Event GpuComputeLimitExceeded on the pod and the node) "
+        "a pod whose containers on a GPU used more of it than its TFLOPS limit gives HAMi-core, by the driver's "
+        "count, on average over --compute-overuse-window and by more than --compute-overuse-margin; or off.",
+    )
+    compute_overuse_margin: int = Field(
+        10, ge=1, le=100, description="Points of the GPU a pod's mean share may pass its cap by before it is reported."
+    )
+    compute_overuse_window: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds of usage samples a pod's mean share of a GPU is taken over (HAMi-core's own bursts, "
+        "seconds long, must not be reported).",
     )
     kubeconfig: str | None = Field(
         None, description="Path to a kubeconfig; unset means in-cluster config, then ~/.kube/config."

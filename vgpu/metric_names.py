@@ -70,9 +70,15 @@ DEVICE_DELIVERY: Final = Metric(
 REGISTRATIONS: Final = Metric(f"{DEVICE_PLUGIN}_registrations_total", "Successful registrations with the kubelet.")
 VRAM_OVERUSE: Final = Metric(
     f"{DEVICE_PLUGIN}_vram_overuse_total",
-    "Containers found past their VRAM limit by the driver's count (two samples in a row, beyond the tolerance), "
+    "Pods found past their VRAM limit on a GPU by the driver's count (two samples in a row, beyond the tolerance), "
     "by outcome: killed (its largest process on the GPU), gone (that process had exited), kill_failed, reported.",
     ("outcome",),
+)
+COMPUTE_OVERUSE: Final = Metric(
+    f"{DEVICE_PLUGIN}_compute_overuse_total",
+    "Pods found using more of a GPU than their TFLOPS limit lets HAMi-core give them, by the driver's count, on "
+    "average over the window and beyond the margin (reported once until they fall back).",
+    (),
 )
 USAGE_SAMPLE_SECONDS: Final = Metric(
     f"{DEVICE_PLUGIN}_usage_sample_seconds", "Time one usage sampling pass over every GPU took."
@@ -172,6 +178,7 @@ DEVICE_PLUGIN_METRICS: Final = (
     DEVICE_DELIVERY,
     REGISTRATIONS,
     VRAM_OVERUSE,
+    COMPUTE_OVERUSE,
     USAGE_SAMPLE_SECONDS,
     USAGE_SAMPLED_AT,
     USAGE_SKIPS,

@@ -1,5 +1,6 @@
 """Node Events for GPU health: ``kubectl describe node`` says when and why a GPU left service; and Events
-on a pod and its node when its container tampered with its live limits, or held GPU memory past its limit.
+on a pod and its node when its container tampered with its live limits, or held GPU memory or used compute
+past its limit.
 
 A GPU that turns unhealthy leaves the node's allocatable and the extender's placements at once; an
 operator looking at a node whose capacity shrank, or at pods that no longer land there, should not
@@ -34,6 +35,7 @@ REASON_HEALTHY: Final = "GpuHealthy"
 REASON_LIVE_LIMITS_RESTORED: Final = "LiveLimitsRestored"  # a container's limit file tampered with, put back
 REASON_LIVE_LIMITS_RESET: Final = "LiveLimitsReset"  # HAMi-core's region beyond repair, reset to an empty file
 REASON_VRAM_OVERUSE: Final = "GpuMemoryLimitExceeded"  # a pod past its VRAM limit by the driver's count
+REASON_COMPUTE_OVERUSE: Final = "GpuComputeLimitExceeded"  # a pod past its compute cap, over a window
 # Seconds before each new try of an Event the API server did not take: about a minute in all (the kubelet's
 # recorder tries an Event 12 times, 10 s apart), then it is given up.
 RETRY_AFTER_S: Final = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -87,6 +89,10 @@ class NodeEvents:
     def vram_overuse(self, namespace: str, pod: str, uid: str, message: str) -> None:
         """A Warning Event on the pod and one on the node: a pod held GPU memory past its VRAM limit."""
         self._pod_and_node(namespace, pod, uid, REASON_VRAM_OVERUSE, message)
+
+    def compute_overuse(self, namespace: str, pod: str, uid: str, message: str) -> None:
+        """A Warning Event on the pod and one on the node: a pod used more of a GPU than its TFLOPS limit lets it."""
+        self._pod_and_node(namespace, pod, uid, REASON_COMPUTE_OVERUSE, message)
 
     def _pod_and_node(self, namespace: str, pod: str, uid: str, reason: str, message: str) -> None:
         self._background.spawn(self._post(reason, message, True))

@@ -59,6 +59,7 @@ from .procs import (
 VENV_BIN = Path(sys.executable).parent
 REAL_NODE = "tf-e2e-gpu-0"
 PLUGIN_USAGE_INTERVAL = 1  # seconds between the kubelet node's usage samples (the plugin's default: 5)
+PLUGIN_COMPUTE_WINDOW = 3  # seconds a pod's share of a GPU is averaged over for the compute report (default: 60)
 TOOLKIT_CHECK_INTERVAL = 1  # seconds between the plugin's reads of its toolkit configuration (its default: 60)
 METRICS_API_INTERVAL = 1  # seconds between tf-metrics' passes over the plugins (its default: 5)
 AUTOSCALER_MAX_REPLICAS = 3  # the extender's --autoscaler-max-replicas: maxReplicas of the HPAs it owns
@@ -260,6 +261,7 @@ class Cluster(AbstractContextManager["Cluster"]):
                 "--health-recovery=2",
                 f"--metrics-port={self.plugin_metrics_port}",  # on every address: tf-metrics reaches it off loopback
                 f"--usage-interval={PLUGIN_USAGE_INTERVAL}",
+                f"--compute-overuse-window={PLUGIN_COMPUTE_WINDOW}",
                 f"--live-limits-dir={self.live_limits_dir}",
                 f"--receipts-file={self.root / 'handoff' / 'receipts.json'}",
                 f"--kubeconfig={self.kubeconfigs['device-plugin']}",

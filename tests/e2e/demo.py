@@ -30,12 +30,16 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes.client import ApiException, AppsV1Api, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
-from device_plugin.cluster.node_events import REASON_LIVE_LIMITS_RESTORED, REASON_VRAM_OVERUSE
+from device_plugin.cluster.node_events import (
+    REASON_COMPUTE_OVERUSE,
+    REASON_LIVE_LIMITS_RESTORED,
+    REASON_VRAM_OVERUSE,
+)
 from device_plugin.cluster.receipts import ReceiptFile
 from scheduler_extender.claim_board import lease_name
 from vgpu.contract import allocation, usage
@@ -430,23 +434,29 @@ def tampering(cluster: Cluster, pod: Any, container: str) -> None:
 
 
 def past_its_limit(cluster: Cluster, pod: Any, container: str) -> None:
-    """A process of the container holds 2Gi more than the pod's VRAM limit by the driver's count (scripted in the
-    fake GPU file: one that left the limiter inside its container): the device plugin kills it two samples later
-    and says why on the pod (docs/security.md, "VRAM past its limit, by the driver's count")."""
+    """A process of the container holds 2Gi more than the pod's VRAM limit by the driver's count, another keeps
+    90 % of the GPU's SMs busy (both scripted in the fake GPU file: processes that left the limiter inside its
+    container): the device plugin kills the first two samples later, reports the second over its window, and
+    says both on the pod (docs/security.md, "VRAM past its limit, by the driver's count" and "Compute past its
+    limit, by the driver's count")."""
     grant = allocation_of(pod).gpus[0]
     over = grant.vram_limit // (1024 * 1024) + 2048
-    script = [{"pod": pod.metadata.uid, "container": container, "gpu": grant.uuid, "vramMiB": over}]
+    script = [
+        {"pod": pod.metadata.uid, "container": container, "gpu": grant.uuid, "vramMiB": over},
+        {"pod": pod.metadata.uid, "container": container, "gpu": grant.uuid, "smPercent": 90, "vramMiB": 256},
+    ]
     cluster.write_fake_nvml(fake_nvml_yaml(cluster.gpus, {}, usage=script))
     name, namespace = pod.metadata.name, pod.metadata.namespace
 
-    def said() -> list[str] | None:
-        lines = [e for e in events_for(cluster.core, namespace, name) if e.startswith(REASON_VRAM_OVERUSE)]
-        return lines or None
+    def said(reason: str) -> Callable[[], list[str] | None]:
+        return lambda: [e for e in events_for(cluster.core, namespace, name) if e.startswith(reason)] or None
 
     over_text, limit_text = humanize_bytes(over * 1024 * 1024), humanize_bytes(grant.vram_limit)
     print(f"\na process of pod/{name} holds {over_text} of its GPU by the driver's count, past its {limit_text} VRAM "
-          "limit (one that left HAMi-core); the device plugin kills it, and the pod's Event says why:")  # fmt: skip
-    print(f"  {eventually('the kill said on the pod', said, timeout=30)[0]}")
+          "limit, and another keeps 90 % of the GPU's SMs busy (both left HAMi-core); the device plugin kills the "
+          "first and reports the second, and the pod's Events say why:")  # fmt: skip
+    print(f"  {eventually('the kill said on the pod', said(REASON_VRAM_OVERUSE), timeout=30)[0]}")
+    print(f"  {eventually('the report said on the pod', said(REASON_COMPUTE_OVERUSE), timeout=30)[0]}")
     cluster.set_gpu_faults({})
 
 

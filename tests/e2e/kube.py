@@ -121,6 +121,12 @@ def events_for(core: CoreV1Api, namespace: str, name: str) -> list[str]:
     return [f"{e.reason}: {e.message}" for e in events]
 
 
+def messages(core: CoreV1Api, namespace: str, kind: str, name: str, reason: str) -> list[str]:
+    """The messages of the Events with ``reason`` about the ``kind`` object ``name`` in ``namespace``."""
+    selector = f"involvedObject.kind={kind},involvedObject.name={name},reason={reason}"
+    return [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items]
+
+
 def ensure_namespace(api: ApiClient, name: str) -> None:
     """A namespace with its default ServiceAccount, ready for pods (the controllers fill in the rest)."""
     core = CoreV1Api(api)

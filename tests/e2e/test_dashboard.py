@@ -8,7 +8,7 @@ and 75 of the 80 GiB of the one GPU of a kubelet-less node in a pool of its own;
 model no node has; one GPU fails its health check; the kubelet node's NVIDIA toolkit is left on its defaults
 (any pod may take GPUs by environment); the first pod's container rewrites its ``limits.json`` (the
 device plugin puts it back, and counts it) and holds more than its VRAM limit in a second process (the device
-plugin kills it, and counts it); two pods are bound to the kubelet node by hand, without the
+plugin kills it, and counts it) and uses more of its GPU than its TFLOPS limit (reported, and counted); two pods are bound to the kubelet node by hand, without the
 extender's grant (the device plugin refuses their Allocate); the extender gets a malformed verb; and two targets
 that never answer stand for a crashed device plugin and a crashed extender. Every target expression of
 every panel of ``deploy/dashboards/tensor-fusion.json`` (template variables as "All", ``$__rate_interval``
@@ -164,7 +164,8 @@ def staged(cluster: Cluster) -> Iterator[Staged]:
         (grant,) = allocation_of(busy).gpus
         faulty = next(g.uuid for g in cluster.gpus if g.uuid != grant.uuid)
         script = [
-            {"pod": busy.metadata.uid, "container": "main", "gpu": grant.uuid, "smPercent": 5, "vramMiB": 512},
+            # At 40 % of the SMs, past the 7 % its 20 TFLOPS limit gives HAMi-core: reported (compute).
+            {"pod": busy.metadata.uid, "container": "main", "gpu": grant.uuid, "smPercent": 40, "vramMiB": 512},
             {"pod": "no-such-pod", "container": "main", "gpu": grant.uuid, "smPercent": 1, "vramMiB": 64},
             # A second process of it past the pod's 2Gi VRAM limit: the device plugin kills it, and counts it.
             {"pod": busy.metadata.uid, "container": "main", "gpu": grant.uuid, "smPercent": 0, "vramMiB": 4096},
@@ -271,6 +272,7 @@ def test_every_alert_is_loaded_healthy_and_pending_for_what_was_staged(staged: S
         "TensorFusionGpuNodeOpenToEnvvar": {"node": REAL_NODE, "state": "off"},
         "TensorFusionLiveLimitsTampered": {"node": REAL_NODE},
         "TensorFusionVramLimitExceeded": {"node": REAL_NODE, "outcome": "killed"},
+        "TensorFusionComputeLimitExceeded": {"node": REAL_NODE},
         "TensorFusionDevicePluginErrors": {"node": REAL_NODE, "where": "allocate"},
     }
     quiet = {"TensorFusionAllocationConflicts"}  # nothing staged conflicts

@@ -31,7 +31,7 @@ from vgpu.names import Annotation
 
 from .cluster import PLUGIN_USAGE_INTERVAL, REAL_NODE, Cluster
 from .fake_nodes import MIB, fake_nvml_yaml
-from .kube import eventually, wait_running
+from .kube import eventually, messages, wait_running
 from .pods import allocation_of, gpu_pod
 from .test_bind_bounds import api_server, stopped
 
@@ -74,8 +74,7 @@ def gpu_of(pod: Any) -> str:
 
 
 def said(core: CoreV1Api, namespace: str, kind: str, name: str) -> list[str]:
-    selector = f"involvedObject.kind={kind},involvedObject.name={name},reason={REASON_VRAM_OVERUSE}"
-    return [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items]
+    return messages(core, namespace, kind, name, REASON_VRAM_OVERUSE)
 
 
 def test_a_container_past_its_vram_limit_loses_its_largest_process_and_nothing_else_is_touched(
