@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.gpu_check.constants import MIB, VRAM_LIMIT
 from benchmarks.gpu_check.procs import DEADLINE, Reader, step
 from benchmarks.gpu_check.report import say
-from benchmarks.isolation.driver_count import counted
+from benchmarks.isolation.driver_count import counted, sm_share
 from benchmarks.isolation.figures import around, mean_rate, seconds_rows, share, shares_after, split, together
 from benchmarks.isolation.mps import MpsError, control
 from benchmarks.isolation.plan import (
@@ -32,6 +32,8 @@ from benchmarks.isolation.plan import (
     LIVE_HALF_S,
     POD_PROCS,
     SINGLE_S,
+    SM_READ_AFTER_S,
+    SM_READ_SLACK_S,
     TAMPER_CAP,
     Step,
 )
@@ -115,6 +117,7 @@ class Bench:
     def single(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
         percent = st.targets[0] if st.targets else None
         reader = self.start(self.env(mode, percent, st.kernel), st.kernel, f"{st.seconds}")
+        driver = self.driver_sm(reader, st.seconds) if st.kernel == "compute" else None
         rows = self.finish(f"{st.mode} {st.label}", reader, st.seconds + 30)
         rate = mean_rate(rows)
         if st.mode == BASELINE:
@@ -128,7 +131,18 @@ class Bench:
             "per_second": [r["rate"] for r in seconds_rows(rows)],
             "error": step(rows, "error").get("error"),
             "graph_charging": graph_charging("".join(reader.err)) if mode is IsolationMode.SOFT else None,
+            "driver": driver,
         }
+
+    def driver_sm(self, reader: Reader, seconds: float) -> dict[str, Any]:
+        """The running tenant's SM share by the driver, as the device plugin's compute report reads it, over its
+        run after the warm-up second (read while it runs; it costs the run nothing)."""
+        ready = reader.wait_for("step", "ready", 60)
+        if ready is None:
+            return {"driver_sm": None, "matched": "it never said it was ready"}
+        self.pause(SM_READ_AFTER_S)
+        over = max(0.5, seconds - SM_READ_AFTER_S - SM_READ_SLACK_S)
+        return sm_share(self.gpu.uuid, int(ready["pid"]), self.machine_env, over) | {"seconds": over}
 
     def pair(self, mode: IsolationMode, st: Step) -> dict[str, Any]:
         readers = [self.start(self.env(mode, t, f"pair-{t}"), "compute", f"{st.seconds}") for t in st.targets]

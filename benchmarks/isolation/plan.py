@@ -44,6 +44,10 @@ ALLOC_S = 3.0  # one allocation probe, its start included
 FILL_CHUNK_MIB = 64  # a tenant held at its limit allocates this much at a time: a limiter stops it this close
 FILL_HOLD_S = 20.0  # the longest it holds what it got: the benchmark stops it once the driver's count is read
 FILL_READ_S = 1.0  # that read (the device plugin's NVML probe, in a child process)
+# A compute tenant's SM share by the driver, as the compute report reads it: taken over its run's seconds after
+# the first (warm-up) and one more for the reading child's own start, so within the run and at no cost to it.
+SM_READ_AFTER_S = 1.0
+SM_READ_SLACK_S = 1.0
 SETUP_S = {
     "build the tenant load": 30.0,  # nvcc, or g++ for the emulated GPU
     "build HAMi-core": 60.0,

@@ -25,10 +25,17 @@ def single_row(s: dict[str, Any]) -> str:
     head = f"| {s['kernel']}{charging(s.get('graph_charging'))}, one tenant | {s['target']} % |"
     if s.get("error"):
         return f"{head} failed: {s['error']} | n/a |"
-    return (
-        f"{head} {num(s['share'])} % of uncapped ({num(s['rate'])} {s.get('unit') or ''}) | "
-        f"{num(diff(s['share'], s['target']), signed=True)} points |"
-    )
+    measured = f"{num(s['share'])} % of uncapped ({num(s['rate'])} {s.get('unit') or ''})"
+    return f"{head} {measured}{driver_sm(s.get('driver'))} | {num(diff(s['share'], s['target']), signed=True)} points |"
+
+
+def driver_sm(d: dict[str, Any] | None) -> str:
+    """The driver's SM share of the tenant, as the device plugin's compute report reads it, where it was asked."""
+    if d is None:
+        return ""
+    if d["driver_sm"] is None:
+        return f"; the driver's SM share not read: {d['matched']}"
+    return f"; the driver counts {d['driver_sm']} % of the SMs over {d['seconds']:g} s"
 
 
 def charging(said: dict[str, int] | None) -> str:

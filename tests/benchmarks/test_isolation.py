@@ -67,6 +67,7 @@ from benchmarks.isolation.report import (
     memory_row,
     pod_row,
     render_markdown,
+    single_row,
     switch_row,
     tampering_row,
     write_report,
@@ -916,6 +917,13 @@ def test_a_whole_run_on_fake_gpu_commands(
         return {"driver_mib": 4396, "matched": "pid"}
 
     monkeypatch.setattr(bench, "counted", counted)
+    read_sm: list[tuple[int, float]] = []
+
+    def sm_share(uuid: str, pid: int, env: dict[str, str], seconds: float) -> dict[str, Any]:  # the driver: 26 %
+        read_sm.append((pid, seconds))
+        return {"driver_sm": 26, "matched": "pid"}
+
+    monkeypatch.setattr(bench, "sm_share", sm_share)
     kept = procs.DEADLINE[0]
     try:
         monkeypatch.setattr(bench.Bench, "pause", staticmethod(lambda _: None))
@@ -995,7 +1003,16 @@ def test_a_whole_run_on_fake_gpu_commands(
     assert (tmp_path / "mode").read_text() == "DEFAULT\n"
     assert modes["hard"]["mps"][-1] == "$ nvidia-smi -i 0 -c DEFAULT: rc 0"
     out = capsys.readouterr().out
-    assert "| compute, one tenant | 25 % | 25.0 % of uncapped (250.0 kernels/s) | +0.0 points |" in out
+    assert (
+        "| compute, one tenant | 25 % | 25.0 % of uncapped (250.0 kernels/s); the driver counts 26 % of the SMs over "
+        "2 s | +0.0 points |"
+    ) in out
+    # Read while each compute tenant ran (the baseline's and each mode's caps), over its seconds after the first
+    # and the reading child's start; never for the other kernels.
+    computes = [s for m in ("soft", "hard", "shared") for s in modes[m].get("single", []) if s["kernel"] == "compute"]
+    assert {s["driver"]["driver_sm"] for s in computes} == {26} and all(pid > 0 for pid, _ in read_sm)
+    assert len(read_sm) == len(computes) + 1 and {seconds for _, seconds in read_sm} == {2.0}
+    assert {s["driver"] for m in ("soft", "hard") for s in modes[m]["single"] if s["kernel"] != "compute"} == {None}
     assert (
         "| memory | 4096 MiB | 5120 MiB granted, 1024 MiB granted; device seen 81559 MiB; filled 8192 MiB (most), "
         "the driver counts 4396 MiB: +300 MiB past the limit | NOT held |"
@@ -1045,6 +1062,20 @@ def test_a_whole_run_on_fake_gpu_commands(
     }
     assert "switch" not in modes["hard"] and "switch" not in modes["shared"]
     assert "| tampering: the same, with HAMi-core's switch off (`GPU_CORE_UTILIZATION_POLICY=disable`) and a" in out
+
+
+def test_a_compute_row_says_the_drivers_sm_share_of_the_tenant_or_why_it_was_not_read() -> None:
+    row = {"kernel": "compute", "target": 25, "share": 26.5, "rate": 26.2, "unit": "TFLOP/s"}
+    read = {"driver_sm": 31, "matched": "pid", "seconds": 2.0}
+    assert single_row(row | {"driver": read}) == (
+        "| compute, one tenant | 25 % | 26.5 % of uncapped (26.2 TFLOP/s); the driver counts 31 % of the SMs over "
+        "2 s | +1.5 points |"
+    )
+    unread = {"driver_sm": None, "matched": "PID 7 not among those listed ([1, 2])", "seconds": 2.0}
+    assert "; the driver's SM share not read: PID 7 not among those listed ([1, 2]) |" in single_row(
+        row | {"driver": unread}
+    )
+    assert single_row(row | {"driver": None}).endswith("(26.2 TFLOP/s) | +1.5 points |")
 
 
 def test_the_memory_row_says_the_drivers_count_of_a_tenant_held_at_its_limit_or_why_it_was_not_read() -> None:

@@ -19,7 +19,7 @@ import benchmarks.isolation.__main__ as entry
 from benchmarks.gpu_check import procs
 from benchmarks.gpu_check import report as gpu_report
 from benchmarks.isolation import bench, run
-from benchmarks.isolation.driver_count import counted
+from benchmarks.isolation.driver_count import counted, sm_share
 from benchmarks.isolation.emulated import build
 from benchmarks.isolation.prereqs import blocked, check
 from vgpu.names import IsolationMode as M
@@ -160,6 +160,22 @@ def test_a_tenant_held_at_its_fill_is_counted_by_the_plugins_own_nvml_probe(
     assert counted(uuid, filled["pid"], build.tenant_env(driver, state))["driver_mib"] is None  # gone with it
 
 
+def test_a_running_tenants_sm_share_is_read_by_the_plugins_own_nvml_probe(
+    machine: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The compute scenario's driver reading, through the device plugin's NvmlProbe (pynvml) on the fake NVML: a
+    tenant alone keeps the model's SMs busy, and is found by its PID; one not running is not found."""
+    driver, _ = machine
+    state = tmp_path / "gpu.state"
+    tenant = start(machine, state, "compute", "3")
+    pid = wait_ready(tenant)["pid"]
+    uuid = build.gpu(driver).uuid
+    seen = sm_share(uuid, pid, build.tenant_env(driver, state), 1.0)
+    assert seen["matched"] == "pid" and seen["driver_sm"] >= 80, seen
+    rows(tenant)
+    assert sm_share(uuid, pid + 1, build.tenant_env(driver, state), 0.5)["driver_sm"] is None
+
+
 def test_the_benchmark_runs_end_to_end_on_the_emulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "WORK", tmp_path / "work")
     monkeypatch.setattr(bench, "HAMI_LOG", tmp_path / "vgpulog")
@@ -174,6 +190,9 @@ def test_the_benchmark_runs_end_to_end_on_the_emulated_gpu(tmp_path: Path, monke
     assert result["gpu"]["name"].startswith("NVIDIA H200, emulated") and result["gpu"]["tflops"] == 989_000
     assert result["notes"][0].startswith("EMULATED GPU")
     assert [s["kernel"] for s in result["baseline"]["single"]] == ["compute"]
+    # The uncapped tenant's SM share, read while it ran by the plugin's own probe: the whole (model) GPU.
+    (driver,) = [s["driver"] for s in result["baseline"]["single"]]
+    assert driver["matched"] == "pid" and driver["driver_sm"] >= 80, driver
     for pair in result["modes"]["shared"]["pairs"]:
         # No limit: two busy tenants take turns, about half the GPU each, all of it together (a little more than
         # one alone, whose own launches leave the GPU idle between its kernels).
