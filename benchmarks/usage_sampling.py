@@ -12,9 +12,10 @@ Runs the daemon's own pass (:meth:`device_plugin.usage.sampler.UsageSampler.samp
 The budget (issue 15) is under 1 % of one core per GPU at the default interval. Prints CPU seconds per
 pass (process time: the pass is single-threaded), per GPU, the share of one core per GPU at
 ``--interval``, the VRAM guard's judgement of each pass on its own
-(:func:`device_plugin.enforcement.vram_overuse.judge`, every container judged, none over its limit), and the
-hardware. Not in the figure: NVML's two calls per GPU (the process list and the
-utilisation samples), which are driver ioctls on a real node.
+(:func:`device_plugin.enforcement.vram_overuse.judge`, every container judged, none over its limit), the
+compute report's (each pod's cap from its allocation, its share, a full minute's window judged:
+:mod:`device_plugin.enforcement.compute_guard`), and the hardware. Not in the figure: NVML's two calls per
+GPU (the process list and the utilisation samples), which are driver ioctls on a real node.
 
     .venv/bin/python -m benchmarks.usage_sampling [--containers 1000] [--gpus 8] [--passes 200] [--interval 5]
 """
@@ -30,12 +31,15 @@ import yaml
 
 from benchmarks.hardware import describe
 from device_plugin.cluster.pods import PodRecord, from_json
+from device_plugin.enforcement import compute_overuse
+from device_plugin.enforcement.compute_guard import caps_of
 from device_plugin.enforcement.vram_overuse import judge
 from device_plugin.gpus.board import discover
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.process_owner import ProcResolver
 from device_plugin.usage.sampler import UsageSampler
+from device_plugin.usage.usage import grant_of
 from tests.device_plugin.fakes import allocation, grant, make_pod, uid_of
 from vgpu.catalog import builtin
 
@@ -98,12 +102,27 @@ def bench(containers: int, gpus: int, passes: int, interval_s: float) -> None:
         for _ in range(passes):
             judge(found.usage.containers, found.holders, tolerance=512 << 20, streaks={}, again=True)
         judged = (time.process_time() - judged) / passes
+        grants = {p.uid: alloc for p in pods if (alloc := grant_of(p.allocation)) is not None}
+        window = compute_overuse.judge((), margin=10, passes=12, window_s=60, history={}, reported=frozenset())
+        reported = time.process_time()
+        for _ in range(passes):
+            window = compute_overuse.judge(
+                compute_overuse.shares(found.usage.containers, caps_of(grants)),
+                margin=10,
+                passes=12,
+                window_s=60,
+                history=window.history,
+                reported=window.reported,
+            )
+        reported = (time.process_time() - reported) / passes
+        assert len(window.history) == containers and not window.report, "every pod judged, none over its cap"
     per_gpu = cpu / gpus
     share = 100 * per_gpu / interval_s
     print(f"{containers} containers' processes on {gpus} GPUs, {passes} passes")
     print(f"per pass: {cpu * 1000:.2f} ms CPU, {wall * 1000:.2f} ms wall")
     print(f"per GPU per pass: {per_gpu * 1000:.3f} ms CPU = {share:.4f} % of one core at {interval_s:g} s")
     print(f"the VRAM guard's judgement of a pass: {judged * 1000:.3f} ms CPU ({100 * judged / cpu:.1f} % of the pass)")
+    print(f"the compute report's: {reported * 1000:.3f} ms CPU ({100 * reported / cpu:.1f} % of the pass)")
     print(f"hardware: {describe()}")
 
 

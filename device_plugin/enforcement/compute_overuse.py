@@ -104,12 +104,13 @@ def judge(
     now: dict[PodGpu, tuple[float, ...]] = {}
     still: set[PodGpu] = set()
     for share in found:
-        seen = (*history.get(share.key, ()), share.used)[-passes:]
-        now[share.key] = seen
+        key = share.key
+        seen = (*history.get(key, ()), share.used)[-passes:]
+        now[key] = seen
         mean = sum(seen) / len(seen)
         if len(seen) < passes or mean <= share.cap + margin:
             continue
-        still.add(share.key)
-        if share.key not in reported:
+        still.add(key)
+        if key not in reported:
             report.append(ComputeOveruse(share=share, mean=mean, window_s=window_s))
     return Judgement(report=tuple(report), history=now, reported=frozenset(still))
