@@ -1,4 +1,4 @@
-"""Acts on each usage pass's containers past their VRAM limit (:mod:`device_plugin.enforcement.vram_overuse`).
+"""Acts on each usage pass's pods past their VRAM limit (:mod:`device_plugin.enforcement.vram_overuse`).
 
 After every pass of the usage sampler, the judgement runs over the pass's rows and processes; each pod judged
 past its limit on a GPU loses its largest process there to SIGKILL (``--vram-overuse=kill``, through a
