@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 
 from device_plugin.enforcement.compute_overuse import ComputeOveruse, judge, shares
 from device_plugin.enforcement.envs import granted_percents
-from device_plugin.enforcement.vram_overuse import PodGpu
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.usage import Attribution
 from vgpu.contract.allocation import PodAllocation
+from vgpu.contract.usage import PodGpu
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from device_plugin.enforcement.vram_overuse import PodGpu
-from vgpu.contract.usage import ContainerUsage
+from vgpu.contract.usage import ContainerUsage, PodGpu, per_pod_gpu
 
 
 class ComputeOveruseAction(StrEnum):
@@ -45,12 +44,8 @@ def shares(rows: Iterable[ContainerUsage], caps: Mapping[PodGpu, tuple[int, int]
     """The pass's measured rows, per pod and GPU, for each pod whose limiter holds a cap there (``caps``: the
     cap in percent and the GPU's milli-TFLOPS); rows without a measured share, or of pods without a cap, are
     not judged."""
-    pods: dict[PodGpu, list[ContainerUsage]] = {}
-    for c in rows:
-        if c.tflops_measured and (c.pod_uid, c.gpu) in caps:
-            pods.setdefault((c.pod_uid, c.gpu), []).append(c)
     out = []
-    for key, found in pods.items():
+    for key, found in per_pod_gpu(c for c in rows if c.tflops_measured and (c.pod_uid, c.gpu) in caps).items():
         cap, capacity = caps[key]
         if capacity > 0:
             out.append(Share(rows=tuple(found), used=100 * sum(c.tflops_used for c in found) / capacity, cap=cap))

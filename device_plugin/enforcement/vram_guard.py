@@ -15,10 +15,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from device_plugin.enforcement.vram_overuse import Outcome, Overuse, OveruseAction, PodGpu, judge
+from device_plugin.enforcement.vram_overuse import Outcome, Overuse, OveruseAction, judge
 from device_plugin.metrics import PluginMetrics
 from device_plugin.usage.process_kill import KillRefused, ProcessKiller
 from device_plugin.usage.usage import Attribution
+from vgpu.contract.usage import PodGpu
 
 log = logging.getLogger(__name__)
 

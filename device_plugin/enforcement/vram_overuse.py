@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Final
 
 from device_plugin.usage.usage import Holder, HolderKey
-from vgpu.contract.usage import ContainerUsage
+from vgpu.contract.usage import ContainerUsage, PodGpu, per_pod_gpu
 from vgpu.quantity import humanize_bytes
 
 PASSES: Final = 2  # passes in a row above the limit before the guard acts
@@ -40,9 +40,6 @@ class Outcome(StrEnum):
     GONE = "gone"  # the process had exited before the signal
     KILL_FAILED = "kill_failed"
     REPORTED = "reported"
-
-
-PodGpu = tuple[str, str]  # (pod UID, GPU UUID): what is judged, the pod's containers on that GPU together
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,13 +118,9 @@ def judge(
     (``streaks``: the last judgement's). ``again``: a pod still above its limit is acted on again after
     :data:`PASSES` more passes (a kill: the next holder goes); else once until it falls back under its limit
     (a report). Rows without a VRAM limit (0) are not judged."""
-    pods: dict[PodGpu, list[ContainerUsage]] = {}
-    for c in containers:
-        if c.vram_limit > 0:
-            pods.setdefault((c.pod_uid, c.gpu), []).append(c)
     act: list[Overuse] = []
     now: dict[PodGpu, int] = {}
-    for key, rows in pods.items():
+    for key, rows in per_pod_gpu(c for c in containers if c.vram_limit > 0).items():
         procs = [(r.container, h) for r in rows for h in holders.get((r.pod_uid, r.container, r.gpu), ())]
         if _used(rows) <= _limit(rows) + tolerance or not procs:
             continue

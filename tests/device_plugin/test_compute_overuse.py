@@ -15,12 +15,11 @@ import pytest
 from device_plugin.cluster.node_events import REASON_COMPUTE_OVERUSE
 from device_plugin.enforcement.compute_guard import caps_of
 from device_plugin.enforcement.compute_overuse import ComputeOveruse, Share, judge, shares
-from device_plugin.enforcement.vram_overuse import PodGpu
 from device_plugin.settings import PluginSettings
 from tests.device_plugin.fakes import A100_TFLOPS, GPU0, GPU1, FakeKube, allocation, gpu_file, grant, make_pod, uid_of
 from tests.device_plugin.harness import plugin, run, until
 from vgpu.contract.allocation import decode
-from vgpu.contract.usage import ContainerUsage
+from vgpu.contract.usage import ContainerUsage, PodGpu
 from vgpu.metric_names import COMPUTE_OVERUSE
 from vgpu.names import IsolationMode
 

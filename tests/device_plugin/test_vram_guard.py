@@ -20,7 +20,7 @@ import pytest
 from device_plugin.cluster.node_events import REASON_VRAM_OVERUSE
 from device_plugin.daemon import Daemon
 from device_plugin.enforcement.vram_guard import VramGuard
-from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, PodGpu, judge
+from device_plugin.enforcement.vram_overuse import PASSES, Outcome, Overuse, OveruseAction, judge
 from device_plugin.gpus.fake_probe import FAKE_PID_BASE, FakeProbe
 from device_plugin.metrics import PluginMetrics
 from device_plugin.settings import PluginSettings
@@ -29,7 +29,7 @@ from device_plugin.usage.process_owner import ProcessOwner
 from device_plugin.usage.usage import Attribution, Holder, HolderKey
 from tests.device_plugin.fakes import GIB, GPU0, GPU1, FakeKube, allocation, gpu_file, grant, make_pod, uid_of
 from tests.device_plugin.harness import plugin, run, until
-from vgpu.contract.usage import ContainerUsage, NodeUsage
+from vgpu.contract.usage import ContainerUsage, NodeUsage, PodGpu
 from vgpu.metric_names import VRAM_OVERUSE
 
 MIB = 1024 * 1024

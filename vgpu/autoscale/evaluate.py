@@ -23,7 +23,7 @@ from vgpu.autoscale.histogram import DecayingHistogram, PeakHistogram, sample_we
 from vgpu.autoscale.recommend import Decision, limit_ceiling, recommend_limit, recommend_replicas, recommend_request
 from vgpu.autoscale.window import UsageWindow
 from vgpu.contract.strict import load
-from vgpu.contract.usage import ContainerUsage, NodeUsage
+from vgpu.contract.usage import NodeUsage, per_pod_gpu
 from vgpu.errors import DomainError
 
 CHECKPOINT_VERSION: Final = "v1"
@@ -392,10 +392,7 @@ def samples_of(documents: Iterable[tuple[NodeUsage, float]]) -> list[Sample]:
     as Unix seconds (the shell reads the time), their containers on one GPU added together."""
     out: list[Sample] = []
     for doc, at_s in documents:
-        grouped: dict[tuple[str, str], list[ContainerUsage]] = {}
-        for c in doc.containers:
-            grouped.setdefault((c.pod_uid, c.gpu), []).append(c)
-        for (uid, gpu), cs in grouped.items():
+        for (uid, gpu), cs in per_pod_gpu(doc.containers).items():
             tflops, vram = sum(c.tflops_used for c in cs), sum(c.vram_used for c in cs)
             measured = all(c.tflops_measured for c in cs)
             limits = max(c.tflops_limit for c in cs), max(c.vram_limit for c in cs)  # one grant: equal

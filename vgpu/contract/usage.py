@@ -14,6 +14,7 @@ reader takes "not measured" for "idle" (an autoscaler would scale such a workloa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,6 +42,17 @@ class ContainerUsage:
     tflops_limit: int
     vram_request: int
     vram_limit: int
+
+
+PodGpu = tuple[str, str]  # (pod UID, GPU UUID): a pod's containers on one GPU, taken together
+
+
+def per_pod_gpu(rows: Iterable[ContainerUsage]) -> dict[PodGpu, list[ContainerUsage]]:
+    """``rows`` by pod and GPU, in their order: what a pod holds and uses of a GPU is its containers' sum there."""
+    out: dict[PodGpu, list[ContainerUsage]] = {}
+    for c in rows:
+        out.setdefault((c.pod_uid, c.gpu), []).append(c)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
