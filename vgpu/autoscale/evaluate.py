@@ -126,32 +126,32 @@ class Evaluation:
 
 
 @dataclass(slots=True)
-class _PodStreams:
-    tflops: UsageWindow
-    vram: UsageWindow
-    last_s: float = -1.0
-    # The limits the newest sample was taken under, and the time of the first sample taken under each.
-    tflops_limit: int = -1
-    vram_limit: int = -1
-    tflops_since_s: float = 0.0
-    vram_since_s: float = 0.0
+class _Stream:
+    """One resource's use of one GPU by one pod over the last evaluation period, and the limit the newest
+    sample was taken under (``limit``), with the time of the first sample taken under it (``since_s``)."""
 
-    def seen(self, s: Sample) -> None:
-        """Note the limits ``s`` was taken under: a new one starts its ``since``."""
-        if s.tflops_limit != self.tflops_limit:
-            self.tflops_limit, self.tflops_since_s = s.tflops_limit, s.at_s
-        if s.vram_limit != self.vram_limit:
-            self.vram_limit, self.vram_since_s = s.vram_limit, s.at_s
+    window: UsageWindow
+    limit: int = -1
+    since_s: float = 0.0
 
-    def settled(self, resource: Resource, limit: int, now_s: float) -> bool:
+    def add(self, value: int | None, limit: int, at_s: float) -> None:
+        """A sample taken under ``limit`` (a new one starts its ``since_s``); ``value`` None: not measured."""
+        if limit != self.limit:
+            self.limit, self.since_s = limit, at_s
+        if value is not None:
+            self.window.add_sample(value, at_s)
+
+    def settled(self, limit: int, now_s: float) -> bool:
         """Whether the window ending at ``now_s`` holds only samples taken under ``limit``, the limit in force,
         after the first of them (taken while the use may still lag the change): lowering needs no less."""
-        window, seen, since = (
-            (self.tflops, self.tflops_limit, self.tflops_since_s)
-            if resource is Resource.TFLOPS
-            else (self.vram, self.vram_limit, self.vram_since_s)
-        )
-        return seen == limit and window.begins_after(since, now_s)
+        return self.limit == limit and self.window.begins_after(self.since_s, now_s)
+
+
+@dataclass(slots=True)
+class _PodStreams:
+    tflops: _Stream
+    vram: _Stream
+    last_s: float = -1.0
 
 
 @dataclass(slots=True)
@@ -205,11 +205,9 @@ class Autoscaler:
             if s.at_s <= streams.last_s:
                 continue
             streams.last_s = s.at_s
-            streams.seen(s)
             fed += 1
-            if s.tflops_measured:
-                streams.tflops.add_sample(s.tflops, s.at_s)
-            streams.vram.add_sample(s.vram, s.at_s)
+            streams.tflops.add(s.tflops if s.tflops_measured else None, s.tflops_limit, s.at_s)
+            streams.vram.add(s.vram, s.vram_limit, s.at_s)
             per_pod.setdefault((s.pod_uid, s.at_s), []).append(s)
         for (uid, at_s), on_gpus in per_pod.items():
             w, m = by_uid[uid]
@@ -328,8 +326,8 @@ class Autoscaler:
     def _pod(self, w: Workload, uid: str, gpu: str) -> _PodStreams:
         period = w.config.limits.evaluation_period_s
         streams = self._pods.get((uid, gpu))
-        if streams is None or streams.tflops.length_s != period:
-            streams = _PodStreams(UsageWindow(period), UsageWindow(period))
+        if streams is None or streams.tflops.window.length_s != period:
+            streams = _PodStreams(_Stream(UsageWindow(period)), _Stream(UsageWindow(period)))
             self._pods[(uid, gpu)] = streams
         return streams
 
@@ -350,23 +348,23 @@ class Autoscaler:
             recommend_limit(
                 config,
                 Resource.TFLOPS,
-                streams.tflops.stats(now_s, interval_s=interval),
+                streams.tflops.window.stats(now_s, interval_s=interval),
                 request=g.tflops_request,
                 limit=g.tflops_limit,
                 admitted_limit=m.admitted_tflops_limit,
                 capacity=g.tflops_capacity,
-                settled=streams.settled(Resource.TFLOPS, g.tflops_limit, now_s),
+                settled=streams.tflops.settled(g.tflops_limit, now_s),
             ),
             recommend_limit(
                 config,
                 Resource.VRAM,
-                streams.vram.stats(now_s, interval_s=interval),
+                streams.vram.window.stats(now_s, interval_s=interval),
                 request=g.vram_request,
                 limit=g.vram_limit,
                 admitted_limit=m.admitted_vram_limit,
                 capacity=g.vram_capacity,
                 others=g.vram_others,
-                settled=streams.settled(Resource.VRAM, g.vram_limit, now_s),
+                settled=streams.vram.settled(g.vram_limit, now_s),
             ),
         )
 
