@@ -187,9 +187,9 @@ class PluginSettings(BaseSettings):
     vram_overuse: OveruseAction = Field(
         OveruseAction.KILL,
         description="What to do about a pod that holds more GPU memory than its VRAM limit by the driver's "
-        "count (its containers on a GPU together, past the tolerance, in two usage samples in a row): kill (SIGKILL "
-        "its largest process on that GPU "
-        "and post a Warning Event GpuMemoryLimitExceeded on the pod and the node; needs the KILL capability), "
+        "count (its containers on a GPU together, past the tolerance, in two usage samples in a row): kill "
+        "(SIGKILL its largest process on that GPU and post a Warning Event GpuMemoryLimitExceeded on the pod and "
+        "the node; needs the KILL capability), "
         "report (the Event only) or off. Runs with the usage sampler, even with --metrics-port=0.",
     )
     vram_overuse_tolerance: str = Field(

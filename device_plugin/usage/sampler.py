@@ -5,9 +5,9 @@ more) and does everything that blocks or costs in a worker thread, never on the 
 kubelet's gRPC calls: the driver's process and utilisation queries per GPU, each PID's pod and container
 (``/proc/<pid>/cgroup``, or the fake GPU file's script), and the join with the pods' grants
 (:func:`device_plugin.usage.usage.node_usage`). What it keeps is what ``/usage`` and the per-container metrics
-serve; each pass, with its processes, then goes to the VRAM guard on the event loop. A GPU whose calls fail,
-a process that exits before it is mapped, a pod deleted mid-sample, an unknown container ID: each is a
-counted skip, logged when it first appears, and the pass goes on.
+serve; each pass, with its processes, then goes to the guards (VRAM, compute) on the event loop. A GPU whose
+calls fail, a process that exits before it is mapped, a pod deleted mid-sample, an unknown container ID: each
+is a counted skip, logged when it first appears, and the pass goes on.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class UsageSampler:
     ) -> None:
         """``sm_unknown``: GPUs whose per-process SM shares are not the processes' own (MPS): their
         containers' TFLOPS are reported unmeasured. ``after``: awaited on the event loop with each pass (the
-        VRAM guard: :mod:`device_plugin.enforcement.vram_guard`)."""
+        guards: :mod:`device_plugin.enforcement.vram_guard`, :mod:`device_plugin.enforcement.compute_guard`)."""
         self._after = after
         self._probe, self._resolver, self._gpus, self._pods = probe, resolver, gpus, pods
         self._sm_unknown = sm_unknown
