@@ -204,6 +204,14 @@ class Daemon:
             c = found.share.rows[0]
             self.node_events.compute_overuse(c.namespace, c.pod, c.pod_uid, message)
 
+        reporting = settings.compute_overuse is ComputeOveruseAction.REPORT
+        if reporting and settings.backend is not EnforcementBackend.HAMI_CORE:
+            log.info(
+                "--compute-overuse=report judges nothing on --backend=%s: only HAMi-core holds a compute cap whose "
+                'per-container share the driver measures (docs/security.md, "Compute past its limit, by the '
+                "driver's count\")",
+                settings.backend.value,
+            )
         self.compute_guard = (
             ComputeGuard(
                 settings.compute_overuse_margin,
@@ -213,8 +221,7 @@ class Daemon:
                 self.metrics,
                 compute,
             )
-            if settings.compute_overuse is ComputeOveruseAction.REPORT
-            and settings.backend is EnforcementBackend.HAMI_CORE
+            if reporting and settings.backend is EnforcementBackend.HAMI_CORE
             else None
         )
         self._guards = [g.enforce for g in (self.vram_guard, self.compute_guard) if g is not None]

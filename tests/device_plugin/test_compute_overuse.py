@@ -6,6 +6,7 @@ within the margin is not; on a node without a limiter nothing is judged."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -106,7 +107,7 @@ def test_each_pods_cap_is_what_its_hami_core_is_given_and_none_under_shared() ->
 
 
 def test_in_the_plugin_a_pod_past_its_cap_is_reported_once_and_its_neighbour_and_a_node_without_hami_core_not(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two pods of 31.2 TFLOPS (10 % of an A100) on GPU0: one scripted at 90 % of the SMs, one at 15 % (within
     the margin). Sampling every 50 ms with a 0.2 s window."""
@@ -134,7 +135,9 @@ def test_in_the_plugin_a_pod_past_its_cap_is_reported_once_and_its_neighbour_and
             await daemon.node_events.drain()
             return kube, daemon.metrics.registry.get_sample_value(COMPUTE_OVERUSE.name)
 
+    caplog.set_level(logging.INFO, logger="device_plugin.daemon")
     kube, count = run(scenario("hami-core"))
+    assert "judges nothing" not in caplog.text
     ((ns, name, uid, reason, message, warning),) = kube.pod_events
     assert (ns, name, uid, reason, warning) == ("ml", "busy", uid_of(pods[0]), REASON_COMPUTE_OVERUSE, True)
     assert message.startswith(f"container main of pod ml/busy used 90% of GPU {GPU0} on average over 0.2s")
@@ -143,6 +146,8 @@ def test_in_the_plugin_a_pod_past_its_cap_is_reported_once_and_its_neighbour_and
 
     kube, count = run(scenario("none"))
     assert kube.pod_events == [] and count == 0
+    # Accepted there, and said at start to do nothing, not silently ignored.
+    assert "--compute-overuse=report judges nothing on --backend=none" in caplog.text
 
 
 @pytest.mark.parametrize(
